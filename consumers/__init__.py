@@ -1,0 +1,1 @@
+"""Consumers of the scheduler's output: the worker pool and the status sink/service."""

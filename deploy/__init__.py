@@ -1,0 +1,1 @@
+"""Deployment: the local no-Docker Kafka broker (Maven jars) and topic provisioning."""

@@ -1,0 +1,72 @@
+"""The one exception tree of jobwheel. Messages say what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class JobwheelError(Exception):
+    """Root of every error jobwheel raises on purpose."""
+
+
+class ConfigError(JobwheelError):
+    """A setting or the environment is unusable (missing Java, taken port, bad env value)."""
+
+
+class BrokerError(JobwheelError):
+    """Kafka said no. ``code`` is the librdkafka/aiokafka error code name when there is one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BrokerConnectionError(BrokerError):
+    """The broker could not be reached."""
+
+
+class DeliveryError(BrokerError):
+    """A produced record was not acknowledged by the broker."""
+
+
+class TopicMismatchError(BrokerError):
+    """An existing topic does not match its definition (e.g. wrong partition count)."""
+
+
+class FencedError(BrokerError):
+    """This process is no longer the owner of a partition; a newer owner fenced it."""
+
+
+class ValidationError(JobwheelError, ValueError):
+    """A job request is invalid. ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class SchemaDecodeError(JobwheelError):
+    """Bytes that are not a message of any known schema version. Keeps the raw bytes."""
+
+    def __init__(self, message: str, raw: bytes | None = None) -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
+class StateError(JobwheelError):
+    """Scheduler state is unusable (unknown version, corrupt record)."""
+
+
+class RecoveryError(StateError):
+    """A partition's state could not be restored from its changelog."""
+
+
+class TaskError(JobwheelError):
+    """A task is unknown or misdeclared."""
+
+
+class Retry(JobwheelError):
+    """Raised by a task to ask for a retry after ``delay_ms`` (None: the task's backoff)."""
+
+    def __init__(self, delay_ms: int | None = None, reason: str | None = None) -> None:
+        super().__init__(reason or "retry requested")
+        self.delay_ms = delay_ms

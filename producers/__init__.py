@@ -1,0 +1,1 @@
+"""The client SDK other services use to schedule jobs, and the submit CLI."""

@@ -1,0 +1,77 @@
+"""The one definition of jobwheel's topics.
+
+Requests, runs, status and ticks are co-partitioned: the same partition count and the same key
+(the job id as raw UTF-8 bytes, murmur2-partitioned) put everything about one job in the same
+partition number of every topic. That is what lets the scheduler that owns requests partition
+``p`` also receive the worker acknowledgements for those jobs, and write its state to changelog
+partition ``p``. Change the count only by recreating the topics: ``topics ensure`` refuses a
+mismatch rather than silently re-hashing jobs to other owners.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_PREFIX = "jobwheel"
+DEFAULT_PARTITIONS = 12
+DEFAULT_REPLICATION_FACTOR = 1
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What a topic must look like on the broker."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topic names and specs for one deployment (one prefix)."""
+
+    prefix: str = DEFAULT_PREFIX
+    partitions: int = DEFAULT_PARTITIONS
+    replication_factor: int = DEFAULT_REPLICATION_FACTOR
+
+    @property
+    def requests(self) -> str:
+        """Job commands from producers (schedule, cancel, pause, resume, trigger)."""
+        return f"{self.prefix}.requests"
+
+    @property
+    def runs(self) -> str:
+        """The execution topic: one record per dispatched run attempt, consumed by workers."""
+        return f"{self.prefix}.runs"
+
+    @property
+    def status(self) -> str:
+        """Status events from schedulers and workers; read by the scheduler and the status sink."""
+        return f"{self.prefix}.status"
+
+    @property
+    def ticks(self) -> str:
+        """Internal wall-clock punctuation for the scheduler (one small record per partition)."""
+        return f"{self.prefix}.ticks"
+
+    @property
+    def dead_letter(self) -> str:
+        """Undecodable or invalid commands, and runs that exhausted their attempts."""
+        return f"{self.prefix}.dead-letter"
+
+    def specs(self) -> list[TopicSpec]:
+        def spec(name: str, **config: str) -> TopicSpec:
+            return TopicSpec(name, self.partitions, self.replication_factor, dict(config))
+
+        return [
+            spec(self.requests, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
+            spec(self.runs, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
+            spec(self.status, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
+            spec(self.ticks, **{"cleanup.policy": "delete", "retention.ms": str(3600 * 1000)}),
+            spec(
+                self.dead_letter, **{"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}
+            ),
+        ]

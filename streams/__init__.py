@@ -1,0 +1,1 @@
+"""The scheduler: faust-streaming stream processors keeping per-partition timing wheels."""
