@@ -1,0 +1,163 @@
+"""Typed values of the Avro contract. The codec (``schemas.codec``) turns these into bytes and back.
+
+Field names and meanings follow the ``.avsc`` files in ``schemas/avro/``; the schema files are
+the source of truth and ``tests/unit/test_models_match_schemas.py`` keeps the two in step.
+All times are epoch milliseconds UTC (``*_ms``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ConcurrencyPolicy(enum.StrEnum):
+    """Kubernetes CronJob ``concurrencyPolicy``."""
+
+    ALLOW = "ALLOW"
+    FORBID = "FORBID"
+    REPLACE = "REPLACE"
+
+
+class State(enum.StrEnum):
+    """Status event states. Job-level: SCHEDULED..COMPLETED; run-level: DISPATCHED..STALE."""
+
+    SCHEDULED = "SCHEDULED"
+    REJECTED = "REJECTED"
+    PAUSED = "PAUSED"
+    RESUMED = "RESUMED"
+    CANCELLED = "CANCELLED"
+    COMPLETED = "COMPLETED"
+    DISPATCHED = "DISPATCHED"
+    STARTED = "STARTED"
+    HEARTBEAT = "HEARTBEAT"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    RETRYING = "RETRYING"
+    DEAD = "DEAD"
+    MISSED = "MISSED"
+    SKIPPED = "SKIPPED"
+    STALE = "STALE"
+
+
+# --- triggers -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class After:
+    delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    interval_ms: int
+    start_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    expression: str
+    timezone: str = "UTC"
+
+
+Trigger = Now | At | After | Every | Cron
+
+
+# --- commands -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleJob:
+    task: str
+    trigger: Trigger
+    args_json: str = "{}"
+    max_attempts: int = 3
+    timeout_ms: int | None = None
+    visibility_timeout_ms: int = 30_000
+    starting_deadline_ms: int | None = None
+    concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.ALLOW
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob:
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PauseJob:
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeJob:
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerJob:
+    reason: str | None = None
+
+
+CommandBody = ScheduleJob | CancelJob | PauseJob | ResumeJob | TriggerJob
+
+
+@dataclass(frozen=True, slots=True)
+class JobCommand:
+    command_id: str
+    job_id: str
+    issued_at_ms: int
+    body: CommandBody
+
+
+# --- runs and status ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    run_id: str
+    job_id: str
+    task: str
+    args_json: str
+    run_seq: int
+    scheduled_time_ms: int
+    dispatched_at_ms: int
+    attempt: int
+    max_attempts: int
+    timeout_ms: int | None
+    visibility_timeout_ms: int
+    deadline_ms: int
+    partition: int
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusEvent:
+    event_id: str
+    job_id: str
+    state: State
+    event_time_ms: int
+    source: str
+    run_id: str | None = None
+    run_seq: int = 0
+    attempt: int = 0
+    task: str | None = None
+    scheduled_time_ms: int | None = None
+    worker: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    result_json: str | None = None
+    duration_ms: int | None = None
+    next_fire_ms: int | None = None
+    deadline_ms: int | None = None
+    retry_delay_ms: int | None = None
