@@ -1,9 +1,13 @@
-"""Subcommands of the ``jobwheel`` CLI that belong to ``consumers``."""
+"""Subcommands of the ``jobwheel`` CLI that belong to ``consumers`` (workers and status)."""
 
 from __future__ import annotations
 
 import argparse
 
+from consumers.status import cli as status_cli
+from consumers.worker import cli as worker_cli
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add this package's subcommands; each sets ``handler=`` to a function of the args."""
+    worker_cli.register(sub)
+    status_cli.register(sub)

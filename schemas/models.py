@@ -129,7 +129,7 @@ class Run:
     job_id: str
     task: str
     args_json: str
-    run_seq: int
+    seq: int
     scheduled_time_ms: int
     dispatched_at_ms: int
     attempt: int
@@ -149,7 +149,7 @@ class StatusEvent:
     event_time_ms: int
     source: str
     run_id: str | None = None
-    run_seq: int = 0
+    seq: int = 0
     attempt: int = 0
     task: str | None = None
     scheduled_time_ms: int | None = None

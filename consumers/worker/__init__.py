@@ -1,0 +1,1 @@
+"""The worker pool: task registry, executor and the runs-topic consumer loop."""
