@@ -52,6 +52,11 @@ class SchemaDecodeError(JobwheelError):
         self.raw = raw
 
 
+class SchemaRegistryError(JobwheelError):
+    """The Schema Registry failed (unreachable, refused a schema). Transient: retry the record,
+    do not dead-letter it (an unknown schema id is a :class:`SchemaDecodeError` instead)."""
+
+
 class StateError(JobwheelError):
     """Scheduler state is unusable (unknown version, corrupt record)."""
 

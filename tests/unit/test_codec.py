@@ -1,0 +1,228 @@
+"""The codec's framing is what other services (and other languages) rely on to read our records."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import pytest
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from jobwheel.errors import ConfigError, SchemaDecodeError, ValidationError
+from schemas.codec import Codec, SchemaCatalogue, crc64_avro, default_codec
+from schemas.models import (
+    After,
+    CancelJob,
+    ConcurrencyPolicy,
+    Cron,
+    JobCommand,
+    Run,
+    ScheduleJob,
+    State,
+    StatusEvent,
+)
+
+COMMAND = JobCommand(
+    command_id="c-1",
+    job_id="job-1",
+    issued_at_ms=1_700_000_000_000,
+    body=ScheduleJob(
+        task="demo.echo",
+        trigger=Cron("30 2 * * *", "Europe/Berlin"),
+        args_json='{"x": 1}',
+        starting_deadline_ms=60_000,
+        concurrency_policy=ConcurrencyPolicy.FORBID,
+        idempotency_key="k-1",
+    ),
+)
+
+
+class FakeRegistry:
+    """In-process stand-in for a Schema Registry: ids are global, subjects keep their ids."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[int, str] = {}
+        self.subjects: dict[tuple[str, str], int] = {}
+        self.register_calls = 0
+        self.lookup_calls = 0
+
+    def register(self, subject: str, schema_str: str) -> int:
+        self.register_calls += 1
+        key = (subject, schema_str)
+        if key not in self.subjects:
+            self.subjects[key] = 100 + len(self.schemas)
+            self.schemas[self.subjects[key]] = schema_str
+        return self.subjects[key]
+
+    def lookup(self, schema_id: int) -> str | None:
+        self.lookup_calls += 1
+        return self.schemas.get(schema_id)
+
+
+def test_crc64_avro_matches_the_spec_and_fastavro() -> None:
+    # The Avro spec's test vector for the schema "null".
+    assert crc64_avro(b'"null"') == 7195948357588979594
+    for v in SchemaCatalogue.load().versions:
+        assert v.fingerprint.hex() == fingerprint(v.canonical, "CRC-64-AVRO")
+
+
+def test_single_object_framing_is_readable_with_plain_avro() -> None:
+    codec = Codec()
+    data = codec.encode(COMMAND)
+    current = codec.current(JobCommand)
+    assert current.label() == "job_command.v2"
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == current.fingerprint
+    # What a service in another language does: parse the schema file, skip the header.
+    schema = parse_schema(json.loads(json.dumps(current.source)))
+    record = schemaless_reader(io.BytesIO(data[10:]), schema, None, return_record_name=True)
+    assert record["job_id"] == "job-1"
+    assert record["body"][0] == "io.jobwheel.ScheduleJob"
+    assert record["body"][1]["trigger"] == (
+        "io.jobwheel.Cron",
+        {"expression": "30 2 * * *", "timezone": "Europe/Berlin"},
+    )
+    assert codec.decode(data) == COMMAND
+
+
+def test_decode_accepts_bytearray_and_memoryview() -> None:
+    data = default_codec().encode(COMMAND)
+    assert default_codec().decode(bytearray(data)) == COMMAND
+    assert default_codec().decode(memoryview(data)) == COMMAND
+
+
+def _run_bytes() -> bytes:
+    run = Run("job-1@1", "job-1", "demo.echo", "{}", 1, 1, 2, 1, 3, None, 30_000, 30_002, 0, 7)
+    return default_codec().encode(run)
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (b"", "starts with nothing"),
+        (b"hello world", "not a jobwheel message"),
+        (b"\xc3\x01\x00\x01", "truncated header"),
+        (b"\xc3\x01" + b"\x00" * 8 + b"\x02a", "unknown schema fingerprint"),
+        (b"\x00\x00\x00\x00\x05\x02a", "no Schema Registry"),
+    ],
+)
+def test_undecodable_bytes_raise_schema_decode_error_keeping_the_bytes(
+    data: bytes, needle: str
+) -> None:
+    with pytest.raises(SchemaDecodeError, match=needle) as info:
+        default_codec().decode(data)
+    assert info.value.raw == data
+
+
+def test_truncated_body_keeps_bytes_and_cause() -> None:
+    data = _run_bytes()
+    for cut in (11, len(data) // 2, len(data) - 1):
+        with pytest.raises(SchemaDecodeError, match="does not decode as run.v1") as info:
+            default_codec().decode(data[:cut])
+        assert info.value.raw == data[:cut]
+        assert info.value.__cause__ is not None
+
+
+def test_trailing_bytes_are_rejected() -> None:
+    data = _run_bytes() + b"\x00"
+    with pytest.raises(SchemaDecodeError, match="trailing"):
+        default_codec().decode(data)
+
+
+def test_garbage_body_with_a_valid_header_is_a_decode_error() -> None:
+    header = _run_bytes()[:10]
+    with pytest.raises(SchemaDecodeError) as info:
+        default_codec().decode(header + b"\xff" * 40)
+    assert info.value.raw == header + b"\xff" * 40
+
+
+def test_non_bytes_is_a_decode_error() -> None:
+    with pytest.raises(SchemaDecodeError):
+        default_codec().decode("c301")  # type: ignore[arg-type]
+
+
+def test_encode_refuses_other_types_and_ill_typed_fields() -> None:
+    with pytest.raises(ValidationError):
+        default_codec().encode(ScheduleJob("t", After(1)))  # type: ignore[arg-type]
+    bad = JobCommand("c", "j", "not-a-number", CancelJob())  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        default_codec().encode(bad)
+
+
+def test_confluent_framing_with_a_registry() -> None:
+    registry = FakeRegistry()
+    codec = Codec(registry=registry)
+    first = codec.encode(COMMAND)
+    codec.encode(COMMAND)
+    assert registry.register_calls == 1  # the id is cached per model type
+    ((subject, schema_str),) = registry.subjects
+    assert subject == "io.jobwheel.JobCommand"
+    assert to_parsing_canonical_form(parse_schema(json.loads(schema_str))) == (
+        codec.current(JobCommand).canonical
+    )
+    schema_id = registry.subjects[(subject, schema_str)]
+    assert first[0] == 0
+    assert struct.unpack(">I", first[1:5]) == (schema_id,)
+    assert codec.decode(first) == COMMAND
+
+    # Another process with the same registry decodes it by looking the id up once.
+    reader = Codec(registry=registry)
+    assert reader.decode(first) == COMMAND
+    assert reader.decode(first) == COMMAND
+    assert registry.lookup_calls == 1
+
+    # A registry-configured reader still reads single-object records (switching framing).
+    assert reader.decode(Codec().encode(COMMAND)) == COMMAND
+
+
+def test_registry_resolves_an_older_writer_version_to_the_current() -> None:
+    registry = FakeRegistry()
+    v1 = next(v for v in SchemaCatalogue.load().versions if v.label() == "job_command.v1")
+    schema_id = registry.register("io.jobwheel.JobCommand", json.dumps(v1.source))
+    body = io.BytesIO()
+    schemaless_writer(
+        body,
+        v1.parsed,
+        {
+            "command_id": "c",
+            "job_id": "j",
+            "issued_at_ms": 5,
+            "body": ("io.jobwheel.ScheduleJob", {"task": "t", "trigger": ("io.jobwheel.Now", {})}),
+        },
+    )
+    data = struct.pack(">bI", 0, schema_id) + body.getvalue()
+    decoded = Codec(registry=registry).decode(data)
+    assert isinstance(decoded.body, ScheduleJob)
+    assert decoded.body.concurrency_policy is ConcurrencyPolicy.ALLOW
+    assert decoded.body.starting_deadline_ms is None
+
+
+def test_registry_unknown_id_and_foreign_schema_are_decode_errors() -> None:
+    registry = FakeRegistry()
+    codec = Codec(registry=registry)
+    with pytest.raises(SchemaDecodeError, match="unknown to the registry"):
+        codec.decode(b"\x00\x00\x00\x03\xe7\x02")
+    foreign = registry.register("other", json.dumps({"type": "record", "name": "X", "fields": []}))
+    with pytest.raises(SchemaDecodeError, match="not a jobwheel record"):
+        codec.decode(struct.pack(">bI", 0, foreign))
+    with pytest.raises(SchemaDecodeError, match="truncated header"):
+        codec.decode(b"\x00\x00\x01")
+
+
+def test_registry_url_without_the_client_extra_is_a_config_error() -> None:
+    try:
+        import confluent_kafka.schema_registry  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="schemaregistry"):
+            Codec("http://127.0.0.1:1")
+    else:
+        pytest.skip("registry client installed; covered by the framing tests")
+
+
+def test_status_event_state_is_an_enum_after_decode() -> None:
+    event = StatusEvent("e-1", "job-1", State.SUCCEEDED, 10, "worker", duration_ms=5)
+    decoded = default_codec().decode(default_codec().encode(event))
+    assert decoded == event
+    assert decoded.state is State.SUCCEEDED
