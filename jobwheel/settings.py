@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     clickhouse_url: str | None = None
     status_group: str = "jobwheel-status"
     status_ttl_days: int = 30
+    clickhouse_database: str = "jobwheel"
+    status_batch_size: int = 5000
+    status_batch_ms: int = 500
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_url: str | None = None
