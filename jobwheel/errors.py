@@ -69,6 +69,16 @@ class TaskError(JobwheelError):
     """A task is unknown or misdeclared."""
 
 
+class StoreError(JobwheelError):
+    """The status store (ClickHouse) is unreachable, locked by another process, or its schema
+    could not be migrated."""
+
+
+class QueryError(StoreError):
+    """A status query was refused (not read-only) or failed in ClickHouse; the message is
+    ClickHouse's own, so the caller can fix the SQL."""
+
+
 class Retry(JobwheelError):
     """Raised by a task to ask for a retry after ``delay_ms`` (None: the task's backoff)."""
 
