@@ -1,0 +1,1 @@
+"""Per-partition scheduler state: store ABCs (``base``), in-memory and RocksDB implementations."""

@@ -1,0 +1,106 @@
+"""The timing wheel: a time-ordered index of upcoming fires kept in a :class:`WheelStore`.
+
+"Wheel" in the Kafka Streams / Netty sense of "what is due next", but stored as one sorted
+key range on disk instead of in-memory slots: a job due in a year costs a RocksDB key, not RAM,
+and after a crash or a rebalance the index is simply whatever the changelog restored.
+
+Pure: no clock, no faust, no Kafka. The punctuator passes ``now_ms`` in (wall-clock punctuation),
+so tests drive it with :class:`jobwheel.clock.ManualClock`.
+
+At-least-once: :meth:`TimingWheel.due` only reads. The caller dispatches each entry and then
+calls :meth:`TimingWheel.remove`; a crash in between leaves the entry in the wheel and the next
+owner fires it again (dispatch is idempotent on the run id, see ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from jobwheel.errors import StateError
+from streams.state.base import WheelStore
+from streams.wheel.entry import (
+    WheelEntry,
+    decode_due_ms,
+    decode_entry,
+    due_prefix,
+    encode_key,
+    encode_value,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TimingWheel:
+    """Schedule, cancel and collect due entries of ONE partition's wheel store.
+
+    The wheel remembers a *floor*: a key below which it knows the store holds nothing. Every
+    scan starts there. Without it, each tick would seek from the very first key and, on RocksDB,
+    step over every tombstone left by fires removed since the last compaction (measured: ~50 ms
+    per scan after 200k removals, ~50 us with the floor). The floor is only correct if every
+    write to the store goes through this object; after writing to the store some other way
+    (e.g. changelog recovery into an existing store) call :meth:`reset_floor`.
+    """
+
+    def __init__(self, store: WheelStore) -> None:
+        self.store = store
+        self._floor = b""
+
+    def schedule(self, due_ms: int, job_id: str, tag: str, payload: bytes = b"") -> bytes:
+        """Add (or replace) the entry ``(due_ms, job_id, tag)``; returns its key."""
+        key = encode_key(due_ms, job_id, tag)
+        self.store.put(key, encode_value(payload))
+        if key < self._floor:
+            self._floor = key
+        return key
+
+    def cancel(self, due_ms: int, job_id: str, tag: str) -> None:
+        """Remove the entry if present. The caller must know its due time (keep it in job state)."""
+        self.store.delete(encode_key(due_ms, job_id, tag))
+
+    def remove(self, entry: WheelEntry) -> None:
+        """Remove an entry returned by :meth:`due`, once it has been dispatched."""
+        self.store.delete(entry.key)
+
+    def due(self, now_ms: int, limit: int) -> list[WheelEntry]:
+        """Up to ``limit`` entries with ``due_ms <= now_ms``, earliest first. Nothing is removed.
+
+        Records this build cannot read (unknown version, malformed key) are logged and skipped,
+        not deleted: a newer release may still need them, and one bad record must not stall the
+        partition.
+        """
+        if limit <= 0:
+            return []
+        until = due_prefix(now_ms + 1) if now_ms >= 0 else b""
+        entries: list[WheelEntry] = []
+        start = self._floor
+        first_seen: bytes | None = None
+        while len(entries) < limit:
+            wanted = limit - len(entries)
+            batch = self.store.scan(until, wanted, from_key=start)
+            if not batch:
+                break
+            if first_seen is None:
+                first_seen = batch[0][0]
+            for key, value in batch:
+                try:
+                    entries.append(decode_entry(key, value))
+                except StateError as exc:
+                    log.error("unreadable wheel entry skipped", extra={"error": str(exc)})
+            if len(batch) < wanted:
+                break
+            start = batch[-1][0] + b"\x00"
+        # Nothing lives below the first key we saw (or below ``until`` if we saw none).
+        self._floor = first_seen if first_seen is not None else max(self._floor, until)
+        return entries
+
+    def next_due_ms(self) -> int | None:
+        """The due time of the earliest entry, or None if the wheel is empty."""
+        first = self.store.first(from_key=self._floor)
+        if first is None:
+            return None
+        self._floor = first[0]
+        return decode_due_ms(first[0])
+
+    def reset_floor(self) -> None:
+        """Forget what is known to be empty (after the store was written behind our back)."""
+        self._floor = b""
