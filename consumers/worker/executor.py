@@ -1,0 +1,261 @@
+"""Run one attempt of one task and describe what happened as an :class:`Outcome`.
+
+This is the part of the worker that knows nothing about Kafka: give it a Run, get back the fields
+of the SUCCEEDED or FAILED status event. It decides, per the contract with the scheduler (which
+owns retries), whether a failure is worth another attempt and after how long:
+
+* ``retry_delay_ms`` is the task's backoff when the error is retryable and
+  ``attempt < min(run.max_attempts, task.max_attempts)``; ``None`` tells the scheduler "DEAD".
+* A task may raise :class:`jobwheel.errors.Retry` to choose its own delay.
+* Being over the time limit (the run's ``timeout_ms``, else the task's) is a retryable failure.
+* Problems no retry can fix (unknown task, arguments that are not JSON or do not fit the
+  function's signature) fail with ``retry_delay_ms = None``.
+
+Sync functions run in a thread pool. Python cannot stop a thread, so a sync task over its limit
+is reported FAILED at the deadline while its thread runs on; :attr:`Outcome.lingering` hands the
+thread's future to the pool, which keeps the concurrency slot taken until it really returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import inspect
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.worker.backoff import RandomSource
+from consumers.worker.context import RunContext, reset_context, set_context
+from consumers.worker.registry import TaskRegistry, TaskSpec
+from jobwheel.errors import Retry, TaskError
+from schemas.models import Run, State
+
+log = logging.getLogger(__name__)
+
+RESULT_LIMIT_BYTES = 4096
+ERROR_LIMIT_CHARS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The terminal result of one attempt: the payload of its SUCCEEDED or FAILED event."""
+
+    state: State
+    duration_ms: int
+    result_json: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    retry_delay_ms: int | None = None
+    lingering: concurrent.futures.Future[Any] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    @property
+    def retryable(self) -> bool:
+        return self.state is State.FAILED and self.retry_delay_ms is not None
+
+
+def format_error(exc: BaseException, limit: int = ERROR_LIMIT_CHARS) -> str:
+    """``"Type: message"``, cut to ``limit`` characters (events are not log files)."""
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def result_to_json(result: Any, limit: int = RESULT_LIMIT_BYTES) -> str:
+    """The task's return value as JSON of at most ``limit`` UTF-8 bytes.
+
+    A result too large is replaced by ``{"truncated": true, "bytes": N, "head": "..."}`` rather
+    than cut mid-token, so whatever reads ``result_json`` can still parse it.
+    """
+    try:
+        text = json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):  # e.g. a circular structure
+        text = json.dumps(repr(result), ensure_ascii=False)
+    size = len(text.encode("utf-8"))
+    if size <= limit:
+        return text
+    head = text[: max(0, limit - 64)]
+    while True:
+        wrapped = json.dumps(
+            {"truncated": True, "bytes": size, "head": head},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        if len(wrapped.encode("utf-8")) <= limit or not head:
+            return wrapped
+        head = head[: int(len(head) * 0.8)]
+
+
+def decode_args(args_json: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A JSON object becomes keyword arguments, a list positional ones, null/empty none at all,
+    and any other value the single positional argument."""
+    value = json.loads(args_json) if args_json.strip() else None
+    if value is None:
+        return (), {}
+    if isinstance(value, dict):
+        return (), value
+    if isinstance(value, list):
+        return tuple(value), {}
+    return (value,), {}
+
+
+class _NotRetryable(Exception):
+    """A failure no further attempt can fix; carries the error text and the reason."""
+
+    def __init__(self, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+
+
+class Executor:
+    """Executes runs with the tasks of one registry.
+
+    :param threads: the pool sync tasks run in; size it to the worker's concurrency.
+    :param rng: the random source of backoff jitter (seed it in tests).
+    """
+
+    def __init__(
+        self,
+        registry: TaskRegistry,
+        threads: concurrent.futures.ThreadPoolExecutor,
+        *,
+        rng: RandomSource | None = None,
+        result_limit_bytes: int = RESULT_LIMIT_BYTES,
+    ) -> None:
+        self.registry = registry
+        self._threads = threads
+        self._rng = rng or random.Random()
+        self._result_limit = result_limit_bytes
+
+    async def execute(self, run: Run, heartbeat: Callable[[], None] = lambda: None) -> Outcome:
+        """Run ``run`` to a terminal outcome. Never raises for task failures; only
+        ``asyncio.CancelledError`` (the worker is shutting down) propagates."""
+        started = time.monotonic()
+
+        def elapsed_ms() -> int:
+            return int((time.monotonic() - started) * 1000)
+
+        try:
+            spec = self.registry.get(run.task)
+        except TaskError as exc:
+            return Outcome(
+                State.FAILED,
+                elapsed_ms(),
+                error=format_error(exc),
+                reason=f"unknown task {run.task!r}: not registered in this worker; not retried",
+            )
+        try:
+            args, kwargs = self._arguments(spec, run)
+        except _NotRetryable as exc:
+            return Outcome(State.FAILED, elapsed_ms(), error=exc.error, reason=exc.reason)
+
+        timeout_ms = run.timeout_ms if run.timeout_ms is not None else spec.timeout_ms
+        token = set_context(RunContext(run=run, heartbeat=heartbeat))
+        thread_future: concurrent.futures.Future[Any] | None = None
+        timer: asyncio.Timeout | None = None
+        try:
+            async with asyncio.timeout(timeout_ms / 1000 if timeout_ms else None) as timer:
+                if spec.is_async:
+                    result = await spec.fn(*args, **kwargs)
+                else:
+                    ctx = contextvars.copy_context()
+                    thread_future = self._threads.submit(ctx.run, spec.fn, *args, **kwargs)
+                    result = await asyncio.wrap_future(thread_future)
+        except TimeoutError as exc:
+            if timer is not None and timer.expired():
+                lingering = thread_future if thread_future and not thread_future.done() else None
+                if lingering is not None:
+                    log.warning(
+                        "sync task over its timeout keeps its thread until it returns",
+                        extra={"run_id": run.run_id, "attempt": run.attempt, "task": run.task},
+                    )
+                return self._failed(
+                    run,
+                    spec,
+                    elapsed_ms(),
+                    error=f"TimeoutError: task {spec.name!r} exceeded its timeout of "
+                    f"{timeout_ms} ms",
+                    reason="timed out",
+                    lingering=lingering,
+                )
+            return self._failed(run, spec, elapsed_ms(), error=format_error(exc))
+        except Retry as exc:
+            return self._failed(
+                run,
+                spec,
+                elapsed_ms(),
+                error=format_error(exc),
+                reason=f"task asked for a retry: {exc}",
+                delay_ms=exc.delay_ms,
+            )
+        except (Exception, SystemExit) as exc:  # a task's sys.exit() must not stop the worker
+            return self._failed(run, spec, elapsed_ms(), error=format_error(exc))
+        finally:
+            reset_context(token)
+        return Outcome(
+            State.SUCCEEDED,
+            elapsed_ms(),
+            result_json=result_to_json(result, self._result_limit),
+        )
+
+    def _arguments(self, spec: TaskSpec, run: Run) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        try:
+            args, kwargs = decode_args(run.args_json)
+        except ValueError as exc:
+            raise _NotRetryable(
+                format_error(exc), "args_json is not valid JSON; not retried"
+            ) from None
+        try:
+            signature = inspect.signature(spec.fn)
+        except (TypeError, ValueError):  # some builtins have no signature: let the call decide
+            return args, kwargs
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise _NotRetryable(
+                format_error(exc),
+                f"arguments do not match the signature of task {spec.name!r}{signature}; "
+                "not retried",
+            ) from None
+        return args, kwargs
+
+    def _failed(
+        self,
+        run: Run,
+        spec: TaskSpec,
+        duration_ms: int,
+        *,
+        error: str,
+        reason: str = "task raised an exception",
+        delay_ms: int | None = None,
+        lingering: concurrent.futures.Future[Any] | None = None,
+    ) -> Outcome:
+        limit = run.max_attempts
+        if spec.max_attempts is not None:
+            limit = min(limit, spec.max_attempts)
+        if run.attempt >= limit:
+            retry = None
+            reason = f"{reason}; attempts exhausted ({run.attempt} of {limit})"
+        else:
+            retry = (
+                max(0, delay_ms)
+                if delay_ms is not None
+                else spec.backoff.delay_ms(run.attempt, self._rng)
+            )
+            reason = f"{reason}; retry in {retry} ms (attempt {run.attempt} of {limit})"
+        return Outcome(
+            State.FAILED,
+            duration_ms,
+            error=error,
+            reason=reason,
+            retry_delay_ms=retry,
+            lingering=lingering,
+        )

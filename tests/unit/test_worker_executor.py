@@ -1,0 +1,282 @@
+"""The executor: what a task's behaviour turns into in the SUCCEEDED/FAILED status event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import pytest
+
+from consumers.worker.backoff import Backoff
+from consumers.worker.context import current_run, heartbeat
+from consumers.worker.executor import Executor, Outcome, decode_args, result_to_json
+from consumers.worker.registry import TaskRegistry
+from jobwheel.errors import Retry, TaskError
+from schemas.models import Run, State
+
+RUN = Run(
+    run_id="job-1@1000",
+    job_id="job-1",
+    task="t",
+    args_json="{}",
+    seq=3,
+    scheduled_time_ms=1_000,
+    dispatched_at_ms=1_001,
+    attempt=1,
+    max_attempts=3,
+    timeout_ms=None,
+    visibility_timeout_ms=30_000,
+    deadline_ms=31_001,
+    partition=0,
+    fencing_token=1,
+)
+
+
+class FixedRandom:
+    def random(self) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def threads() -> Iterator[ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(4)
+    yield pool
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_task(
+    registry: TaskRegistry, threads: ThreadPoolExecutor, run: Run, hb=lambda: None
+) -> Outcome:
+    executor = Executor(registry, threads, rng=FixedRandom())
+    return asyncio.run(executor.execute(run, heartbeat=hb))
+
+
+def test_sync_task_gets_object_args_as_kwargs(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+    seen: list[str] = []
+
+    @reg.task("t")
+    def add(a: int, b: int) -> dict:
+        seen.append(threading.current_thread().name)
+        return {"sum": a + b}
+
+    out = run_task(reg, threads, replace(RUN, args_json='{"a": 2, "b": 3}'))
+    assert out.state is State.SUCCEEDED
+    assert json.loads(out.result_json) == {"sum": 5}
+    assert seen and seen[0] != threading.main_thread().name  # ran in the thread pool
+    assert out.error is None and out.retry_delay_ms is None
+
+
+def test_async_task_gets_list_args_as_positional(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    async def join(*parts: str) -> str:
+        await asyncio.sleep(0)
+        return "-".join(parts)
+
+    out = run_task(reg, threads, replace(RUN, args_json='["a", "b", "c"]'))
+    assert out.state is State.SUCCEEDED
+    assert json.loads(out.result_json) == "a-b-c"
+
+
+def test_decode_args_shapes() -> None:
+    assert decode_args('{"x": 1}') == ((), {"x": 1})
+    assert decode_args("[1, 2]") == ((1, 2), {})
+    assert decode_args("null") == ((), {})
+    assert decode_args("") == ((), {})
+    assert decode_args("7") == ((7,), {})
+
+
+def test_current_run_is_visible_to_sync_and_async_tasks(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("sync")
+    def sync_attempt() -> int:
+        return current_run().attempt
+
+    @reg.task("async")
+    async def async_attempt() -> str:
+        return current_run().run_id
+
+    out = run_task(reg, threads, replace(RUN, task="sync", attempt=2))
+    assert out.result_json == "2"
+    out = run_task(reg, threads, replace(RUN, task="async"))
+    assert json.loads(out.result_json) == RUN.run_id
+    with pytest.raises(TaskError, match="outside a running task"):
+        current_run()
+
+
+def test_explicit_heartbeat_reaches_the_pool_callback(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+    beats: list[int] = []
+
+    @reg.task("t")
+    def beating() -> None:
+        heartbeat()
+        heartbeat()
+
+    run_task(reg, threads, RUN, hb=lambda: beats.append(1))
+    assert beats == [1, 1]
+
+
+def test_failure_before_the_last_attempt_carries_the_backoff(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t", backoff=Backoff(base_ms=100, factor=2, max_ms=10_000, jitter=0.5))
+    def boom() -> None:
+        raise RuntimeError("smtp down")
+
+    out = run_task(reg, threads, replace(RUN, attempt=2))
+    assert out.state is State.FAILED
+    assert out.error == "RuntimeError: smtp down"
+    assert out.retry_delay_ms == 200  # FixedRandom draws 0: no shortening
+    assert "attempt 2 of 3" in out.reason
+
+
+def test_failure_on_the_last_attempt_is_not_retried(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    def boom() -> None:
+        raise ValueError("bad")
+
+    out = run_task(reg, threads, replace(RUN, attempt=3))
+    assert out.state is State.FAILED
+    assert out.retry_delay_ms is None
+    assert "exhausted" in out.reason
+
+
+def test_task_max_attempts_lowers_the_run_limit(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t", max_attempts=1)
+    def boom() -> None:
+        raise ValueError("bad")
+
+    out = run_task(reg, threads, replace(RUN, attempt=1, max_attempts=5))
+    assert out.retry_delay_ms is None
+
+
+def test_retry_exception_chooses_the_delay(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    async def later() -> None:
+        raise Retry(delay_ms=12_345, reason="rate limited")
+
+    out = run_task(reg, threads, RUN)
+    assert out.state is State.FAILED
+    assert out.retry_delay_ms == 12_345
+    assert "rate limited" in out.reason
+    assert out.error == "Retry: rate limited"
+    # ... but never past the attempt limit
+    out = run_task(reg, threads, replace(RUN, attempt=3))
+    assert out.retry_delay_ms is None
+
+
+def test_async_task_over_the_run_timeout_fails_retryably(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t", timeout=60)
+    async def slow() -> None:
+        await asyncio.sleep(30)
+
+    started = time.monotonic()
+    out = run_task(reg, threads, replace(RUN, timeout_ms=100))  # the run's limit wins
+    assert time.monotonic() - started < 5
+    assert out.state is State.FAILED
+    assert out.error.startswith("TimeoutError: ")
+    assert "100 ms" in out.error
+    assert out.retry_delay_ms is not None
+
+
+def test_sync_task_over_the_task_timeout_fails_and_reports_its_thread(
+    threads: ThreadPoolExecutor,
+) -> None:
+    reg = TaskRegistry()
+    release = threading.Event()
+
+    @reg.task("t", timeout=0.1)
+    def stuck() -> None:
+        release.wait(10)
+
+    out = run_task(reg, threads, RUN)
+    assert out.state is State.FAILED
+    assert out.error.startswith("TimeoutError: ")
+    assert out.lingering is not None and not out.lingering.done()
+    release.set()
+    out.lingering.result(timeout=5)
+
+
+def test_a_timeout_error_raised_by_the_task_itself_is_an_ordinary_failure(
+    threads: ThreadPoolExecutor,
+) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t", timeout=60)
+    async def raises() -> None:
+        raise TimeoutError("upstream timed out")
+
+    out = run_task(reg, threads, RUN)
+    assert out.error == "TimeoutError: upstream timed out"
+    assert out.reason.startswith("task raised an exception")
+
+
+def test_unknown_task_fails_without_retry(threads: ThreadPoolExecutor) -> None:
+    out = run_task(TaskRegistry(), threads, replace(RUN, task="nope"))
+    assert out.state is State.FAILED
+    assert out.retry_delay_ms is None
+    assert "unknown task 'nope'" in out.reason
+    assert out.error.startswith("TaskError: ")
+
+
+def test_arguments_that_cannot_fit_fail_without_retry(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+    called: list[int] = []
+
+    @reg.task("t")
+    def needs_a(a: int) -> None:
+        called.append(a)
+
+    out = run_task(reg, threads, replace(RUN, args_json='{"b": 1}'))
+    assert out.retry_delay_ms is None and "signature" in out.reason
+    out = run_task(reg, threads, replace(RUN, args_json="{not json"))
+    assert out.retry_delay_ms is None and "not valid JSON" in out.reason
+    assert called == []
+
+
+def test_sys_exit_in_a_task_is_a_failure_not_a_worker_exit(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    def leave() -> None:
+        raise SystemExit(3)
+
+    out = run_task(reg, threads, RUN)
+    assert out.state is State.FAILED and out.error == "SystemExit: 3"
+
+
+def test_big_results_are_truncated_to_valid_json() -> None:
+    text = result_to_json({"blob": "é" * 10_000}, limit=4096)
+    assert len(text.encode()) <= 4096
+    parsed = json.loads(text)
+    assert parsed["truncated"] is True and parsed["bytes"] > 4096
+    assert result_to_json({"ok": 1}) == '{"ok":1}'
+    assert json.loads(result_to_json({"when": object})) == {"when": str(object)}
+
+
+def test_long_errors_are_truncated(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    def boom() -> None:
+        raise RuntimeError("x" * 10_000)
+
+    out = run_task(reg, threads, RUN)
+    assert out.error.startswith("RuntimeError: xxx") and len(out.error) <= 2048

@@ -1,0 +1,83 @@
+"""Commit watermarks, stale-attempt and fencing decisions of the worker pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers.worker.tracking import FencingTokens, LatestAttempts, OffsetTracker
+
+
+def test_watermark_waits_for_the_oldest_unfinished_run() -> None:
+    t = OffsetTracker(0)
+    for offset in (10, 11, 12, 15):  # 13/14: transaction markers never fetched
+        t.add(offset)
+    assert t.to_commit() is None
+    t.mark_done(11)
+    t.mark_done(12)
+    assert t.to_commit() is None  # 10 still running: committing 13 would lose it on a crash
+    t.mark_done(10)
+    assert t.to_commit() == 13
+    t.committed(13)
+    assert t.to_commit() is None
+    assert t.pending == 1
+    t.mark_done(15)
+    assert t.to_commit() == 16
+
+
+def test_marking_unknown_or_repeated_offsets_changes_nothing() -> None:
+    t = OffsetTracker(0)
+    t.add(5)
+    t.mark_done(4)
+    t.mark_done(6)
+    assert t.to_commit() is None
+    t.mark_done(5)
+    t.mark_done(5)
+    assert t.to_commit() == 6
+
+
+def test_a_revoked_tracker_never_offers_a_commit() -> None:
+    t = OffsetTracker(0)
+    t.add(1)
+    t.mark_done(1)
+    t.revoked = True
+    assert t.to_commit() is None
+
+
+def test_offsets_must_increase() -> None:
+    t = OffsetTracker(0)
+    t.add(3)
+    with pytest.raises(ValueError, match="new one after a rebalance"):
+        t.add(3)
+    t.mark_done(3)
+    with pytest.raises(ValueError):
+        t.add(2)
+
+
+def test_older_attempt_after_a_newer_one_is_stale() -> None:
+    latest = LatestAttempts()
+    assert latest.observe("r", 2) is None
+    assert latest.observe("r", 1) == 2
+    assert latest.observe("r", 2) is None  # the same attempt again is a duplicate, not stale
+    assert latest.observe("r", 3) is None
+    assert latest.observe("r", 2) == 3
+
+
+def test_latest_attempts_memory_is_bounded_lru() -> None:
+    latest = LatestAttempts(capacity=2)
+    latest.observe("a", 5)
+    latest.observe("b", 5)
+    latest.observe("a", 5)  # touch a: b is now the least recent
+    latest.observe("c", 5)
+    assert len(latest) == 2
+    assert latest.observe("a", 1) == 5
+    assert latest.observe("b", 1) is None  # forgotten: runs (at-least-once), never lost
+
+
+def test_lower_fencing_token_is_fenced_per_partition() -> None:
+    tokens = FencingTokens()
+    assert tokens.observe(0, 3) is None
+    assert tokens.observe(1, 1) is None  # other partitions have their own epochs
+    assert tokens.observe(0, 2) == 3
+    assert tokens.observe(0, 3) is None
+    assert tokens.observe(0, 4) is None
+    assert tokens.get(0) == 4
