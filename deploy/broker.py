@@ -1,0 +1,602 @@
+"""A genuine single-node Apache Kafka (KRaft) broker without Docker, run from Maven jars.
+
+There is no Docker engine on the development and CI machines, but Maven Central serves the
+broker as jars (``deploy/pom.xml``). :class:`LocalBroker` fetches them once into ``deploy/lib``,
+formats KRaft storage once per data directory, and runs ``java ... kafka.Kafka`` as a detached
+process (own session, pid file, output to files) so ``jobwheel broker start`` can return and a
+later ``jobwheel broker stop`` can find it again through the data directory alone.
+
+Everything about one broker lives in its data directory::
+
+    server.properties   the config it runs with (ports are read back from it by status/stop)
+    broker.pid          pid of the running JVM
+    broker.out          JVM stdout/stderr (startup crashes that happen before logging)
+    logs/server.log     the broker's own log (deploy/log4j2.yaml)
+    kraft/              log.dirs: metadata log and topic data
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobwheel.errors import BrokerError, ConfigError
+from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEPLOY_DIR = Path(__file__).resolve().parent
+POM = DEPLOY_DIR / "pom.xml"
+LIB_DIR = DEPLOY_DIR / "lib"
+LOG4J2_CONFIG = DEPLOY_DIR / "log4j2.yaml"
+#: Written into LIB_DIR after a complete fetch; holds the sha256 of the pom it was fetched from,
+#: so a pom change (new Kafka version) triggers a re-fetch. The Makefile writes the same stamp.
+STAMP = ".fetched"
+MAIN_CLASS = "kafka.Kafka"
+MVN_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
+MIN_JAVA = 17
+HOST = "127.0.0.1"
+NODE_ID = 1
+
+
+class BrokerStartError(BrokerError):
+    """The broker process exited or never answered during startup. Carries its log tail."""
+
+
+def mvn_command(pom: Path = POM, lib_dir: Path = LIB_DIR) -> list[str]:
+    """The one command that fetches the broker jars (the Makefile runs the same)."""
+    # -DoutputDirectory must be absolute: a relative one is resolved against the pom's folder.
+    return [
+        "mvn",
+        "-B",
+        "-q",
+        "-f",
+        str(pom.resolve()),
+        MVN_PLUGIN,
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={lib_dir.resolve()}",
+    ]
+
+
+def _pom_digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
+
+
+def _pom_versions(pom: Path) -> dict[str, str]:
+    text = pom.read_text()
+    return dict(re.findall(r"<(kafka\.version|log4j\.version)>([^<]+)<", text))
+
+
+def _expected_jars(pom: Path) -> list[str]:
+    versions = _pom_versions(pom)
+    kafka, log4j = versions.get("kafka.version", ""), versions.get("log4j.version", "")
+    return [
+        f"kafka_2.13-{kafka}.jar",
+        f"kafka-server-{kafka}.jar",
+        f"kafka-clients-{kafka}.jar",
+        f"kafka-metadata-{kafka}.jar",
+        f"kafka-raft-{kafka}.jar",
+        f"log4j-core-{log4j}.jar",
+        f"log4j-slf4j-impl-{log4j}.jar",
+    ]
+
+
+def jars_complete(lib_dir: Path = LIB_DIR, pom: Path = POM) -> bool:
+    """True when ``lib_dir`` holds a finished fetch of this very pom."""
+    stamp = lib_dir / STAMP
+    if not stamp.is_file() or stamp.read_text().strip() != _pom_digest(pom):
+        return False
+    return all((lib_dir / jar).is_file() for jar in _expected_jars(pom))
+
+
+def ensure_jars(lib_dir: Path = LIB_DIR, pom: Path = POM) -> Path:
+    """Fetch the broker jars with Maven unless a complete fetch is already there.
+
+    A file lock serialises concurrent callers (several test sessions on one machine), and
+    stale jars are removed first so two Kafka versions never share a classpath.
+    """
+    if jars_complete(lib_dir, pom):
+        return lib_dir
+    if shutil.which("mvn") is None:
+        raise ConfigError(
+            f"the Kafka broker jars are missing in {lib_dir} and Maven is not installed: "
+            "install Maven 3.8+ (Debian: apt-get install maven) or run `make setup` on a machine "
+            "that has it"
+        )
+    lib_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = lib_dir.parent / f".{lib_dir.name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if jars_complete(lib_dir, pom):
+            return lib_dir
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        for old in lib_dir.glob("*.jar"):
+            old.unlink()
+        cmd = mvn_command(pom, lib_dir)
+        log.info("fetching Kafka broker jars", extra={"command": " ".join(cmd)})
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            out = (proc.stdout + proc.stderr).strip()[-3000:]
+            raise ConfigError(
+                f"fetching the Kafka broker jars failed (exit {proc.returncode}): "
+                f"{' '.join(cmd)}\n{out}\nMaven Central must be reachable."
+            )
+        missing = [jar for jar in _expected_jars(pom) if not (lib_dir / jar).is_file()]
+        if missing:
+            raise ConfigError(f"Maven finished but {lib_dir} lacks {', '.join(missing)}")
+        (lib_dir / STAMP).write_text(_pom_digest(pom) + "\n")
+    return lib_dir
+
+
+def java_version(java: str) -> int:
+    """The major version of ``java`` (``java -version`` prints it on stderr)."""
+    proc = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr + proc.stdout)
+    if not match:
+        raise ConfigError(f"could not read the Java version from `{java} -version`")
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def find_java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise ConfigError(
+            f"Java is not installed: the local Kafka broker needs Java {MIN_JAVA}+ "
+            "(Debian: apt-get install openjdk-17-jre-headless)"
+        )
+    major = java_version(java)
+    if major < MIN_JAVA:
+        raise ConfigError(
+            f"{java} is Java {major}; Kafka 4 needs Java {MIN_JAVA}+ "
+            "(Debian: apt-get install openjdk-17-jre-headless, then put it first on PATH)"
+        )
+    return java
+
+
+def port_free(port: int, host: str = HOST) -> bool:
+    """Whether a server could bind ``host:port`` now (SO_REUSEADDR like the JVM's listener)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = HOST) -> int:
+    """A port the kernel considers free right now (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def new_cluster_id() -> str:
+    """A Kafka ``Uuid`` string: URL-safe base64 of 16 random bytes, never starting with '-'."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
+
+
+def server_properties(*, port: int, controller_port: int, log_dirs: Path, host: str = HOST) -> str:
+    """The single-node KRaft config.
+
+    Kafka's defaults assume three nodes (offsets/transaction topics with replication factor 3,
+    min ISR 2): on one node consumer groups and transactions would just fail. The internal
+    topics get few partitions because creating 50 of them is most of a cold start on 2 cores.
+    Auto-creation is off: a topic made by a stray producer would have 1 partition and break
+    the co-partitioning of requests/runs/status/ticks, so topics come from ``topics ensure``.
+    """
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        "controller.quorum.voters": f"{NODE_ID}@{host}:{controller_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(log_dirs.resolve()),
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "8",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "1",
+    }
+    lines = ["# Written by jobwheel (deploy/broker.py) on every start; edits are overwritten."]
+    lines += [f"{key}={value}" for key, value in props.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _read_properties(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _proc_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a zombie still answers kill(pid, 0))."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: SIGTERM this child when the process that started it dies (tests, ``up``)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str | None
+    data_dir: Path
+    ready: bool = False
+
+    def describe(self) -> str:
+        if not self.running:
+            return f"broker not running (data dir {self.data_dir})"
+        state = "ready" if self.ready else "not answering yet"
+        return (
+            f"broker running, {state}: bootstrap {self.bootstrap}, pid {self.pid}, "
+            f"data dir {self.data_dir}"
+        )
+
+
+class LocalBroker:
+    """One single-node KRaft broker, identified by its data directory."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int = 9092,
+        controller_port: int = 9093,
+        heap: str = "512m",
+        lib_dir: Path = LIB_DIR,
+        host: str = HOST,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port
+        self.controller_port = controller_port
+        self.heap = heap
+        self.lib_dir = lib_dir
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        data_dir: Path | None = None,
+        port: int | None = None,
+        controller_port: int | None = None,
+    ) -> LocalBroker:
+        """The broker of ``settings`` (data in ``<data_dir>/kafka``), CLI flags winning."""
+        return cls(
+            data_dir or settings.data_dir / "kafka",
+            port=port or settings.broker_port,
+            controller_port=controller_port or settings.broker_controller_port,
+            heap=settings.broker_heap,
+        )
+
+    # --- paths -------------------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def properties_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def out_path(self) -> Path:
+        return self.data_dir / "broker.out"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "logs" / "server.log"
+
+    @property
+    def log_dirs(self) -> Path:
+        return self.data_dir / "kraft"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def running_pid(self) -> int | None:
+        """The pid of this data dir's broker JVM, verified by its command line (pid reuse)."""
+        try:
+            pid = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if self._proc is not None and self._proc.pid == pid and self._proc.poll() is not None:
+            return None
+        cmdline = _proc_cmdline(pid)
+        if _alive(pid) and MAIN_CLASS in cmdline and str(self.properties_path) in cmdline:
+            return pid
+        return None
+
+    def start(self, *, wait: bool = True, die_with_parent: bool = False) -> float:
+        """Start the broker detached; with ``wait`` return once it answers metadata.
+
+        Returns the seconds it took. ``die_with_parent`` ties the JVM to this process (tests,
+        the stack supervisor) so a killed parent does not leave an orphan broker behind.
+        """
+        began = time.monotonic()
+        pid = self.running_pid()
+        if pid is not None:
+            running = _read_properties(self.properties_path)
+            listeners = running.get("advertised.listeners", "")
+            if f"//{self.host}:{self.port}" not in listeners:
+                raise ConfigError(
+                    f"a broker for {self.data_dir} is already running (pid {pid}, {listeners}) "
+                    f"on other ports than requested ({self.bootstrap}): stop it first with "
+                    "`jobwheel broker stop`"
+                )
+            log.info("broker already running", extra={"pid": pid, "bootstrap": self.bootstrap})
+            if wait:
+                self.wait_ready()
+            return time.monotonic() - began
+        self._check_ports()
+        java = find_java()
+        ensure_jars(self.lib_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        self.properties_path.write_text(
+            server_properties(
+                port=self.port,
+                controller_port=self.controller_port,
+                log_dirs=self.log_dirs,
+                host=self.host,
+            )
+        )
+        self._format_storage(java)
+        cmd = self._java_command(java)
+        with open(self.out_path, "ab") as out:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.data_dir,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if die_with_parent else None,
+            )
+        self.pid_path.write_text(f"{self._proc.pid}\n")
+        log.info(
+            "broker starting",
+            extra={
+                "pid": self._proc.pid,
+                "bootstrap": self.bootstrap,
+                "data_dir": str(self.data_dir),
+            },
+        )
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop(timeout_s=5.0)
+                raise
+        return time.monotonic() - began
+
+    def _check_ports(self) -> None:
+        for port, what, env in (
+            (self.port, "listener", "JOBWHEEL_BROKER_PORT"),
+            (self.controller_port, "controller", "JOBWHEEL_BROKER_CONTROLLER_PORT"),
+        ):
+            if not port_free(port, self.host):
+                flag = "--port" if what == "listener" else "--controller-port"
+                raise ConfigError(
+                    f"port {port} ({what}) on {self.host} is already in use: stop whatever "
+                    f"listens there, or pick another port with {env}=<port> (or {flag} <port>)"
+                )
+        if self.port == self.controller_port:
+            raise ConfigError(
+                f"the broker port and the controller port are both {self.port}: set "
+                "JOBWHEEL_BROKER_CONTROLLER_PORT (or --controller-port) to another port"
+            )
+
+    def _format_storage(self, java: str) -> None:
+        """Format KRaft storage once per data dir (``meta.properties`` marks it done)."""
+        if (self.log_dirs / "meta.properties").is_file():
+            return
+        cmd = [
+            java,
+            "-Xmx256m",
+            "-XX:TieredStopAtLevel=1",
+            "-Xshare:auto",
+            f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+            f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
+            "-cp",
+            f"{self.lib_dir.resolve()}/*",
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            new_cluster_id(),
+            "-c",
+            str(self.properties_path),
+            "--ignore-formatted",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise BrokerStartError(
+                f"formatting KRaft storage in {self.log_dirs} failed (exit {proc.returncode}):\n"
+                f"{(proc.stdout + proc.stderr).strip()[-3000:]}"
+            )
+
+    def _java_command(self, java: str) -> list[str]:
+        return [
+            java,
+            f"-Xms{self.heap}",
+            f"-Xmx{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:InitiatingHeapOccupancyPercent=35",
+            "-XX:+ExplicitGCInvokesConcurrent",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
+            f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+            "-cp",
+            f"{self.lib_dir.resolve()}/*",
+            MAIN_CLASS,
+            str(self.properties_path),
+        ]
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until the listener answers metadata with a live broker, or raise.
+
+        A TCP connect is polled first: it is cheap and keeps librdkafka from logging
+        connection-refused noise while the JVM boots. ``brokers`` in the metadata lists only
+        unfenced brokers, so a non-empty answer means topics can be created.
+        """
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        while time.monotonic() < deadline:
+            self._raise_if_dead()
+            if self._accepts() and self._metadata_ok():
+                return
+            time.sleep(0.1)
+        self._raise_if_dead()
+        raise BrokerStartError(
+            f"the broker at {self.bootstrap} did not answer within "
+            f"{timeout_s or self.startup_timeout_s:.0f}s (pid file {self.pid_path}).\n"
+            f"Last lines of {self.log_path}:\n{tail(self.log_path)}"
+        )
+
+    def _raise_if_dead(self) -> None:
+        if self._proc is not None:
+            code = self._proc.poll()
+            if code is None:
+                return
+        elif self.running_pid() is not None:
+            return
+        else:
+            code = None
+        raise BrokerStartError(
+            f"the Kafka broker for {self.data_dir} exited during startup"
+            + (f" (exit code {code})" if code is not None else "")
+            + f".\nLast lines of {self.log_path}:\n{tail(self.log_path)}"
+            + f"\nLast lines of {self.out_path}:\n{tail(self.out_path, 20)}"
+        )
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def _metadata_ok(self, timeout_s: float = 2.0) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        quiet = logging.getLogger(f"{__name__}.librdkafka")
+        quiet.setLevel(logging.CRITICAL)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": quiet})
+        try:
+            return bool(admin.list_topics(timeout=timeout_s).brokers)
+        except Exception:
+            return False
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """SIGTERM (a clean shutdown), then SIGKILL after ``timeout_s``. False if not running."""
+        pid = self.running_pid()
+        if pid is None:
+            if self._proc is not None:
+                self._proc.poll()
+            self.pid_path.unlink(missing_ok=True)
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if not self._wait_exit(pid, timeout_s):
+            log.warning("broker ignored SIGTERM; killing it", extra={"pid": pid})
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10.0)
+        self.pid_path.unlink(missing_ok=True)
+        log.info("broker stopped", extra={"pid": pid, "data_dir": str(self.data_dir)})
+        return True
+
+    def _wait_exit(self, pid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.pid == pid:
+                if self._proc.poll() is not None:
+                    return True
+            elif not _alive(pid):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def wait(self) -> int:
+        """Wait for a broker started by this object to exit; returns its exit code."""
+        if self._proc is None:
+            raise BrokerError("wait() needs a broker started by this LocalBroker")
+        return self._proc.wait()
+
+    def status(self) -> BrokerStatus:
+        """Whether this data dir's broker runs; bootstrap read from its own server.properties."""
+        pid = self.running_pid()
+        if pid is None:
+            return BrokerStatus(False, None, None, self.data_dir)
+        props = _read_properties(self.properties_path)
+        bootstrap = props.get("advertised.listeners", "").removeprefix("PLAINTEXT://") or None
+        ready = False
+        if bootstrap:
+            host, _, port = bootstrap.rpartition(":")
+            probe = LocalBroker(self.data_dir, port=int(port), host=host)
+            ready = probe._accepts() and probe._metadata_ok()
+        return BrokerStatus(True, pid, bootstrap, self.data_dir, ready)

@@ -1,0 +1,133 @@
+"""Topic provisioning: make the broker's topics match ``schemas.topics`` (idempotent).
+
+Existing topics are never altered: a partition count that differs from the definition means
+jobs would hash to other partitions (other scheduler owners, other changelog partitions), so
+that is an error for a human to resolve, not something to "fix" by adding partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from jobwheel.errors import BrokerConnectionError, BrokerError, TopicMismatchError
+from jobwheel.settings import Settings
+from schemas.topics import TopicSpec
+
+log = logging.getLogger(__name__)
+
+
+def _admin(settings: Settings):  # type: ignore[no-untyped-def]
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(settings.librdkafka())
+
+
+def _describe(admin, timeout_s: float, bootstrap: str):  # type: ignore[no-untyped-def]
+    from confluent_kafka import KafkaException
+
+    try:
+        return admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerConnectionError(
+            f"could not reach Kafka at {bootstrap} within {timeout_s:.0f}s ({exc.args[0]}): "
+            "start a local broker with `jobwheel broker start` (or `make run`), or point "
+            "JOBWHEEL_BOOTSTRAP_SERVERS at a running one",
+            code="TRANSPORT",
+        ) from exc
+
+
+def _mismatch_message(spec: TopicSpec, actual: int) -> str:
+    return (
+        f"topic {spec.name} has {actual} partitions but jobwheel expects {spec.partitions}: "
+        "requests, runs, status and ticks must be co-partitioned with the configured count. "
+        "Either delete the topic (losing its records; e.g. Kafka's kafka-topics.sh --delete "
+        f"--topic {spec.name}, or for the local broker `jobwheel broker stop` and remove its "
+        "data dir) and run `jobwheel topics ensure` again, or set "
+        f"JOBWHEEL_PARTITIONS={actual} to use the existing layout"
+    )
+
+
+def ensure_topics(
+    settings: Settings,
+    specs: Sequence[TopicSpec] | None = None,
+    *,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create the missing topics of ``settings`` and return their names.
+
+    Raises :class:`TopicMismatchError` (before creating anything) when an existing topic has a
+    different partition count; safe to run concurrently with another ``ensure_topics``.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    specs = list(specs if specs is not None else settings.topics.specs())
+    admin = _admin(settings)
+    metadata = _describe(admin, timeout_s, settings.bootstrap_servers)
+    for spec in specs:
+        existing = metadata.topics.get(spec.name)
+        if existing is not None and existing.error is None:
+            _check(spec, len(existing.partitions))
+
+    missing = [s for s in specs if s.name not in metadata.topics]
+    if not missing:
+        return []
+    futures = admin.create_topics(
+        [
+            NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.config))
+            for s in missing
+        ],
+        request_timeout=timeout_s,
+        operation_timeout=timeout_s,
+    )
+    created: list[str] = []
+    raced: list[TopicSpec] = []
+    for spec in missing:
+        try:
+            futures[spec.name].result()
+            created.append(spec.name)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                raced.append(spec)  # someone else created it meanwhile: check it like the others
+                continue
+            raise BrokerError(
+                f"creating topic {spec.name} failed: {err.str()}", code=err.name()
+            ) from exc
+    _await_leaders(admin, [s.name for s in missing], timeout_s, settings.bootstrap_servers)
+    if raced:
+        metadata = _describe(admin, timeout_s, settings.bootstrap_servers)
+        for spec in raced:
+            _check(spec, len(metadata.topics[spec.name].partitions))
+    if created:
+        log.info("topics created", extra={"topics": created})
+    return created
+
+
+def _check(spec: TopicSpec, actual: int) -> None:
+    if actual != spec.partitions:
+        raise TopicMismatchError(_mismatch_message(spec, actual), code="PARTITION_COUNT")
+
+
+def _await_leaders(admin, names: list[str], timeout_s: float, bootstrap: str) -> None:  # type: ignore[no-untyped-def]
+    """Return once every partition of ``names`` has a leader in the broker's metadata.
+
+    CreateTopics returns when the controller committed the topic; the broker serving
+    metadata may lag a moment, and a client produced to the topic in that moment would
+    see UNKNOWN_TOPIC_OR_PART.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = _describe(admin, timeout_s, bootstrap)
+        ready = all(
+            (topic := metadata.topics.get(name)) is not None
+            and topic.error is None
+            and topic.partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+            for name in names
+        )
+        if ready or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)

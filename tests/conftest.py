@@ -1,0 +1,163 @@
+"""Shared fixtures: one real Kafka broker per test session, per-test settings and topics.
+
+The broker is a Docker container (testcontainers) when a Docker engine answers, otherwise a
+genuine Apache Kafka JVM broker started from the Maven jars in ``deploy/lib`` on free ports in
+a temporary directory (:class:`deploy.broker.LocalBroker`). Every test gets its own topic
+prefix and consumer-group names, so tests sharing the session broker never see each other's
+records. ``JOBWHEEL_TEST_BOOTSTRAP=host:port`` uses an already running broker instead (handy
+when iterating on one test: `jobwheel broker start` once, then run pytest repeatedly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Procs
+
+INTEGRATION_DIR = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs the broker (or lives in tests/integration) as integration."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        in_integration = INTEGRATION_DIR in Path(str(item.fspath)).parents
+        if in_integration or "kafka_bootstrap" in fixtures:
+            item.add_marker(pytest.mark.integration)
+
+
+def _docker_engine() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env()
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``"host:port"`` of a real Kafka broker for the whole session (started on first use)."""
+    external = os.environ.get("JOBWHEEL_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    if _docker_engine():
+        yield from _container_broker()
+        return
+    yield from _local_broker(tmp_path_factory.mktemp("kafka"))
+
+
+def _container_broker() -> Iterator[str]:
+    from testcontainers.community.kafka import KafkaContainer
+
+    container = KafkaContainer()
+    for key, value in {
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS": "4",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+    }.items():
+        container.with_env(key, value)
+    with container:
+        yield container.get_bootstrap_server()
+
+
+def _local_broker(data_dir: Path) -> Iterator[str]:
+    from deploy.broker import BrokerStartError, LocalBroker, free_port
+    from jobwheel.errors import ConfigError
+
+    # Free ports are only free when checked: another engineer's test session on this machine
+    # may grab one between the check and the JVM's bind, so retry with new ports.
+    last: Exception | None = None
+    for attempt in range(3):
+        broker = LocalBroker(
+            data_dir / f"attempt{attempt}",
+            port=free_port(),
+            controller_port=free_port(),
+            heap="384m",
+        )
+        try:
+            broker.start(die_with_parent=True)
+        except (BrokerStartError, ConfigError) as exc:
+            if "Java" in str(exc) or "Maven" in str(exc) or "jars" in str(exc):
+                raise
+            last = exc
+            continue
+        try:
+            yield broker.bootstrap
+        finally:
+            broker.stop()
+        return
+    raise RuntimeError(f"could not start a local Kafka broker after 3 attempts: {last}")
+
+
+def _test_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
+    """Settings for one test: unique topic prefix and group ids, its topics already created."""
+    from deploy.broker import free_port
+    from deploy.topics import ensure_topics
+    from jobwheel.settings import Settings
+
+    prefix = _test_prefix()
+    s = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=prefix,
+        partitions=4,
+        data_dir=tmp_path / "data",
+        log_format="text",
+        tick_interval_ms=50,
+        scheduler_app_id=f"{prefix}-scheduler",
+        worker_group=f"{prefix}-workers",
+        status_group=f"{prefix}-status",
+        scheduler_web_port=free_port(),
+        api_port=free_port(),
+    )
+    ensure_topics(s)
+    return s
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value)
+    return str(value)
+
+
+@pytest.fixture
+def jobwheel_env(settings: Any) -> dict[str, str]:
+    """os.environ plus the JOBWHEEL_* variables that reproduce ``settings`` in a subprocess."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is not None:
+            env[f"JOBWHEEL_{name.upper()}"] = _env_value(value)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    """Spawn subprocesses with ``procs.spawn(args, env, log_path)``; SIGKILLed at teardown."""
+    group = Procs()
+    try:
+        yield group
+    finally:
+        group.kill_all()

@@ -1,0 +1,83 @@
+"""``ensure_topics`` / ``jobwheel topics ensure`` against a real broker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.topics import ensure_topics
+from jobwheel.errors import TopicMismatchError
+
+
+def _partition_counts(settings) -> dict[str, int]:
+    admin = AdminClient(settings.librdkafka())
+    topics = admin.list_topics(timeout=10).topics
+    return {
+        spec.name: len(topics[spec.name].partitions)
+        for spec in settings.topics.specs()
+        if spec.name in topics
+    }
+
+
+def test_fixture_created_every_topic_with_the_configured_partitions(settings):
+    counts = _partition_counts(settings)
+    assert counts == {spec.name: 4 for spec in settings.topics.specs()}
+
+
+def test_ensure_is_idempotent(settings):
+    assert ensure_topics(settings) == []
+    assert ensure_topics(settings) == []
+
+
+def test_ensure_creates_missing_topics_with_their_config(settings):
+    fresh = settings.model_copy(update={"topic_prefix": settings.topic_prefix + "x"})
+    created = ensure_topics(fresh)
+    assert sorted(created) == sorted(s.name for s in fresh.topics.specs())
+    admin = AdminClient(fresh.librdkafka())
+    from confluent_kafka.admin import ConfigResource
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, fresh.topics.ticks)
+    config = admin.describe_configs([resource])[resource].result(timeout=10)
+    assert config["retention.ms"].value == str(3600 * 1000)
+
+
+def test_partition_mismatch_is_refused_with_what_to_do(settings):
+    wrong = settings.model_copy(update={"topic_prefix": settings.topic_prefix + "w"})
+    admin = AdminClient(wrong.librdkafka())
+    admin.create_topics([NewTopic(wrong.topics.runs, 2, 1)])[wrong.topics.runs].result(10)
+
+    with pytest.raises(TopicMismatchError) as info:
+        ensure_topics(wrong)
+
+    message = str(info.value)
+    assert wrong.topics.runs in message
+    assert "has 2 partitions" in message and "expects 4" in message
+    assert "JOBWHEEL_PARTITIONS=2" in message
+    # Nothing else was created: the mismatch is reported before any change.
+    assert set(admin.list_topics(timeout=10).topics) & {s.name for s in wrong.topics.specs()} == {
+        wrong.topics.runs
+    }
+
+
+def test_cli_topics_ensure(settings, jobwheel_env):
+    fresh_prefix = settings.topic_prefix + "c"
+    env = {**jobwheel_env, "JOBWHEEL_TOPIC_PREFIX": fresh_prefix}
+    cmd = [sys.executable, "-m", "jobwheel.cli", "topics", "ensure"]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert f"created {fresh_prefix}.requests" in first.stdout
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert "created" not in second.stdout
+    assert "5 topics present" in second.stdout
+
+
+def test_cli_topics_ensure_mismatch_exits_nonzero(settings, jobwheel_env):
+    env = {**jobwheel_env, "JOBWHEEL_PARTITIONS": "3"}
+    cmd = [sys.executable, "-m", "jobwheel.cli", "topics", "ensure"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "JOBWHEEL_PARTITIONS=4" in proc.stderr
