@@ -125,6 +125,40 @@ class CronSchedule:
             raise ValueError(f"cron {self.expression!r}: no fire found after {after_ms}")
         return best
 
+    def last_at_or_before(self, until_ms: int, tz: ZoneInfo) -> int:
+        """The latest fire instant (epoch ms) at or before ``until_ms``; same rules as above.
+
+        The mirror image of :meth:`next_after`, walking wall times backwards, so that "the most
+        recent missed fire" costs a step or two however long the scheduler was down.
+        """
+        by_clock = self.fires_by_clock
+        local = datetime.fromtimestamp(until_ms // 1000, tz)
+        start = local.replace(tzinfo=None)
+        if local.fold == 1:
+            earlier = local.replace(fold=0).utcoffset()
+            later = local.utcoffset()
+            if earlier is not None and later is not None and earlier > later:
+                # ``until`` lies in the second pass of a repeated hour: the first occurrences of
+                # wall times up to one shift later are still before it.
+                start += earlier - later
+        walls = _walker(self.expression)
+        walls.set_current(start + timedelta(seconds=1), force=True)
+        best: int | None = None
+        for _ in range(_MAX_STEPS):
+            wall = walls.get_prev(datetime)
+            instants = _wall_instants(wall, tz, by_clock)
+            if best is not None and instants[-1] <= best:
+                break
+            for instant in instants:
+                if instant <= until_ms and (best is None or instant > best):
+                    best = instant
+            if instants[-1] <= until_ms:
+                # Every earlier wall time maps to instants <= this one.
+                break
+        if best is None:
+            raise ValueError(f"cron {self.expression!r}: no fire found before {until_ms}")
+        return best
+
 
 def parse_cron(expression: str) -> CronSchedule:
     """Validate ``expression`` and return its parsed form.

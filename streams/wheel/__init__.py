@@ -2,22 +2,7 @@
 
 from __future__ import annotations
 
-from streams.wheel.entry import (
-    ENTRY_VERSION,
-    TAG_FIRE,
-    TAG_RETRY,
-    WheelEntry,
-    encode_key,
-    visibility_tag,
-)
+from streams.wheel.entry import ENTRY_VERSION, WheelEntry, encode_key
 from streams.wheel.wheel import TimingWheel
 
-__all__ = [
-    "ENTRY_VERSION",
-    "TAG_FIRE",
-    "TAG_RETRY",
-    "TimingWheel",
-    "WheelEntry",
-    "encode_key",
-    "visibility_tag",
-]
+__all__ = ["ENTRY_VERSION", "TimingWheel", "WheelEntry", "encode_key"]

@@ -5,7 +5,7 @@ UTF-8. Big-endian first means byte order == time order, so "everything due by ``
 range ``[.., (now + 1) as 8 bytes)``. Entries due in the same millisecond sort by job id, then tag,
 which keeps a batch deterministic. The job id comes before the tag so that one job can hold several
 entries at the same instant (its fire and an attempt's visibility deadline); the NUL separator is
-why a job id may not contain NUL.
+why a job id may not contain NUL. Tags are opaque to the wheel (the processor defines them).
 
 Value: one version byte (:data:`ENTRY_VERSION`) then the caller's payload, so a later release can
 change what it stores and still recognise (or knowingly skip) what an older one wrote.
@@ -20,16 +20,6 @@ from jobwheel.errors import StateError, ValidationError
 ENTRY_VERSION = 1
 _DUE_BYTES = 8
 MAX_DUE_MS = (1 << 63) - 1
-
-TAG_FIRE = "fire"
-"""The scheduled fire of a job (its trigger's next instant)."""
-TAG_RETRY = "retry"
-"""A failed attempt waiting for its backoff to pass."""
-
-
-def visibility_tag(attempt: int) -> str:
-    """The tag of an attempt's visibility deadline (redeliver if no result by then)."""
-    return f"visibility:{attempt}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,10 @@ class TimingWheel:
     scan starts there. Without it, each tick would seek from the very first key and, on RocksDB,
     step over every tombstone left by fires removed since the last compaction (measured: ~50 ms
     per scan after 200k removals, ~50 us with the floor). The floor is only correct if every
-    write to the store goes through this object; after writing to the store some other way
-    (e.g. changelog recovery into an existing store) call :meth:`reset_floor`.
+    write to the store goes through this object and stays written. Call :meth:`reset_floor`
+    after the store changed some other way: changelog recovery into an existing store, or a
+    write buffer discarded after :meth:`due`/:meth:`next_due_ms` already saw its deletions
+    (the "deleted" entries are back but may lie below the floor).
     """
 
     def __init__(self, store: WheelStore) -> None:
