@@ -1,0 +1,641 @@
+"""The scheduler's decisions for one partition, as a pure processor.
+
+No faust, no Kafka, no clock: the glue (:mod:`streams.app`) hands it decoded records and the
+current time, and it returns what to produce. State lives in the injected stores. This is where
+every rule of the scheduler is, so it is unit-tested record by record with a manual clock.
+
+Rules, in the words of Kubernetes CronJob and SQS:
+
+- A fire at scheduled time ``T`` handled at ``now``: all scheduled instants in ``[T, now]`` are
+  due. Only the latest runs; each earlier one leaves a MISSED event (at most
+  ``MAX_MISSED_EVENTS``, then one summary). If ``startingDeadline`` is set and the latest is
+  later than that after its time, it is MISSED too.
+- ``concurrencyPolicy``: ALLOW runs regardless; FORBID leaves a SKIPPED event while a run of the
+  job is active; REPLACE cancels the active runs (CANCELLED events with their run ids) and runs.
+- A dispatched attempt not SUCCEEDED/FAILED by its visibility deadline is dispatched again
+  (attempt + 1) until ``max_attempts``; HEARTBEAT moves the deadline. FAILED with a
+  ``retry_delay_ms`` from the worker is retried after that delay; without one, or out of
+  attempts, the run is DEAD (status event, and the run on the dead-letter topic).
+- Paused jobs do not fire; on resume the pending fire is due again, so what was missed while
+  paused follows the missed-run rule above (as with ``suspend`` on a CronJob).
+- Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy.
+- Commands for unknown jobs, and invalid specs, are REJECTED events.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from jobwheel.errors import JobwheelError, StateError
+from schemas.cron import parse_cron, zone
+from schemas.models import (
+    After,
+    CancelJob,
+    ConcurrencyPolicy,
+    Cron,
+    Every,
+    JobCommand,
+    PauseJob,
+    ResumeJob,
+    Run,
+    ScheduleJob,
+    State,
+    StatusEvent,
+    TriggerJob,
+)
+from streams import triggers
+from streams.jobstate import ActiveRun, JobRecord, JobStatus, RunPhase, decode_job, encode_job
+from streams.state.base import KeyValueStore
+from streams.wheel import TimingWheel, WheelEntry
+
+log = logging.getLogger(__name__)
+
+SOURCE = "scheduler"
+MAX_MISSED_EVENTS = 100
+FIRE = "fire"
+VISIBILITY = "vis"
+RETRY = "retry"
+
+
+@dataclass(slots=True)
+class Output:
+    """What one record or punctuation asks the glue to produce, in this order."""
+
+    runs: list[Run] = field(default_factory=list)
+    status: list[StatusEvent] = field(default_factory=list)
+    dead_runs: list[tuple[Run, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.status or self.dead_runs)
+
+    def extend(self, other: Output) -> None:
+        self.runs.extend(other.runs)
+        self.status.extend(other.status)
+        self.dead_runs.extend(other.dead_runs)
+
+
+def _tag(kind: str, run_id: str = "", attempt: int = 0) -> str:
+    return kind if kind == FIRE else f"{kind}|{attempt}|{run_id}"
+
+
+def _parse_tag(tag: str) -> tuple[str, int, str]:
+    if tag == FIRE:
+        return FIRE, 0, ""
+    kind, attempt, run_id = tag.split("|", 2)
+    return kind, int(attempt), run_id
+
+
+def validate_spec(spec: ScheduleJob) -> None:
+    """The checks the scheduler cannot do without: a spec that passes them can be scheduled.
+
+    Producers validate more (and earlier); this guards against producers that skip the SDK.
+    """
+    t = spec.trigger
+    if isinstance(t, Every) and t.interval_ms <= 0:
+        raise JobwheelError("trigger.interval_ms must be > 0")
+    if isinstance(t, After) and t.delay_ms < 0:
+        raise JobwheelError("trigger.delay_ms must be >= 0")
+    if isinstance(t, Cron):
+        parse_cron(t.expression)
+        zone(t.timezone)
+    if not spec.task:
+        raise JobwheelError("task must not be empty")
+    if spec.max_attempts < 1:
+        raise JobwheelError("max_attempts must be >= 1")
+    if spec.visibility_timeout_ms <= 0:
+        raise JobwheelError("visibility_timeout_ms must be > 0")
+
+
+class SchedulerProcessor:
+    """Decisions for ONE partition. ``fencing_token`` is this owner's epoch for the partition."""
+
+    def __init__(
+        self,
+        partition: int,
+        jobs: KeyValueStore,
+        wheel: TimingWheel,
+        fencing_token: int = 0,
+    ) -> None:
+        self.partition = partition
+        self.jobs = jobs
+        self.wheel = wheel
+        self.fencing_token = fencing_token
+
+    # --- state access ---------------------------------------------------------------------
+
+    def load(self, job_id: str) -> JobRecord | None:
+        raw = self.jobs.get(job_id.encode())
+        return None if raw is None else decode_job(raw)
+
+    def save(self, job: JobRecord) -> None:
+        self.jobs.put(job.job_id.encode(), encode_job(job))
+
+    # --- events -----------------------------------------------------------------------------
+
+    def _event(
+        self,
+        job: JobRecord | None,
+        job_id: str,
+        state: State,
+        now_ms: int,
+        *,
+        event_id: str | None = None,
+        run: ActiveRun | None = None,
+        attempt: int | None = None,
+        **fields: object,
+    ) -> StatusEvent:
+        seq = job.next_seq() if job is not None else 0
+        if event_id is None:
+            event_id = f"{job_id}:{seq}:{state.value}" if job else f"{job_id}:{now_ms}:{state}"
+        return StatusEvent(
+            event_id=event_id,
+            job_id=job_id,
+            state=state,
+            event_time_ms=now_ms,
+            source=SOURCE,
+            run_id=run.run_id if run else None,
+            seq=seq,
+            attempt=attempt if attempt is not None else (run.attempt if run else 0),
+            task=job.spec.task if job else None,
+            scheduled_time_ms=run.scheduled_ms if run else None,
+            next_fire_ms=job.next_fire_ms if job else None,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def reject(self, job_id: str, reason: str, now_ms: int, event_id: str) -> Output:
+        """A REJECTED event for a record that could not be applied (the glue dead-letters it)."""
+        job = None
+        try:
+            job = self.load(job_id) if job_id else None
+        except StateError:
+            job = None
+        out = Output()
+        out.status.append(
+            self._event(job, job_id, State.REJECTED, now_ms, event_id=event_id, reason=reason)
+        )
+        if job is not None:
+            self.save(job)
+        return out
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def on_command(self, cmd: JobCommand, now_ms: int) -> Output:
+        body = cmd.body
+        if isinstance(body, ScheduleJob):
+            return self._schedule(cmd, body, now_ms)
+        job = self.load(cmd.job_id)
+        if job is None:
+            return self.reject(
+                cmd.job_id,
+                f"{type(body).__name__}: unknown job {cmd.job_id!r} (never scheduled, or on "
+                "another partition key)",
+                now_ms,
+                event_id=f"{cmd.command_id}:REJECTED",
+            )
+        if cmd.command_id in job.recent_commands:
+            return Output()  # a redelivered command: already applied
+        job.remember(cmd.command_id)
+        out = Output()
+        if isinstance(body, CancelJob):
+            self._cancel(job, body, now_ms, out)
+        elif isinstance(body, PauseJob):
+            self._pause(job, body, now_ms, out)
+        elif isinstance(body, ResumeJob):
+            self._resume(job, body, now_ms, out)
+        elif isinstance(body, TriggerJob):
+            self._trigger(job, cmd, body, now_ms, out)
+        self.save(job)
+        return out
+
+    def _schedule(self, cmd: JobCommand, spec: ScheduleJob, now_ms: int) -> Output:
+        try:
+            validate_spec(spec)
+        except JobwheelError as exc:
+            return self.reject(
+                cmd.job_id, f"invalid spec: {exc}", now_ms, event_id=f"{cmd.command_id}:REJECTED"
+            )
+        job = self.load(cmd.job_id)
+        if job is not None:
+            if cmd.command_id in job.recent_commands:
+                return Output()
+            if spec.idempotency_key is not None and spec.idempotency_key == (
+                job.spec.idempotency_key
+            ):
+                job.remember(cmd.command_id)
+                self.save(job)
+                return Output()
+            if job.next_fire_ms is not None and job.status is JobStatus.ACTIVE:
+                self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
+            job.spec = spec
+            job.issued_at_ms = cmd.issued_at_ms
+            job.status = JobStatus.ACTIVE
+        else:
+            job = JobRecord(job_id=cmd.job_id, spec=spec, issued_at_ms=cmd.issued_at_ms)
+        job.remember(cmd.command_id)
+        first = triggers.first_fire_ms(spec.trigger, cmd.issued_at_ms)
+        job.next_fire_ms = first
+        self.wheel.schedule(first, job.job_id, FIRE)
+        out = Output()
+        out.status.append(self._event(job, job.job_id, State.SCHEDULED, now_ms))
+        self.save(job)
+        return out
+
+    def _cancel(self, job: JobRecord, body: CancelJob, now_ms: int, out: Output) -> None:
+        if job.status in (JobStatus.CANCELLED, JobStatus.COMPLETED):
+            out.status.append(
+                self._event(
+                    job, job.job_id, State.REJECTED, now_ms, reason=f"job is {job.status.value}"
+                )
+            )
+            return
+        if job.next_fire_ms is not None and job.status is JobStatus.ACTIVE:
+            self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
+        job.status = JobStatus.CANCELLED
+        job.next_fire_ms = None
+        out.status.append(self._event(job, job.job_id, State.CANCELLED, now_ms, reason=body.reason))
+
+    def _pause(self, job: JobRecord, body: PauseJob, now_ms: int, out: Output) -> None:
+        if job.status is not JobStatus.ACTIVE:
+            reason = f"cannot pause: job is {job.status.value}"
+            out.status.append(self._event(job, job.job_id, State.REJECTED, now_ms, reason=reason))
+            return
+        if job.next_fire_ms is not None:
+            self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
+        job.status = JobStatus.PAUSED
+        out.status.append(self._event(job, job.job_id, State.PAUSED, now_ms, reason=body.reason))
+
+    def _resume(self, job: JobRecord, body: ResumeJob, now_ms: int, out: Output) -> None:
+        if job.status is not JobStatus.PAUSED:
+            reason = f"cannot resume: job is {job.status.value}"
+            out.status.append(self._event(job, job.job_id, State.REJECTED, now_ms, reason=reason))
+            return
+        job.status = JobStatus.ACTIVE
+        if job.next_fire_ms is not None:
+            self.wheel.schedule(job.next_fire_ms, job.job_id, FIRE)
+        out.status.append(self._event(job, job.job_id, State.RESUMED, now_ms, reason=body.reason))
+
+    def _trigger(
+        self, job: JobRecord, cmd: JobCommand, body: TriggerJob, now_ms: int, out: Output
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            out.status.append(
+                self._event(job, job.job_id, State.REJECTED, now_ms, reason="job is CANCELLED")
+            )
+            return
+        run_id = f"{job.job_id}@trigger-{cmd.issued_at_ms}"
+        if run_id in job.active:
+            return
+        self._dispatch(job, run_id, cmd.issued_at_ms, 1, now_ms, out, reason=body.reason)
+
+    # --- dispatch ---------------------------------------------------------------------------
+
+    def _make_run(self, job: JobRecord, active: ActiveRun, now_ms: int) -> Run:
+        spec = job.spec
+        return Run(
+            run_id=active.run_id,
+            job_id=job.job_id,
+            task=spec.task,
+            args_json=spec.args_json,
+            seq=active.seq,
+            scheduled_time_ms=active.scheduled_ms,
+            dispatched_at_ms=now_ms,
+            attempt=active.attempt,
+            max_attempts=spec.max_attempts,
+            timeout_ms=spec.timeout_ms,
+            visibility_timeout_ms=spec.visibility_timeout_ms,
+            deadline_ms=active.deadline_ms,
+            partition=self.partition,
+            fencing_token=self.fencing_token,
+        )
+
+    def _dispatch(
+        self,
+        job: JobRecord,
+        run_id: str,
+        scheduled_ms: int,
+        attempt: int,
+        now_ms: int,
+        out: Output,
+        reason: str | None = None,
+    ) -> None:
+        deadline = now_ms + job.spec.visibility_timeout_ms
+        seq = job.next_seq()
+        active = ActiveRun(
+            run_id=run_id,
+            scheduled_ms=scheduled_ms,
+            attempt=attempt,
+            seq=seq,
+            phase=RunPhase.DISPATCHED,
+            deadline_ms=deadline,
+            wheel_due_ms=deadline,
+        )
+        if attempt == 1:
+            job.run_count += 1
+        job.active[run_id] = active
+        self.wheel.schedule(deadline, job.job_id, _tag(VISIBILITY, run_id, attempt))
+        out.runs.append(self._make_run(job, active, now_ms))
+        out.status.append(
+            StatusEvent(
+                event_id=f"{run_id}:{attempt}:DISPATCHED",
+                job_id=job.job_id,
+                state=State.DISPATCHED,
+                event_time_ms=now_ms,
+                source=SOURCE,
+                run_id=run_id,
+                seq=seq,
+                attempt=attempt,
+                task=job.spec.task,
+                scheduled_time_ms=scheduled_ms,
+                next_fire_ms=job.next_fire_ms,
+                deadline_ms=deadline,
+                reason=reason,
+            )
+        )
+
+    def _finish(self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output) -> None:
+        """Forget a finished run; a one-shot job with nothing left to do is COMPLETED."""
+        job.active.pop(run.run_id, None)
+        self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
+        if job.status is JobStatus.ACTIVE and job.next_fire_ms is None and not job.active:
+            job.status = JobStatus.COMPLETED
+            out.status.append(self._event(job, job.job_id, State.COMPLETED, now_ms))
+
+    @staticmethod
+    def _run_tag(run: ActiveRun) -> str:
+        if run.phase is RunPhase.RETRY_WAIT:
+            return _tag(RETRY, run.run_id, run.attempt + 1)
+        return _tag(VISIBILITY, run.run_id, run.attempt)
+
+    # --- punctuation ------------------------------------------------------------------------
+
+    def punctuate(self, now_ms: int, limit: int) -> tuple[Output, int]:
+        """Handle up to ``limit`` due wheel entries; returns the output and how many were due."""
+        out = Output()
+        entries = self.wheel.due(now_ms, limit)
+        for entry in entries:
+            self.wheel.remove(entry)
+            try:
+                self._on_due(entry, now_ms, out)
+            except StateError:
+                log.exception(
+                    "dropping a wheel entry whose job state is unreadable",
+                    extra={"job_id": entry.job_id, "partition": self.partition},
+                )
+        return out, len(entries)
+
+    def _on_due(self, entry: WheelEntry, now_ms: int, out: Output) -> None:
+        job = self.load(entry.job_id)
+        if job is None:
+            return
+        kind, attempt, run_id = _parse_tag(entry.tag)
+        if kind == FIRE:
+            if job.status is JobStatus.ACTIVE and job.next_fire_ms == entry.due_ms:
+                self._fire(job, entry.due_ms, now_ms, out)
+                self.save(job)
+            return
+        run = job.active.get(run_id)
+        if run is None or run.wheel_due_ms != entry.due_ms:
+            return  # finished, replaced, or moved by a heartbeat: a stale entry
+        if kind == VISIBILITY and run.phase is RunPhase.DISPATCHED and run.attempt == attempt:
+            self._on_visibility_deadline(job, run, now_ms, out)
+        elif kind == RETRY and run.phase is RunPhase.RETRY_WAIT and run.attempt + 1 == attempt:
+            self._redispatch(job, run, attempt, now_ms, out, reason="retry after backoff")
+        self.save(job)
+
+    def _fire(self, job: JobRecord, scheduled_ms: int, now_ms: int, out: Output) -> None:
+        spec = job.spec
+        # Every instant in [scheduled_ms, now_ms] is due; only the latest may run.
+        due = [scheduled_ms]
+        nxt = triggers.next_fire_ms(spec.trigger, scheduled_ms)
+        while nxt is not None and nxt <= now_ms:
+            due.append(nxt)
+            nxt = triggers.next_fire_ms(spec.trigger, nxt)
+            if len(due) > 10 * MAX_MISSED_EVENTS:
+                # Far behind (e.g. a 1 s interval after a day down): jump, do not iterate.
+                skipped = triggers.fires_between(spec.trigger, due[-1], now_ms, 1 << 30)
+                if skipped:
+                    due.append(skipped[-1])
+                    nxt = triggers.next_fire_ms(spec.trigger, skipped[-1])
+                break
+        job.next_fire_ms = nxt
+        if nxt is not None:
+            self.wheel.schedule(nxt, job.job_id, FIRE)
+        latest = due[-1]
+        missed = due[:-1]
+        for t in missed[:MAX_MISSED_EVENTS]:
+            out.status.append(
+                self._missed(
+                    job,
+                    t,
+                    now_ms,
+                    "a later scheduled time is also due; only the latest"
+                    " runs (CronJob missed-schedule rule)",
+                )
+            )
+        if len(missed) > MAX_MISSED_EVENTS:
+            out.status.append(
+                self._missed(
+                    job,
+                    missed[-1],
+                    now_ms,
+                    f"{len(missed) - MAX_MISSED_EVENTS} more scheduled times missed up to this one",
+                )
+            )
+        late = now_ms - latest
+        if spec.starting_deadline_ms is not None and late > spec.starting_deadline_ms:
+            out.status.append(
+                self._missed(
+                    job,
+                    latest,
+                    now_ms,
+                    f"{late} ms late, past the starting deadline of {spec.starting_deadline_ms} ms",
+                )
+            )
+            self._complete_if_done(job, now_ms, out)
+            return
+        running = [r for r in job.active.values()]
+        if running and spec.concurrency_policy is ConcurrencyPolicy.FORBID:
+            out.status.append(
+                StatusEvent(
+                    event_id=f"{job.job_id}@{latest}:SKIPPED",
+                    job_id=job.job_id,
+                    state=State.SKIPPED,
+                    event_time_ms=now_ms,
+                    source=SOURCE,
+                    run_id=f"{job.job_id}@{latest}",
+                    seq=job.next_seq(),
+                    task=spec.task,
+                    scheduled_time_ms=latest,
+                    next_fire_ms=job.next_fire_ms,
+                    reason=f"run {running[0].run_id} still active (concurrencyPolicy=FORBID)",
+                )
+            )
+            self._complete_if_done(job, now_ms, out)
+            return
+        if running and spec.concurrency_policy is ConcurrencyPolicy.REPLACE:
+            for run in running:
+                job.active.pop(run.run_id, None)
+                self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
+                out.status.append(
+                    self._event(
+                        job,
+                        job.job_id,
+                        State.CANCELLED,
+                        now_ms,
+                        run=run,
+                        event_id=f"{run.run_id}:{run.attempt}:CANCELLED",
+                        reason=f"replaced by run {job.job_id}@{latest} (concurrencyPolicy=REPLACE)",
+                    )
+                )
+        self._dispatch(job, f"{job.job_id}@{latest}", latest, 1, now_ms, out)
+
+    def _missed(self, job: JobRecord, scheduled_ms: int, now_ms: int, reason: str) -> StatusEvent:
+        return StatusEvent(
+            event_id=f"{job.job_id}@{scheduled_ms}:MISSED",
+            job_id=job.job_id,
+            state=State.MISSED,
+            event_time_ms=now_ms,
+            source=SOURCE,
+            run_id=f"{job.job_id}@{scheduled_ms}",
+            seq=job.next_seq(),
+            task=job.spec.task,
+            scheduled_time_ms=scheduled_ms,
+            next_fire_ms=job.next_fire_ms,
+            reason=reason,
+        )
+
+    def _complete_if_done(self, job: JobRecord, now_ms: int, out: Output) -> None:
+        if job.status is JobStatus.ACTIVE and job.next_fire_ms is None and not job.active:
+            job.status = JobStatus.COMPLETED
+            out.status.append(self._event(job, job.job_id, State.COMPLETED, now_ms))
+
+    def _on_visibility_deadline(
+        self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output
+    ) -> None:
+        if run.deadline_ms > now_ms:  # a heartbeat moved it: wait for the new deadline
+            run.wheel_due_ms = run.deadline_ms
+            self.wheel.schedule(run.deadline_ms, job.job_id, self._run_tag(run))
+            return
+        if job.status is JobStatus.CANCELLED:
+            self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
+            return
+        if run.attempt < job.spec.max_attempts:
+            self._redispatch(
+                job,
+                run,
+                run.attempt + 1,
+                now_ms,
+                out,
+                reason=f"visibility timeout: attempt {run.attempt} not finished by its deadline",
+            )
+        else:
+            self._give_up(
+                job,
+                run,
+                now_ms,
+                out,
+                State.DEAD,
+                f"visibility timeout expired on attempt {run.attempt} of {job.spec.max_attempts}",
+            )
+
+    def _redispatch(
+        self,
+        job: JobRecord,
+        run: ActiveRun,
+        attempt: int,
+        now_ms: int,
+        out: Output,
+        reason: str,
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
+            return
+        job.active.pop(run.run_id, None)
+        self._dispatch(job, run.run_id, run.scheduled_ms, attempt, now_ms, out, reason=reason)
+
+    def _give_up(
+        self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output, state: State, reason: str
+    ) -> None:
+        job.active.pop(run.run_id, None)
+        self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
+        if state is State.DEAD:
+            job.last_error = reason
+            out.dead_runs.append((self._make_run(job, run, now_ms), reason))
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                state,
+                now_ms,
+                run=run,
+                event_id=f"{run.run_id}:{run.attempt}:{state.value}",
+                reason=reason,
+            )
+        )
+        self._complete_if_done(job, now_ms, out)
+
+    # --- acknowledgements from workers ------------------------------------------------------
+
+    def on_ack(self, ev: StatusEvent, now_ms: int) -> Output:
+        out = Output()
+        if ev.run_id is None:
+            return out
+        job = self.load(ev.job_id)
+        if job is None:
+            return out
+        run = job.active.get(ev.run_id)
+        if run is None or run.attempt != ev.attempt or run.phase is not RunPhase.DISPATCHED:
+            return out  # an older attempt, a replaced run, or a duplicate verdict
+        if ev.state is State.STARTED:
+            if not run.started:
+                run.started = True
+                self.save(job)
+        elif ev.state is State.HEARTBEAT:
+            extended = ev.deadline_ms or now_ms + job.spec.visibility_timeout_ms
+            if extended > run.deadline_ms:
+                run.deadline_ms = extended
+                self.save(job)
+        elif ev.state is State.SUCCEEDED:
+            self._finish(job, run, now_ms, out)
+            self.save(job)
+        elif ev.state is State.FAILED:
+            self._on_failed(job, run, ev, now_ms, out)
+            self.save(job)
+        return out
+
+    def _on_failed(
+        self, job: JobRecord, run: ActiveRun, ev: StatusEvent, now_ms: int, out: Output
+    ) -> None:
+        job.last_error = ev.error
+        retryable = ev.retry_delay_ms is not None and job.status is not JobStatus.CANCELLED
+        if retryable and run.attempt < job.spec.max_attempts:
+            delay = max(0, ev.retry_delay_ms or 0)
+            self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
+            run.phase = RunPhase.RETRY_WAIT
+            run.wheel_due_ms = now_ms + delay
+            self.wheel.schedule(run.wheel_due_ms, job.job_id, self._run_tag(run))
+            out.status.append(
+                self._event(
+                    job,
+                    job.job_id,
+                    State.RETRYING,
+                    now_ms,
+                    run=run,
+                    event_id=f"{run.run_id}:{run.attempt}:RETRYING",
+                    error=ev.error,
+                    retry_delay_ms=delay,
+                    reason=f"attempt {run.attempt + 1} of {job.spec.max_attempts} in {delay} ms",
+                )
+            )
+            return
+        if job.status is JobStatus.CANCELLED:
+            reason = "job cancelled"
+        elif ev.retry_delay_ms is None:
+            reason = f"attempt {run.attempt} failed and is not retryable: {ev.error}"
+        else:
+            reason = f"attempt {run.attempt} of {job.spec.max_attempts} failed: {ev.error}"
+        self._give_up(job, run, now_ms, out, State.DEAD, reason)
+
+
+__all__ = ["FIRE", "RETRY", "VISIBILITY", "Output", "SchedulerProcessor", "validate_spec"]

@@ -1,0 +1,290 @@
+"""The scheduler's rules, record by record, with time passed in (no broker, no faust)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from schemas.models import (
+    At,
+    CancelJob,
+    ConcurrencyPolicy,
+    Cron,
+    Every,
+    JobCommand,
+    Now,
+    PauseJob,
+    ResumeJob,
+    ScheduleJob,
+    State,
+    StatusEvent,
+    TriggerJob,
+)
+from streams.processor import SchedulerProcessor
+from streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
+from streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
+from streams.wheel import TimingWheel
+
+T0 = 1_800_000_000_000  # 2027-01-15, an arbitrary fixed instant
+_ids = itertools.count()
+
+
+def cmd(job_id: str, body, at: int = T0) -> JobCommand:
+    return JobCommand(command_id=f"c{next(_ids)}", job_id=job_id, issued_at_ms=at, body=body)
+
+
+def spec(trigger, **kw) -> ScheduleJob:
+    return ScheduleJob(task="demo.echo", trigger=trigger, **kw)
+
+
+@pytest.fixture
+def proc() -> SchedulerProcessor:
+    return SchedulerProcessor(3, MemoryKeyValueStore(), TimingWheel(MemoryWheelStore()), 7)
+
+
+def states(out) -> list[State]:
+    return [e.state for e in out.status]
+
+
+def ack(run, state: State, at: int, **kw) -> StatusEvent:
+    return StatusEvent(
+        event_id=f"{run.run_id}:{run.attempt}:{state}:{at}",
+        job_id=run.job_id,
+        state=state,
+        event_time_ms=at,
+        source="worker",
+        run_id=run.run_id,
+        seq=run.seq,
+        attempt=run.attempt,
+        **kw,
+    )
+
+
+def test_now_job_fires_once_with_a_stable_run_id_and_the_fencing_token(proc):
+    out = proc.on_command(cmd("j1", spec(Now())), T0)
+    assert states(out) == [State.SCHEDULED]
+    assert out.status[0].next_fire_ms == T0
+    out, due = proc.punctuate(T0 + 5, 100)
+    assert due == 1
+    [run] = out.runs
+    assert (run.run_id, run.attempt, run.scheduled_time_ms) == (f"j1@{T0}", 1, T0)
+    assert (run.partition, run.fencing_token, run.dispatched_at_ms) == (3, 7, T0 + 5)
+    assert run.deadline_ms == T0 + 5 + 30_000
+    assert states(out) == [State.DISPATCHED]
+    assert out.status[0].seq == run.seq > 1
+    out, due = proc.punctuate(T0 + 10, 100)
+    assert out.runs == [] and due == 0
+
+
+def test_at_job_does_not_fire_early(proc):
+    proc.on_command(cmd("j", spec(At(T0 + 1000))), T0)
+    assert proc.punctuate(T0 + 999, 100)[0].runs == []
+    assert [r.scheduled_time_ms for r in proc.punctuate(T0 + 1000, 100)[0].runs] == [T0 + 1000]
+
+
+def test_interval_job_fires_every_interval(proc):
+    proc.on_command(cmd("j", spec(Every(1000))), T0)
+    fired = []
+    for t in range(T0, T0 + 3500, 100):
+        fired += [r.scheduled_time_ms for r in proc.punctuate(t, 100)[0].runs]
+    assert fired == [T0 + 1000, T0 + 2000, T0 + 3000]
+
+
+def test_cron_job_fires_on_its_schedule_in_its_zone(proc):
+    # 2027-01-15 is a Friday; "0 9 * * *" in Europe/Berlin (UTC+1 in winter) is 08:00 UTC.
+    from datetime import UTC, datetime
+
+    start = int(datetime(2027, 1, 15, 7, 0, tzinfo=UTC).timestamp() * 1000)
+    proc.on_command(cmd("c", spec(Cron("0 9 * * *", "Europe/Berlin")), at=start), start)
+    expected = int(datetime(2027, 1, 15, 8, 0, tzinfo=UTC).timestamp() * 1000)
+    assert proc.punctuate(expected - 1, 10)[0].runs == []
+    [run] = proc.punctuate(expected, 10)[0].runs
+    assert run.scheduled_time_ms == expected
+    assert proc.load("c").next_fire_ms == expected + 24 * 3600 * 1000
+
+
+def test_cancel_before_fire_means_no_fire(proc):
+    proc.on_command(cmd("j", spec(At(T0 + 1000))), T0)
+    out = proc.on_command(cmd("j", CancelJob("user asked")), T0 + 10)
+    assert states(out) == [State.CANCELLED]
+    assert out.status[0].reason == "user asked"
+    assert proc.punctuate(T0 + 5000, 100)[0].runs == []
+
+
+@pytest.mark.parametrize("body", [CancelJob(), PauseJob(), ResumeJob(), TriggerJob()])
+def test_commands_for_unknown_jobs_are_rejected(proc, body):
+    out = proc.on_command(cmd("ghost", body), T0)
+    assert states(out) == [State.REJECTED]
+    assert "unknown job" in out.status[0].reason
+
+
+def test_invalid_spec_is_rejected_not_scheduled(proc):
+    out = proc.on_command(cmd("bad", spec(Every(0))), T0)
+    assert states(out) == [State.REJECTED]
+    assert "interval" in out.status[0].reason
+    assert proc.load("bad") is None
+
+
+def test_a_redelivered_command_is_applied_once(proc):
+    c = cmd("j", spec(Now()))
+    assert states(proc.on_command(c, T0)) == [State.SCHEDULED]
+    assert proc.on_command(c, T0 + 1).status == []
+    assert len(proc.punctuate(T0 + 2, 100)[0].runs) == 1
+
+
+def test_same_idempotency_key_is_applied_once(proc):
+    proc.on_command(cmd("j", spec(At(T0 + 100), idempotency_key="k")), T0)
+    assert proc.on_command(cmd("j", spec(At(T0 + 100), idempotency_key="k")), T0).status == []
+    assert len(proc.punctuate(T0 + 100, 100)[0].runs) == 1
+
+
+def test_pause_stops_fires_and_resume_runs_only_the_latest_missed(proc):
+    proc.on_command(cmd("j", spec(Every(1000))), T0)
+    assert states(proc.on_command(cmd("j", PauseJob()), T0 + 500)) == [State.PAUSED]
+    assert proc.punctuate(T0 + 4500, 100)[0].runs == []
+    assert states(proc.on_command(cmd("j", ResumeJob()), T0 + 4600)) == [State.RESUMED]
+    out, _ = proc.punctuate(T0 + 4600, 100)
+    # Fires due at +1000, +2000, +3000, +4000: the last runs, the rest are MISSED.
+    assert [r.scheduled_time_ms for r in out.runs] == [T0 + 4000]
+    missed = [e.scheduled_time_ms for e in out.status if e.state is State.MISSED]
+    assert missed == [T0 + 1000, T0 + 2000, T0 + 3000]
+    assert proc.load("j").next_fire_ms == T0 + 5000
+
+
+def test_starting_deadline_turns_a_late_fire_into_missed(proc):
+    proc.on_command(cmd("j", spec(At(T0 + 1000), starting_deadline_ms=500)), T0)
+    out, _ = proc.punctuate(T0 + 1600, 100)
+    assert out.runs == []
+    assert states(out) == [State.MISSED, State.COMPLETED]
+    assert "starting deadline" in out.status[0].reason
+
+
+def test_within_starting_deadline_still_runs(proc):
+    proc.on_command(cmd("j", spec(At(T0 + 1000), starting_deadline_ms=500)), T0)
+    assert len(proc.punctuate(T0 + 1400, 100)[0].runs) == 1
+
+
+def test_forbid_skips_while_a_run_is_active(proc):
+    proc.on_command(cmd("j", spec(Every(1000), concurrency_policy=ConcurrencyPolicy.FORBID)), T0)
+    [first] = proc.punctuate(T0 + 1000, 100)[0].runs
+    out, _ = proc.punctuate(T0 + 2000, 100)
+    assert out.runs == [] and states(out) == [State.SKIPPED]
+    assert first.run_id in out.status[0].reason
+    proc.on_ack(ack(first, State.SUCCEEDED, T0 + 2100), T0 + 2100)
+    assert [r.scheduled_time_ms for r in proc.punctuate(T0 + 3000, 100)[0].runs] == [T0 + 3000]
+
+
+def test_replace_cancels_the_active_run_and_starts_the_new_one(proc):
+    proc.on_command(cmd("j", spec(Every(1000), concurrency_policy=ConcurrencyPolicy.REPLACE)), T0)
+    [first] = proc.punctuate(T0 + 1000, 100)[0].runs
+    out, _ = proc.punctuate(T0 + 2000, 100)
+    assert states(out) == [State.CANCELLED, State.DISPATCHED]
+    assert out.status[0].run_id == first.run_id
+    assert [r.scheduled_time_ms for r in out.runs] == [T0 + 2000]
+    # The replaced run's late verdict changes nothing, and it is never redelivered.
+    assert proc.on_ack(ack(first, State.SUCCEEDED, T0 + 2100), T0 + 2100).status == []
+    late = proc.punctuate(T0 + 1000 + 31_000, 100)[0]
+    assert first.run_id not in [r.run_id for r in late.runs]
+
+
+def test_allow_runs_overlapping(proc):
+    proc.on_command(cmd("j", spec(Every(1000))), T0)
+    proc.punctuate(T0 + 1000, 100)
+    assert len(proc.punctuate(T0 + 2000, 100)[0].runs) == 1
+    assert len(proc.load("j").active) == 2
+
+
+def test_visibility_timeout_redispatches_the_same_run_with_the_next_attempt(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000, max_attempts=3)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    assert proc.punctuate(T0 + 999, 100)[0].runs == []
+    [again] = proc.punctuate(T0 + 1000, 100)[0].runs
+    assert (again.run_id, again.attempt) == (run.run_id, 2)
+    assert again.seq > run.seq
+    # An answer for attempt 1 now is stale and ignored.
+    assert proc.on_ack(ack(run, State.SUCCEEDED, T0 + 1001), T0 + 1001).status == []
+    assert proc.load("j").active[run.run_id].attempt == 2
+
+
+def test_heartbeat_extends_the_deadline(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    proc.on_ack(ack(run, State.STARTED, T0 + 10), T0 + 10)
+    for t in range(T0 + 500, T0 + 5000, 500):
+        proc.on_ack(ack(run, State.HEARTBEAT, t, deadline_ms=t + 1000), t)
+        assert proc.punctuate(t, 100)[0].runs == []
+    out = proc.on_ack(ack(run, State.SUCCEEDED, T0 + 5000), T0 + 5000)
+    assert states(out) == [State.COMPLETED]
+    assert proc.punctuate(T0 + 60_000, 100)[0].runs == []
+
+
+def test_out_of_attempts_on_visibility_timeout_is_dead(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000, max_attempts=2)), T0)
+    proc.punctuate(T0, 100)
+    proc.punctuate(T0 + 1000, 100)
+    out, _ = proc.punctuate(T0 + 2000, 100)
+    assert out.runs == []
+    assert states(out) == [State.DEAD, State.COMPLETED]
+    [(dead_run, reason)] = out.dead_runs
+    assert dead_run.attempt == 2 and "visibility timeout" in reason
+
+
+def test_failed_is_retried_after_the_workers_backoff_then_dead(proc):
+    proc.on_command(cmd("j", spec(Now(), max_attempts=3)), T0)
+    [r1] = proc.punctuate(T0, 100)[0].runs
+    out = proc.on_ack(ack(r1, State.FAILED, T0 + 10, error="E: boom", retry_delay_ms=200), T0 + 10)
+    assert states(out) == [State.RETRYING]
+    assert proc.punctuate(T0 + 209, 100)[0].runs == []
+    [r2] = proc.punctuate(T0 + 210, 100)[0].runs
+    assert (r2.run_id, r2.attempt) == (r1.run_id, 2)
+    proc.on_ack(ack(r2, State.FAILED, T0 + 300, error="E: boom", retry_delay_ms=0), T0 + 300)
+    [r3] = proc.punctuate(T0 + 300, 100)[0].runs
+    assert r3.attempt == 3
+    out = proc.on_ack(ack(r3, State.FAILED, T0 + 400, error="E: boom", retry_delay_ms=0), T0 + 400)
+    assert states(out) == [State.DEAD, State.COMPLETED]
+    assert out.dead_runs[0][0].attempt == 3
+    assert proc.load("j").last_error is not None
+
+
+def test_failed_without_retry_delay_is_dead_at_once(proc):
+    proc.on_command(cmd("j", spec(Now(), max_attempts=5)), T0)
+    [r1] = proc.punctuate(T0, 100)[0].runs
+    out = proc.on_ack(ack(r1, State.FAILED, T0 + 5, error="unknown task"), T0 + 5)
+    assert State.DEAD in states(out)
+
+
+def test_trigger_runs_now_regardless_of_schedule(proc):
+    proc.on_command(cmd("j", spec(Every(3_600_000))), T0)
+    out = proc.on_command(cmd("j", TriggerJob(), at=T0 + 50), T0 + 60)
+    [run] = out.runs
+    assert run.run_id == f"j@trigger-{T0 + 50}"
+
+
+def test_discarded_batch_fires_again_with_the_same_run_id():
+    jobs = BufferedKeyValueStore(MemoryKeyValueStore())
+    wheel_store = BufferedWheelStore(MemoryWheelStore())
+    proc = SchedulerProcessor(0, jobs, TimingWheel(wheel_store))
+    proc.on_command(cmd("j", spec(Now())), T0)
+    jobs.commit()
+    wheel_store.commit()
+    [first] = proc.punctuate(T0, 10)[0].runs
+    jobs.discard()  # the dispatch failed (fenced, broker error): nothing was recorded
+    wheel_store.discard()
+    [again] = proc.punctuate(T0 + 50, 10)[0].runs
+    assert again.run_id == first.run_id and again.attempt == 1
+
+
+def test_batches_respect_the_limit(proc):
+    for i in range(25):
+        proc.on_command(cmd(f"j{i}", spec(At(T0 + i))), T0)
+    out, due = proc.punctuate(T0 + 100, 10)
+    assert due == 10 and len(out.runs) == 10
+    assert [r.scheduled_time_ms for r in out.runs] == sorted(r.scheduled_time_ms for r in out.runs)
+    total = 10
+    while True:
+        out, due = proc.punctuate(T0 + 100, 10)
+        if not due:
+            break
+        total += len(out.runs)
+    assert total == 25
