@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"
     worker_concurrency: int = 8
+    # SIGTERM: how long in-flight runs may finish before they are handed back (FAILED, retry 0).
+    # Keep it below the orchestrator's kill timeout (Kubernetes: 30 s by default).
+    worker_shutdown_grace_ms: int = 25_000
 
     # Status (consumers/status)
     clickhouse_url: str | None = None
