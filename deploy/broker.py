@@ -117,13 +117,11 @@ def ensure_jars(lib_dir: Path = LIB_DIR, pom: Path = POM) -> Path:
             "install Maven 3.8+ (Debian: apt-get install maven) or run `make setup` on a machine "
             "that has it"
         )
-    lib_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = lib_dir.parent / f".{lib_dir.name}.lock"
-    with open(lock_path, "w") as lock:
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    with open(lib_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if jars_complete(lib_dir, pom):
             return lib_dir
-        lib_dir.mkdir(parents=True, exist_ok=True)
         for old in lib_dir.glob("*.jar"):
             old.unlink()
         cmd = mvn_command(pom, lib_dir)

@@ -1,0 +1,107 @@
+"""``jobwheel up``: broker + topics + supervised services, stopped in order."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from deploy.broker import LocalBroker, free_port
+from deploy.stack import SERVICES, Service, Stack
+from jobwheel.settings import Settings
+from tests.support import Procs, wait_until
+
+FLAKY_SERVICE = (
+    "import os, sys, time\n"
+    "print('hello from', os.environ['JOBWHEEL_BOOTSTRAP_SERVERS'], flush=True)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+    "sys.exit(3)\n"
+)
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        data_dir=tmp_path / "data",
+        broker_port=free_port(),
+        broker_controller_port=free_port(),
+        broker_heap="256m",
+        topic_prefix="stack",
+        partitions=4,
+    )
+
+
+def test_stack_supervises_services_and_stops_everything(tmp_path: Path):
+    settings = _settings(tmp_path)
+    out = io.StringIO()
+    services = [
+        Service("flaky", (sys.executable, "-c", FLAKY_SERVICE, "0.2"), banner="flaky is here"),
+        Service("steady", (sys.executable, "-c", FLAKY_SERVICE, "600")),
+        Service("off", (sys.executable, "-c", "raise SystemExit(9)"), enabled=False),
+    ]
+    stack = Stack(settings, services=services, out=out)
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: setattr(stack, "code", stack.run(stop)))
+    runner.start()
+    try:
+        wait_until(lambda: "jobwheel stack up" in out.getvalue(), 120, message=out.getvalue())
+        bootstrap = f"127.0.0.1:{settings.broker_port}"
+        topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+        assert {s.name for s in settings.topics.specs()} <= set(topics)
+
+        # A service that dies is reported loudly and restarted.
+        wait_until(
+            lambda: out.getvalue().count("service flaky: started") >= 2, 30, message=out.getvalue()
+        )
+        text = out.getvalue()
+        assert "!! service flaky exited with code 3" in text
+        assert f"[flaky] hello from {bootstrap}" in text
+        assert "flaky is here" in text
+        assert "service off: disabled, skipped" in text
+        log = (settings.data_dir / "logs" / "flaky.log").read_text()
+        assert f"hello from {bootstrap}" in log
+        steady = next(r.proc for r in stack._running if r.service.name == "steady")
+        assert steady is not None and steady.poll() is None
+    finally:
+        stop.set()
+        runner.join(60)
+    assert not runner.is_alive()
+    assert stack.code == 0
+    assert steady.poll() is not None  # services were stopped ...
+    assert LocalBroker(settings.data_dir / "kafka").running_pid() is None  # ... and the broker
+
+
+def test_jobwheel_up_cli_stops_on_sigterm(tmp_path: Path, procs: Procs):
+    data = tmp_path / "data"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    env.update(
+        JOBWHEEL_DATA_DIR=str(data),
+        JOBWHEEL_BROKER_PORT=str(port),
+        JOBWHEEL_BROKER_CONTROLLER_PORT=str(free_port()),
+        JOBWHEEL_BROKER_HEAP="256m",
+        JOBWHEEL_TOPIC_PREFIX="upcli",
+        JOBWHEEL_PARTITIONS="4",
+        JOBWHEEL_LOG_FORMAT="text",
+        JOBWHEEL_API_PORT=str(free_port()),
+        JOBWHEEL_SCHEDULER_WEB_PORT=str(free_port()),
+    )
+    log = tmp_path / "up.log"
+    proc = procs.spawn(["jobwheel", "up"], env, log)
+    wait_until(lambda: "jobwheel stack up" in log.read_text(), 180, message=log.read_text())
+    assert f"bootstrap servers: 127.0.0.1:{port}" in log.read_text()
+    broker_pid = LocalBroker(data / "kafka").running_pid()
+    assert broker_pid is not None
+    for service in SERVICES:
+        if service.enabled:
+            assert f"service {service.name}: started" in log.read_text()
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(90) == 0, log.read_text()
+    assert "kafka: stopped" in log.read_text()
+    assert LocalBroker(data / "kafka").running_pid() is None
