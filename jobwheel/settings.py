@@ -87,7 +87,7 @@ class Settings(BaseSettings):
         """The ClickHouse URL; embedded chdb in the data dir unless a server URL is set."""
         if self.clickhouse_url:
             return self.clickhouse_url
-        return f"chdb:///{(self.data_dir / 'clickhouse').resolve()}"
+        return f"chdb://{(self.data_dir / 'clickhouse').resolve()}"
 
     @property
     def status_api_url(self) -> str:
