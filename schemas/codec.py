@@ -462,9 +462,10 @@ class Codec:
         Raises :class:`SchemaDecodeError` (with ``raw`` = ``data``) for anything that is not a
         complete message of a known schema version.
         """
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise SchemaDecodeError(f"expected bytes, got {type(data).__name__}", raw=None)
-        data = bytes(data)
+        if type(data) is not bytes:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise SchemaDecodeError(f"expected bytes, got {type(data).__name__}", raw=None)
+            data = bytes(data)
         if data[:2] == SINGLE_OBJECT_MAGIC:
             fingerprint = data[2:_SINGLE_HEADER]
             reader = self._readers.get(fingerprint)

@@ -1,0 +1,515 @@
+"""The SDK services use to schedule jobs: :class:`JobClient` (blocking) and :class:`AsyncJobClient`.
+
+Both validate a request completely before anything is sent (:mod:`producers.validation`), key
+every command by the job id's UTF-8 bytes (so all commands of a job land in one partition, in
+order, murmur2-partitioned like the scheduler expects), encode with the codec, and only return
+once the broker acknowledged the record: a job id returned by ``schedule`` is durable, and a
+failed delivery raises :class:`jobwheel.errors.DeliveryError` at the call site.
+
+High rates: ``schedule_many`` validates the whole batch, produces it, and waits for the
+acknowledgements once (one flush instead of one round trip per job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from jobwheel.clock import Clock, SystemClock
+from jobwheel.errors import DeliveryError, ValidationError
+from jobwheel.settings import Settings
+from producers import validation as v
+from producers.kafka import Delivered, Producer, producer_config
+from schemas.codec import Codec, default_codec
+from schemas.models import (
+    CancelJob,
+    ConcurrencyPolicy,
+    JobCommand,
+    PauseJob,
+    ResumeJob,
+    ScheduleJob,
+    TriggerJob,
+)
+from schemas.partitioning import key_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VISIBILITY_TIMEOUT = timedelta(seconds=30)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """The arguments of ``schedule`` as a value, for ``schedule_many``.
+
+    Exactly one of ``now``/``at``/``in_``/``every``/``cron`` is required. ``at`` and
+    ``start_at`` must be time-zone-aware. ``tz`` applies to ``cron`` only.
+    """
+
+    task: str
+    job_id: str | None = None
+    args: Any = None
+    now: bool = False
+    at: datetime | None = None
+    in_: timedelta | None = None
+    every: timedelta | None = None
+    cron: str | None = None
+    tz: str = "UTC"
+    start_at: datetime | None = None
+    max_attempts: int = 3
+    timeout: timedelta | None = None
+    visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT
+    starting_deadline: timedelta | None = None
+    concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW
+    idempotency_key: str | None = None
+
+
+def _spec(item: JobSpec | Mapping[str, Any]) -> JobSpec:
+    if isinstance(item, JobSpec):
+        return item
+    if isinstance(item, Mapping):
+        kwargs = v.schedule_kwargs(item)
+        if "task" not in kwargs:
+            raise ValidationError("task", "is required")
+        return JobSpec(**kwargs)
+    raise ValidationError("spec", f"expected a JobSpec or a mapping, got {type(item).__name__}")
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCommand:
+    """The validated ScheduleJob command for ``spec`` (raises ValidationError naming the field)."""
+    job_id = v.job_id(spec.job_id) if spec.job_id is not None else _new_id()
+    trigger = v.trigger(
+        now=spec.now,
+        at=spec.at,
+        in_=spec.in_,
+        every=spec.every,
+        cron=spec.cron,
+        tz=spec.tz,
+        start_at=spec.start_at,
+        now_ms=now_ms,
+    )
+    body = ScheduleJob(
+        task=v.task(spec.task),
+        trigger=trigger,
+        args_json=v.args_json(spec.args, max_args_bytes),
+        max_attempts=v.max_attempts(spec.max_attempts),
+        timeout_ms=v.positive_ms(spec.timeout, "timeout", allow_none=True),
+        visibility_timeout_ms=v.positive_ms(spec.visibility_timeout, "visibility_timeout"),  # type: ignore[arg-type]
+        starting_deadline_ms=v.positive_ms(
+            spec.starting_deadline, "starting_deadline", allow_none=True
+        ),
+        concurrency_policy=v.concurrency_policy(spec.concurrency_policy),
+        idempotency_key=v.idempotency_key(spec.idempotency_key),
+    )
+    return JobCommand(_new_id(), job_id, now_ms, body)
+
+
+_CONTROL = {"cancel": CancelJob, "pause": PauseJob, "resume": ResumeJob, "trigger": TriggerJob}
+
+
+class _Commands:
+    """Building and encoding commands; shared by the sync and async clients."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None,
+        codec: Codec | None,
+        producer: Producer | None,
+        producer_overrides: Mapping[str, Any] | None,
+    ) -> None:
+        self.settings = settings
+        self.topic = settings.topics.requests
+        self.clock = clock or SystemClock()
+        self.codec = codec or default_codec(settings.schema_registry_url)
+        self._producer = producer or Producer(
+            producer_config(settings, **dict(producer_overrides or {}))
+        )
+
+    def build_schedule(self, spec: JobSpec, now_ms: int) -> JobCommand:
+        return build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+
+    def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
+        body = _CONTROL[kind](v.optional_text(reason, "reason", v.MAX_REASON_CHARS))
+        return JobCommand(_new_id(), v.job_id(job_id), now_ms, body)
+
+    def check(self, command: JobCommand, now_ms: int) -> JobCommand:
+        if not isinstance(command, JobCommand):
+            raise ValidationError("command", f"expected a JobCommand, got {type(command)!r}")
+        return v.check_command(command, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+
+    def encode(self, command: JobCommand) -> tuple[bytes, bytes]:
+        return key_for(command.job_id), self.codec.encode(command)
+
+
+def _batch_error(failures: list[tuple[str, DeliveryError]], total: int) -> DeliveryError:
+    first_id, first = failures[0]
+    ids = ", ".join(job_id for job_id, _ in failures[:5])
+    more = f" and {len(failures) - 5} more" if len(failures) > 5 else ""
+    return DeliveryError(
+        f"{len(failures)} of {total} commands not delivered (jobs {ids}{more}); "
+        f"first error: {first}",
+        code=first.code,
+    )
+
+
+class JobClient:
+    """Blocking client: every method returns after the broker acknowledged the command.
+
+    Safe to share between threads. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        codec: Codec | None = None,
+        producer: Producer | None = None,
+        producer_overrides: Mapping[str, Any] | None = None,
+        delivery_timeout_s: float = 60.0,
+    ) -> None:
+        self._c = _Commands(
+            settings,
+            clock=clock,
+            codec=codec,
+            producer=producer,
+            producer_overrides=producer_overrides,
+        )
+        self.delivery_timeout_s = delivery_timeout_s
+
+    @property
+    def topic(self) -> str:
+        return self._c.topic
+
+    def schedule(
+        self,
+        job_id: str | None = None,
+        *,
+        task: str,
+        args: Any = None,
+        now: bool = False,
+        at: datetime | None = None,
+        in_: timedelta | None = None,
+        every: timedelta | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        start_at: datetime | None = None,
+        max_attempts: int = 3,
+        timeout: timedelta | None = None,
+        visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT,
+        starting_deadline: timedelta | None = None,
+        concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Create (or replace) a job; returns its id (a new uuid4 hex unless given)."""
+        spec = JobSpec(
+            job_id=job_id,
+            task=task,
+            args=args,
+            now=now,
+            at=at,
+            in_=in_,
+            every=every,
+            cron=cron,
+            tz=tz,
+            start_at=start_at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            visibility_timeout=visibility_timeout,
+            starting_deadline=starting_deadline,
+            concurrency_policy=concurrency_policy,
+            idempotency_key=idempotency_key,
+        )
+        return self.schedule_many([spec])[0]
+
+    def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
+        """Validate all, produce all, wait once. Nothing is sent if any spec is invalid."""
+        now_ms = self._c.clock.now_ms()
+        commands = [self._c.build_schedule(_spec(s), now_ms) for s in specs]
+        self._send(commands)
+        return [c.job_id for c in commands]
+
+    def send(self, command: JobCommand) -> str:
+        """Send a command built elsewhere (e.g. received over HTTP), after validating it."""
+        self._send([self._c.check(command, self._c.clock.now_ms())])
+        return command.job_id
+
+    def cancel(self, job_id: str, reason: str | None = None) -> str:
+        """No further fires; an active run finishes. Returns the command id."""
+        return self._control("cancel", job_id, reason)
+
+    def pause(self, job_id: str, reason: str | None = None) -> str:
+        return self._control("pause", job_id, reason)
+
+    def resume(self, job_id: str, reason: str | None = None) -> str:
+        return self._control("resume", job_id, reason)
+
+    def trigger(self, job_id: str, reason: str | None = None) -> str:
+        """One run now, outside the schedule. Returns the command id."""
+        return self._control("trigger", job_id, reason)
+
+    def _control(self, kind: str, job_id: str, reason: str | None) -> str:
+        command = self._c.build_control(kind, job_id, reason, self._c.clock.now_ms())
+        self._send([command])
+        return command.command_id
+
+    def _send(self, commands: list[JobCommand]) -> None:
+        encoded = [self._c.encode(c) for c in commands]  # all encodable before any is sent
+        failures: list[tuple[str, DeliveryError]] = []
+        pending = [len(commands)]
+        lock = threading.Lock()
+
+        def callback(job_id: str) -> Any:
+            def done(err: DeliveryError | None, _: Delivered | None) -> None:
+                with lock:
+                    pending[0] -= 1
+                    if err is not None:
+                        failures.append((job_id, err))
+
+            return done
+
+        for command, (key, value) in zip(commands, encoded, strict=True):
+            try:
+                self._c._producer.produce(self._c.topic, value, key, callback(command.job_id))
+            except DeliveryError as exc:
+                with lock:
+                    pending[0] -= 1
+                    failures.append((command.job_id, exc))
+        deadline = time.monotonic() + self.delivery_timeout_s
+        while pending[0] > 0 and time.monotonic() < deadline:
+            self._c._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        if pending[0] > 0:
+            raise DeliveryError(
+                f"{pending[0]} of {len(commands)} commands not acknowledged within "
+                f"{self.delivery_timeout_s:.0f}s; is the broker reachable?",
+                code="_TIMED_OUT",
+            )
+        if failures:
+            if len(commands) == 1:
+                raise failures[0][1]
+            raise _batch_error(failures, len(commands))
+        log.debug("commands delivered", extra={"count": len(commands), "topic": self._c.topic})
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until nothing is queued (every method already waits for its own records)."""
+        remaining = self._c._producer.flush(
+            self.delivery_timeout_s if timeout_s is None else timeout_s
+        )
+        if remaining:
+            raise DeliveryError(f"{remaining} records still queued after flush", "_TIMED_OUT")
+
+    def close(self) -> None:
+        self._c._producer.close()
+
+    def __enter__(self) -> JobClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncJobClient:
+    """The asyncio client: the same methods as coroutines, resolved by delivery callbacks.
+
+    A background thread polls the producer and hands each delivery report to the event loop
+    (``loop.call_soon_threadsafe``), so awaiting a schedule never blocks the loop.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        codec: Codec | None = None,
+        producer: Producer | None = None,
+        producer_overrides: Mapping[str, Any] | None = None,
+        delivery_timeout_s: float = 60.0,
+    ) -> None:
+        self._c = _Commands(
+            settings,
+            clock=clock,
+            codec=codec,
+            producer=producer,
+            producer_overrides=producer_overrides,
+        )
+        self.delivery_timeout_s = delivery_timeout_s
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._pending: set[asyncio.Future[Delivered]] = set()
+
+    @property
+    def topic(self) -> str:
+        return self._c.topic
+
+    def _start(self) -> None:
+        if self._poller is None:
+            self._poller = threading.Thread(
+                target=self._poll_loop, name="jobwheel-producer-poll", daemon=True
+            )
+            self._poller.start()
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self._c._producer.poll(0.1)
+
+    async def schedule(
+        self,
+        job_id: str | None = None,
+        *,
+        task: str,
+        args: Any = None,
+        now: bool = False,
+        at: datetime | None = None,
+        in_: timedelta | None = None,
+        every: timedelta | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        start_at: datetime | None = None,
+        max_attempts: int = 3,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 - the job's run-time limit
+        visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT,
+        starting_deadline: timedelta | None = None,
+        concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """See :meth:`JobClient.schedule`."""
+        spec = JobSpec(
+            job_id=job_id,
+            task=task,
+            args=args,
+            now=now,
+            at=at,
+            in_=in_,
+            every=every,
+            cron=cron,
+            tz=tz,
+            start_at=start_at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            visibility_timeout=visibility_timeout,
+            starting_deadline=starting_deadline,
+            concurrency_policy=concurrency_policy,
+            idempotency_key=idempotency_key,
+        )
+        return (await self.schedule_many([spec]))[0]
+
+    async def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
+        now_ms = self._c.clock.now_ms()
+        commands = [self._c.build_schedule(_spec(s), now_ms) for s in specs]
+        await self._send(commands)
+        return [c.job_id for c in commands]
+
+    async def send(self, command: JobCommand) -> str:
+        await self._send([self._c.check(command, self._c.clock.now_ms())])
+        return command.job_id
+
+    async def cancel(self, job_id: str, reason: str | None = None) -> str:
+        return await self._control("cancel", job_id, reason)
+
+    async def pause(self, job_id: str, reason: str | None = None) -> str:
+        return await self._control("pause", job_id, reason)
+
+    async def resume(self, job_id: str, reason: str | None = None) -> str:
+        return await self._control("resume", job_id, reason)
+
+    async def trigger(self, job_id: str, reason: str | None = None) -> str:
+        return await self._control("trigger", job_id, reason)
+
+    async def _control(self, kind: str, job_id: str, reason: str | None) -> str:
+        command = self._c.build_control(kind, job_id, reason, self._c.clock.now_ms())
+        await self._send([command])
+        return command.command_id
+
+    async def _send(self, commands: list[JobCommand]) -> None:
+        encoded = [self._c.encode(c) for c in commands]
+        self._start()
+        loop = asyncio.get_running_loop()
+        waiting: list[tuple[str, asyncio.Future[Delivered]]] = []
+        failures: list[tuple[str, DeliveryError]] = []
+        deadline = time.monotonic() + self.delivery_timeout_s
+        for command, (key, value) in zip(commands, encoded, strict=True):
+            future: asyncio.Future[Delivered] = loop.create_future()
+            callback = _threadsafe_resolver(loop, future)
+            try:
+                while not self._c._producer.try_produce(self._c.topic, value, key, callback):
+                    if time.monotonic() >= deadline:
+                        raise DeliveryError("the local producer queue stayed full", "_QUEUE_FULL")
+                    await asyncio.sleep(0.01)  # the poll thread drains the queue meanwhile
+            except DeliveryError as exc:
+                failures.append((command.job_id, exc))
+                continue
+            waiting.append((command.job_id, future))
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(f for _, f in waiting), return_exceptions=True),
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
+        except TimeoutError as exc:
+            raise DeliveryError(
+                f"commands not acknowledged within {self.delivery_timeout_s:.0f}s; "
+                "is the broker reachable?",
+                code="_TIMED_OUT",
+            ) from exc
+        for (job_id, _), result in zip(waiting, results, strict=True):
+            if isinstance(result, DeliveryError):
+                failures.append((job_id, result))
+            elif isinstance(result, BaseException):
+                raise result
+        if failures:
+            if len(commands) == 1:
+                raise failures[0][1]
+            raise _batch_error(failures, len(commands))
+
+    async def flush(self) -> None:
+        """Wait for every command sent so far to be acknowledged (or to fail)."""
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.flush()
+        self._stop.set()
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            await asyncio.get_running_loop().run_in_executor(None, poller.join)
+        await asyncio.get_running_loop().run_in_executor(None, self._c._producer.close)
+
+    async def __aenter__(self) -> AsyncJobClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _threadsafe_resolver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Delivered]) -> Any:
+    def resolve(err: DeliveryError | None, delivered: Delivered | None) -> None:
+        if future.done():
+            return
+        if err is not None:
+            future.set_exception(err)
+        else:
+            future.set_result(delivered)  # type: ignore[arg-type]
+
+    def callback(err: DeliveryError | None, delivered: Delivered | None) -> None:
+        try:
+            loop.call_soon_threadsafe(resolve, err, delivered)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            log.debug("delivery report after the event loop closed")
+
+    return callback
+
+
+__all__ = ["AsyncJobClient", "JobClient", "JobSpec"]

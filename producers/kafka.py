@@ -1,0 +1,176 @@
+"""The thin confluent-kafka layer of ``producers``: config defaults and error translation.
+
+Only this module imports ``confluent_kafka`` on the producer side, so the client code deals in
+jobwheel's own errors (:class:`DeliveryError`, :class:`BrokerError`, each with the librdkafka
+error name as ``.code``) and a swap of the client library touches one file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Producer as _Producer
+
+from jobwheel.errors import BrokerError, DeliveryError
+from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Defaults every jobwheel producer starts from; ``settings.kafka_config`` and then the
+#: call's overrides replace any of them.
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    # No duplicates or reordering from internal retries, and a record is only acknowledged
+    # once all in-sync replicas have it: a scheduled job must not be lost after schedule()
+    # returned.
+    "enable.idempotence": True,
+    "acks": "all",
+    # The Java/aiokafka partitioner: the scheduler's partition for a job id is the same one.
+    "partitioner": "murmur2_random",
+    # Small batching window: schedule() waits for the ack, so keep the added latency low.
+    "linger.ms": 5,
+    # A broker that is down surfaces as a DeliveryError within 30 s instead of librdkafka's
+    # 5-minute default, so a synchronous caller is not stuck.
+    "message.timeout.ms": 30_000,
+    "client.id": "jobwheel-producer",
+}
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """A confluent-kafka producer config: defaults, then the pass-through, then ``overrides``.
+
+    librdkafka keys contain dots, so pass overrides as ``**{"linger.ms": 0}``.
+    """
+    return {**PRODUCER_DEFAULTS, **settings.librdkafka(), **overrides}
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Where the broker put an acknowledged record."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+#: ``callback(error, delivered)``: exactly one of them is None.
+DeliveryCallback = Callable[[DeliveryError | None, Delivered | None], None]
+
+
+def delivery_error(err: KafkaError, what: str = "record") -> DeliveryError:
+    return DeliveryError(
+        f"{what} not delivered: {err.str()} ({err.name()})"
+        + ("; retriable, try again" if err.retriable() else ""),
+        code=err.name(),
+    )
+
+
+def broker_error(exc: KafkaException | KafkaError, what: str) -> BrokerError:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+    if isinstance(err, KafkaError):
+        return BrokerError(f"{what}: {err.str()} ({err.name()})", code=err.name())
+    return BrokerError(f"{what}: {exc}")
+
+
+class Producer:
+    """A confluent-kafka producer that reports delivery with jobwheel errors.
+
+    Not thread-safe for :meth:`poll` from several threads at once (librdkafka serves delivery
+    callbacks on the polling thread); produce may be called from any thread.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        config = dict(config)
+        config.setdefault("error_cb", self._on_error)
+        try:
+            self._producer = _Producer(config)
+        except KafkaException as exc:
+            raise broker_error(exc, "invalid producer config") from exc
+
+    @staticmethod
+    def _on_error(err: KafkaError) -> None:
+        # Client-level errors (broker down, auth failed); records keep retrying until their
+        # message.timeout.ms and then fail through their own delivery callbacks.
+        log.warning("kafka producer error", extra={"code": err.name(), "error": err.str()})
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        on_delivery: DeliveryCallback,
+        *,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+        queue_timeout_s: float = 30.0,
+    ) -> None:
+        """Queue one record; ``on_delivery`` runs from a later :meth:`poll`/:meth:`flush`.
+
+        A full local queue is waited out (by polling) for up to ``queue_timeout_s``; errors
+        detected before queueing (too large, unknown partition) raise :class:`DeliveryError`.
+        """
+
+        def report(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                on_delivery(delivery_error(err), None)
+            else:
+                on_delivery(None, Delivered(msg.topic(), msg.partition(), msg.offset()))
+
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": report}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = headers
+        deadline = time.monotonic() + queue_timeout_s
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError as exc:
+                if time.monotonic() >= deadline:
+                    raise DeliveryError(
+                        "the local producer queue stayed full; the broker is slow or down "
+                        "(raise queue.buffering.max.messages or slow down)",
+                        code="_QUEUE_FULL",
+                    ) from exc
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError):
+                    raise delivery_error(err) from exc
+                raise DeliveryError(f"record not queued: {exc}") from exc
+
+    def try_produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None,
+        on_delivery: DeliveryCallback,
+    ) -> bool:
+        """Queue one record without waiting; False if the local queue is full right now."""
+        try:
+            self.produce(topic, value, key, on_delivery, queue_timeout_s=0.0)
+        except DeliveryError as exc:
+            if exc.code == "_QUEUE_FULL":
+                return False
+            raise
+        return True
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Serve delivery callbacks; returns how many ran."""
+        return int(self._producer.poll(timeout_s))
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for every queued record's delivery callback; returns how many are still queued."""
+        return int(self._producer.flush(timeout_s))
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Flush what is queued (callbacks still run) and return how many were left behind."""
+        return self.flush(timeout_s)
