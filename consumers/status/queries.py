@@ -1,0 +1,390 @@
+"""The reads behind the status API, the CLI and the dashboards, in one place.
+
+Everything reads the ``jobs`` and ``runs`` views or ``status_events FINAL`` (migrations 0001 and
+0004), so a redelivered event never counts twice and the answer never depends on arrival order.
+Times are epoch milliseconds UTC, as in the contract.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from consumers.status.store import StatusStore
+from jobwheel.errors import QueryError, ValidationError
+from schemas.models import State
+
+#: How state ties are broken inside one (seq, source): the order a run or job goes through.
+#: Mirrors ``state_rank`` in migrations/0001 (a unit test keeps the two equal).
+STATE_ORDER: tuple[State, ...] = (
+    State.SCHEDULED,
+    State.RESUMED,
+    State.PAUSED,
+    State.DISPATCHED,
+    State.STARTED,
+    State.HEARTBEAT,
+    State.FAILED,
+    State.RETRYING,
+    State.SUCCEEDED,
+    State.STALE,
+    State.MISSED,
+    State.SKIPPED,
+    State.DEAD,
+    State.COMPLETED,
+    State.CANCELLED,
+    State.REJECTED,
+)
+
+JOB_COLUMNS = (
+    "job_id",
+    "task",
+    "state",
+    "state_time_ms",
+    "last_run_id",
+    "attempts",
+    "next_fire_ms",
+    "last_error",
+    "last_reason",
+    "seq",
+    "created_ms",
+    "updated_ms",
+)
+RUN_COLUMNS = (
+    "job_id",
+    "run_id",
+    "task",
+    "state",
+    "scheduled_time_ms",
+    "dispatched_ms",
+    "started_ms",
+    "finished_ms",
+    "lateness_ms",
+    "duration_ms",
+    "attempts",
+    "worker",
+    "error",
+    "reason",
+    "deadline_ms",
+    "last_heartbeat_ms",
+    "updated_ms",
+)
+
+MAX_LIST_LIMIT = 1000
+SQL_MAX_ROWS = 10_000
+SQL_TIMEOUT_S = 30
+
+_READ_ONLY_STARTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
+_LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/|\()+", re.DOTALL)
+_RELATIVE = re.compile(r"^(\d+)\s*(ms|s|m|h|d|w)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse_time(value: str | int, field_name: str, *, now: int | None = None) -> int:
+    """A point in time as epoch ms, from epoch ms, an ISO-8601 time, or an age ("15m", "2h").
+
+    An age means "that long before now", which is what ``--since 1h`` asks for.
+    """
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    match = _RELATIVE.match(text)
+    if match:
+        return (now if now is not None else now_ms()) - int(match[1]) * _UNIT_MS[match[2]]
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValidationError(
+            field_name,
+            f"{value!r} is not a time: give epoch milliseconds, an ISO-8601 time "
+            "(2025-01-31T12:00:00Z) or an age such as 30s, 15m, 2h, 7d",
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def parse_state(value: str) -> State:
+    try:
+        return State(value.strip().upper())
+    except ValueError:
+        raise ValidationError(
+            "state", f"{value!r} is not a state; one of {', '.join(s.value for s in State)}"
+        ) from None
+
+
+# --- jobs and runs --------------------------------------------------------------------------
+
+
+def get_job(store: StatusStore, job_id: str) -> dict[str, Any] | None:
+    rows = store.dicts(
+        f"SELECT {', '.join(JOB_COLUMNS)} FROM jobs WHERE job_id = {{job_id:String}}",
+        {"job_id": job_id},
+    )
+    return rows[0] if rows else None
+
+
+def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
+    """The job's runs, newest scheduled first."""
+    return store.dicts(
+        f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE job_id = {{job_id:String}} "
+        "ORDER BY coalesce(scheduled_time_ms, dispatched_ms, updated_ms) DESC, run_id DESC "
+        "LIMIT {limit:UInt32}",
+        {"job_id": job_id, "limit": limit},
+    )
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """``since``/``until`` bound the job's last update (``updated_ms``), inclusive."""
+
+    state: State | None = None
+    task: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+    limit: int = 100
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_LIST_LIMIT:
+            raise ValidationError("limit", f"must be between 1 and {MAX_LIST_LIMIT}")
+        if self.offset < 0:
+            raise ValidationError("offset", "must be >= 0")
+        if (
+            self.since_ms is not None
+            and self.until_ms is not None
+            and self.since_ms > self.until_ms
+        ):
+            raise ValidationError("since", "is after until")
+
+
+@dataclass
+class JobPage:
+    jobs: list[dict[str, Any]]
+    total: int
+    limit: int
+    offset: int
+    filter: Mapping[str, Any] = field(default_factory=dict)
+
+
+def list_jobs(store: StatusStore, flt: JobFilter) -> JobPage:
+    """Jobs matching the filter, most recently updated first; ``total`` counts all matches."""
+    where, params = [], {}
+    if flt.state is not None:
+        where.append("state = {state:String}")
+        params["state"] = flt.state.value
+    if flt.task is not None:
+        where.append("task = {task:String}")
+        params["task"] = flt.task
+    if flt.since_ms is not None:
+        where.append("updated_ms >= {since:Int64}")
+        params["since"] = flt.since_ms
+    if flt.until_ms is not None:
+        where.append("updated_ms <= {until:Int64}")
+        params["until"] = flt.until_ms
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    params.update(limit=flt.limit, offset=flt.offset)
+    rows = store.dicts(
+        f"SELECT {', '.join(JOB_COLUMNS)}, count() OVER () AS _total FROM jobs {clause} "
+        "ORDER BY updated_ms DESC, job_id LIMIT {limit:UInt32} OFFSET {offset:UInt32}",
+        params,
+    )
+    total = int(rows[0]["_total"]) if rows else 0
+    if not rows and flt.offset:
+        total = int(store.query(f"SELECT count() FROM jobs {clause}", params)[2][0][0])
+    for row in rows:
+        row.pop("_total")
+    return JobPage(rows, total, flt.limit, flt.offset)
+
+
+def state_counts(store: StatusStore) -> dict[str, int]:
+    """Jobs per current state (only states that occur)."""
+    _, _, rows = store.query(STATE_COUNTS_SQL)
+    return {str(state): int(n) for state, n in rows}
+
+
+STATE_COUNTS_SQL = "SELECT state, count() AS jobs FROM jobs GROUP BY state ORDER BY state"
+
+
+# --- ad-hoc read-only SQL -------------------------------------------------------------------
+
+
+def check_read_only(sql: str) -> str:
+    """The statement, trimmed, if it is one read-only statement; else :class:`QueryError`.
+
+    A first line of defence with a clear message; the query also runs with ``readonly=1``, which
+    makes ClickHouse itself refuse writes, DDL, setting changes and file/url table functions.
+    """
+    text = sql.strip().rstrip(";").strip()
+    if not text:
+        raise QueryError("empty query: send one SELECT, WITH, SHOW, DESCRIBE or EXPLAIN statement")
+    if ";" in text:
+        raise QueryError("only one statement per request (found ';' inside the query)")
+    head = _LEADING_NOISE.sub("", text)
+    keyword = head.split(None, 1)[0].upper() if head.split() else ""
+    if keyword not in _READ_ONLY_STARTS:
+        raise QueryError(
+            f"only read-only queries are allowed (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN); "
+            f"got {keyword or text[:20]!r}"
+        )
+    return text
+
+
+@dataclass
+class SqlResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+
+
+def run_read_only(store: StatusStore, sql: str, *, max_rows: int = SQL_MAX_ROWS) -> SqlResult:
+    text = check_read_only(sql)
+    # readonly last: some servers refuse setting changes made after it in the same request
+    settings = {
+        "max_execution_time": SQL_TIMEOUT_S,
+        "max_result_rows": max_rows + 1,
+        "result_overflow_mode": "break",
+        "readonly": 1,
+    }
+    names, types, rows = store.query(text, settings=settings)
+    return SqlResult(names, types, [list(r) for r in rows[:max_rows]], len(rows) > max_rows)
+
+
+# --- dashboards -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One dashboard panel: its SQL is shown verbatim in DASHBOARDS.md and in Grafana.
+
+    The SQL may use the Grafana ClickHouse data source macros ``$__timeFilter_ms(col)``,
+    ``$__fromTime_ms`` and ``$__toTime_ms`` (the dashboard's time range);
+    :func:`expand_macros` replaces them for running the SQL anywhere else.
+    """
+
+    key: str
+    title: str
+    kind: str  # grafana panel type: timeseries | table | barchart | piechart
+    description: str
+    sql: str
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel(
+        "runs_per_minute",
+        "Run events per minute by state",
+        "timeseries",
+        "Run state changes per minute (HEARTBEAT excluded). FINAL collapses redelivered "
+        "copies of an event, so a replayed batch does not show as a spike.",
+        """SELECT
+    toStartOfMinute(event_time) AS time,
+    state,
+    count() AS events
+FROM status_events FINAL
+WHERE $__timeFilter_ms(event_time)
+  AND run_id IS NOT NULL
+  AND state != 'HEARTBEAT'
+GROUP BY time, state
+ORDER BY time, state""",
+    ),
+    Panel(
+        "lateness",
+        "Fire lateness percentiles (ms)",
+        "timeseries",
+        "Lateness = first dispatch - scheduled time, per minute of dispatch. The scheduler's "
+        "target is p99 < 100 ms and never more than 2 s.",
+        """SELECT
+    toStartOfMinute(event_time) AS time,
+    quantileExact(0.5)(event_time_ms - scheduled_time_ms) AS p50,
+    quantileExact(0.95)(event_time_ms - scheduled_time_ms) AS p95,
+    quantileExact(0.99)(event_time_ms - scheduled_time_ms) AS p99,
+    max(event_time_ms - scheduled_time_ms) AS max
+FROM status_events FINAL
+WHERE $__timeFilter_ms(event_time)
+  AND state = 'DISPATCHED'
+  AND attempt <= 1
+  AND scheduled_time_ms IS NOT NULL
+GROUP BY time
+ORDER BY time""",
+    ),
+    Panel(
+        "failure_rate",
+        "Failure rate by task",
+        "table",
+        "Runs that finished in the time range, by outcome (a run's outcome is its last state, "
+        "so a run that failed and then succeeded on retry counts as a success).",
+        """SELECT
+    task,
+    countIf(state = 'SUCCEEDED') AS succeeded,
+    countIf(state IN ('FAILED', 'DEAD')) AS failed,
+    countIf(state IN ('MISSED', 'SKIPPED', 'STALE')) AS not_run,
+    round(failed / greatest(succeeded + failed, 1), 4) AS failure_rate
+FROM runs
+WHERE finished_ms BETWEEN toUnixTimestamp64Milli($__fromTime_ms)
+                      AND toUnixTimestamp64Milli($__toTime_ms)
+GROUP BY task
+ORDER BY failure_rate DESC, task""",
+    ),
+    Panel(
+        "stuck_runs",
+        "Stuck runs (no finish past their deadline)",
+        "table",
+        "Runs still DISPATCHED or STARTED whose visibility deadline (moved by heartbeats) has "
+        "passed: the scheduler should have redelivered them. Not bound to the time range.",
+        """SELECT
+    job_id,
+    run_id,
+    task,
+    state,
+    attempts,
+    worker,
+    fromUnixTimestamp64Milli(deadline_ms) AS deadline,
+    toUnixTimestamp64Milli(now64(3)) - deadline_ms AS overdue_ms
+FROM runs
+WHERE state IN ('DISPATCHED', 'STARTED')
+  AND deadline_ms < toUnixTimestamp64Milli(now64(3))
+ORDER BY overdue_ms DESC
+LIMIT 100""",
+    ),
+    Panel(
+        "upcoming_fires",
+        "Upcoming fires",
+        "table",
+        "The next fires the schedulers announced, soonest first. Not bound to the time range.",
+        """SELECT
+    job_id,
+    task,
+    state,
+    fromUnixTimestamp64Milli(next_fire_ms) AS next_fire,
+    next_fire_ms - toUnixTimestamp64Milli(now64(3)) AS in_ms
+FROM jobs
+WHERE next_fire_ms >= toUnixTimestamp64Milli(now64(3))
+  AND state NOT IN ('PAUSED', 'CANCELLED', 'COMPLETED', 'REJECTED')
+ORDER BY next_fire_ms
+LIMIT 100""",
+    ),
+    Panel(
+        "jobs_by_state",
+        "Jobs by current state",
+        "piechart",
+        "The same numbers as GET /stats/states.",
+        STATE_COUNTS_SQL,
+    ),
+)
+
+
+def expand_macros(sql: str, from_ms: int, to_ms: int) -> str:
+    """Replace the Grafana macros the panels use with literal times (what Grafana does)."""
+    start, end = f"fromUnixTimestamp64Milli({from_ms})", f"fromUnixTimestamp64Milli({to_ms})"
+    sql = re.sub(r"\$__timeFilter_ms\(([^)]+)\)", rf"\1 >= {start} AND \1 <= {end}", sql)
+    return sql.replace("$__fromTime_ms", start).replace("$__toTime_ms", end)

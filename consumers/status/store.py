@@ -1,0 +1,429 @@
+"""The status store: one clickhouse-connect client on ClickHouse, and its schema migrations.
+
+The same code serves a ClickHouse server (``http://host:8123``) and the embedded engine
+(``chdb:///abs/dir``, the default under ``settings.data_dir``). The embedded engine is one per
+process and one directory per process, and a second process cannot open a directory that is in
+use, so a process builds exactly one :class:`StatusStore` and shares it (the API and the sink
+thread of ``jobwheel serve`` use the same object; clickhouse-connect serializes calls on it).
+
+Migrations are the ordered ``migrations/NNNN_name.sql`` files. :meth:`StatusStore.migrate`
+applies each pending file once and records it in ``schema_migrations``; it is safe on every
+start. Concurrent starters against one server take a lock first: ``CREATE TABLE`` without
+``IF NOT EXISTS`` succeeds for exactly one of them. The DDL itself is ``IF NOT EXISTS`` too, so
+even a stale-lock takeover race cannot break the schema, only repeat a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import socket
+import string
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobwheel.errors import ConfigError, QueryError, StoreError
+from schemas.models import StatusEvent
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+    from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+MIGRATIONS_TABLE = "schema_migrations"
+LOCK_TABLE = "schema_migrations_lock"
+
+#: Columns the sink writes, in order (``status_events``; the rest are DEFAULT/MATERIALIZED).
+EVENT_COLUMNS: tuple[str, ...] = (
+    "event_id",
+    "job_id",
+    "run_id",
+    "seq",
+    "attempt",
+    "state",
+    "event_time_ms",
+    "source",
+    "task",
+    "scheduled_time_ms",
+    "worker",
+    "error",
+    "reason",
+    "result_json",
+    "duration_ms",
+    "next_fire_ms",
+    "deadline_ms",
+    "retry_delay_ms",
+    "kafka_partition",
+    "kafka_offset",
+)
+
+#: Tables with a TTL of ``status_ttl_days``, and the time expression the TTL counts from.
+#: :meth:`StatusStore.migrate` re-applies the TTL when the setting changes.
+TTL_TABLES: Mapping[str, str] = {
+    "status_events": "toDateTime(intDiv(event_time_ms, 1000))",
+    "job_state": "toDateTime(intDiv(updated_ms, 1000))",
+    "run_state": "toDateTime(intDiv(updated_ms, 1000))",
+}
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_TTL_DAYS = re.compile(r"toIntervalDay\((\d+)\)")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        """Of the file text before substitution, so a changed TTL setting is not a changed file."""
+        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+
+    def statements(self, **params: object) -> list[str]:
+        text = string.Template(self.sql).substitute({k: str(v) for k, v in params.items()})
+        lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+        return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """The migration files in version order; a gap or a duplicate version is a packaging bug."""
+    found: list[Migration] = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _MIGRATION_NAME.match(path.name)
+        if not match:
+            raise ConfigError(f"migration file {path.name} is not named NNNN_name.sql; rename it")
+        found.append(Migration(int(match[1]), match[2], path.read_text()))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise ConfigError(f"migration versions must be 1..n without gaps, found {versions}")
+    return found
+
+
+def event_row(event: StatusEvent, partition: int = -1, offset: int = -1) -> list[Any]:
+    """One ``status_events`` row in :data:`EVENT_COLUMNS` order."""
+    return [
+        event.event_id,
+        event.job_id,
+        event.run_id,
+        event.seq,
+        event.attempt,
+        str(event.state),
+        event.event_time_ms,
+        event.source,
+        event.task,
+        event.scheduled_time_ms,
+        event.worker,
+        event.error,
+        event.reason,
+        event.result_json,
+        event.duration_ms,
+        event.next_fire_ms,
+        event.deadline_ms,
+        event.retry_delay_ms,
+        partition,
+        offset,
+    ]
+
+
+def _connect(dsn: str) -> Client:
+    import clickhouse_connect
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    try:
+        return clickhouse_connect.get_client(dsn=dsn)
+    except ClickHouseError as exc:
+        text = str(exc)
+        if dsn.startswith("chdb:") and ("Cannot lock file" in text or "already" in text):
+            raise StoreError(
+                f"the embedded status store {dsn} is in use by another process (or this process "
+                f"opened another chdb directory): {text}. One process owns an embedded store; "
+                "ask it over HTTP (jobwheel status/list/sql use JOBWHEEL_API_URL) or stop it."
+            ) from exc
+        raise StoreError(f"cannot connect to ClickHouse at {dsn}: {text}") from exc
+
+
+class StatusStore:
+    """The process's one handle on the status tables (see the module doc for why only one)."""
+
+    def __init__(self, client: Client, *, database: str, ttl_days: int, dsn: str = "") -> None:
+        if not _IDENT.match(database):
+            raise ConfigError(
+                f"clickhouse database {database!r} must be a plain identifier "
+                "([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        if ttl_days < 1:
+            raise ConfigError(f"status_ttl_days must be >= 1, got {ttl_days}")
+        self.client = client
+        self.database = database
+        self.ttl_days = ttl_days
+        self.dsn = dsn
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str,
+        *,
+        database: str = "jobwheel",
+        ttl_days: int = 30,
+        migrate: bool = True,
+    ) -> StatusStore:
+        """Connect, create the database, and (by default) bring the schema up to date."""
+        if dsn.startswith("chdb:"):
+            path = dsn.removeprefix("chdb://")
+            if path.startswith("/"):
+                Path(path).mkdir(parents=True, exist_ok=True)
+        client = _connect(dsn)
+        if not _IDENT.match(database):
+            client.close()
+            raise ConfigError(f"clickhouse database {database!r} must be a plain identifier")
+        try:
+            client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+            client.database = database
+            store = cls(client, database=database, ttl_days=ttl_days, dsn=dsn)
+            if migrate:
+                store.migrate()
+        except Exception:
+            client.close()
+            raise
+        return store
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, migrate: bool = True) -> StatusStore:
+        return cls.open(
+            settings.clickhouse_dsn,
+            database=settings.clickhouse_database,
+            ttl_days=settings.status_ttl_days,
+            migrate=migrate,
+        )
+
+    @property
+    def embedded(self) -> bool:
+        return self.dsn.startswith("chdb:")
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- migrations -------------------------------------------------------------------------
+
+    def migrate(
+        self,
+        migrations: Sequence[Migration] | None = None,
+        *,
+        lock_timeout_s: float = 120.0,
+        lock_stale_s: float = 300.0,
+    ) -> list[int]:
+        """Apply pending migrations once; return the versions this call applied.
+
+        :param lock_stale_s: a lock older than this is taken to belong to a starter that died
+            mid-migration and is broken (safe because every statement is IF NOT EXISTS).
+        """
+        migrations = load_migrations() if migrations is None else list(migrations)
+        self._command(
+            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version UInt32, name String, "
+            "checksum String, applied_ms Int64) ENGINE = ReplacingMergeTree ORDER BY version"
+        )
+        applied = self._applied()
+        self._warn_changed(migrations, applied)
+        if all(m.version in applied for m in migrations) and self._ttl_current():
+            return []
+        self._lock(lock_timeout_s, lock_stale_s)
+        try:
+            applied = self._applied()  # another starter may have finished while we waited
+            done: list[int] = []
+            for migration in migrations:
+                if migration.version in applied:
+                    continue
+                for statement in migration.statements(ttl_days=self.ttl_days):
+                    self._command(statement)
+                self.client.insert(
+                    MIGRATIONS_TABLE,
+                    [[migration.version, migration.name, migration.checksum, _now_ms()]],
+                    column_names=["version", "name", "checksum", "applied_ms"],
+                )
+                log.info(
+                    "status store migration applied",
+                    extra={"version": migration.version, "migration": migration.name},
+                )
+                done.append(migration.version)
+            self._apply_ttl()
+            return done
+        finally:
+            self._unlock()
+
+    def applied_migrations(self) -> dict[int, str]:
+        return self._applied()
+
+    def _applied(self) -> dict[int, str]:
+        rows = self.client.query(
+            f"SELECT version, checksum FROM {MIGRATIONS_TABLE} FINAL ORDER BY version"
+        ).result_rows
+        return {int(v): str(c) for v, c in rows}
+
+    def _warn_changed(self, migrations: Sequence[Migration], applied: Mapping[int, str]) -> None:
+        for m in migrations:
+            if m.version in applied and applied[m.version] != m.checksum:
+                log.warning(
+                    "an applied status store migration file has changed; it is not re-applied "
+                    "(add a new migration for schema changes)",
+                    extra={"version": m.version, "migration": m.name},
+                )
+
+    def _ttl_days_of(self, table: str) -> int | None:
+        rows = self.client.query(
+            "SELECT engine_full FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": table},
+        ).result_rows
+        if not rows:
+            return None
+        match = _TTL_DAYS.search(str(rows[0][0]))
+        return int(match[1]) if match else None
+
+    def _ttl_current(self) -> bool:
+        return all(self._ttl_days_of(t) in (None, self.ttl_days) for t in TTL_TABLES)
+
+    def _apply_ttl(self) -> None:
+        """Make the tables' TTL match ``status_ttl_days`` (a migration bakes in the first value)."""
+        for table, expr in TTL_TABLES.items():
+            days = self._ttl_days_of(table)
+            if days is not None and days != self.ttl_days:
+                self._command(
+                    f"ALTER TABLE {table} MODIFY TTL {expr} + INTERVAL {self.ttl_days} DAY"
+                )
+                log.info(
+                    "status store TTL changed",
+                    extra={"table": table, "from_days": days, "to_days": self.ttl_days},
+                )
+
+    def _lock(self, timeout_s: float, stale_s: float) -> None:
+        from clickhouse_connect.driver.exceptions import DatabaseError
+
+        owner = f"{socket.gethostname()}:{os.getpid()}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.client.command(
+                    f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory "
+                    f"COMMENT '{owner} {_now_ms()}'"
+                )
+                return
+            except DatabaseError as exc:
+                if "TABLE_ALREADY_EXISTS" not in str(exc) and getattr(exc, "code", None) != 57:
+                    raise StoreError(f"cannot take the migration lock: {exc}") from exc
+            held_by, since_ms = self._lock_holder()
+            if since_ms is not None and _now_ms() - since_ms > stale_s * 1000:
+                log.warning(
+                    "breaking a stale status store migration lock",
+                    extra={"held_by": held_by, "age_ms": _now_ms() - since_ms},
+                )
+                self._unlock()
+                continue
+            if time.monotonic() > deadline:
+                raise StoreError(
+                    f"the status store migration lock {self.database}.{LOCK_TABLE} is held by "
+                    f"{held_by}; if that process is gone, DROP TABLE {self.database}.{LOCK_TABLE}"
+                )
+            time.sleep(0.2)
+
+    def _lock_holder(self) -> tuple[str, int | None]:
+        rows = self.client.query(
+            "SELECT comment FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": self.database, "t": LOCK_TABLE},
+        ).result_rows
+        if not rows:
+            return "nobody", None
+        owner, _, since = str(rows[0][0]).rpartition(" ")
+        return owner, int(since) if since.isdigit() else None
+
+    def _unlock(self) -> None:
+        self._command(f"DROP TABLE IF EXISTS {LOCK_TABLE}")
+
+    # --- writes and reads -------------------------------------------------------------------
+
+    def insert_events(
+        self, rows: Sequence[Sequence[Any]], *, dedup_token: str | None = None
+    ) -> int:
+        """Insert :func:`event_row` rows; ``dedup_token`` drops an identical retried batch."""
+        if not rows:
+            return 0
+        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
+        try:
+            self.client.insert(
+                "status_events", rows, column_names=list(EVENT_COLUMNS), settings=settings
+            )
+        except Exception as exc:
+            raise StoreError(f"inserting {len(rows)} status events failed: {exc}") from exc
+        return len(rows)
+
+    def add_events(self, events: Iterable[StatusEvent]) -> int:
+        """Insert model events directly (tests, tools); the sink uses :meth:`insert_events`."""
+        return self.insert_events([event_row(e) for e in events])
+
+    def query(
+        self,
+        sql: str,
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
+    ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+        """Run a SELECT; return (column names, ClickHouse type names, rows).
+
+        Raises :class:`QueryError` with ClickHouse's message when the SQL is wrong, so API
+        callers can answer 400 instead of 500.
+        """
+        from clickhouse_connect.driver.exceptions import DatabaseError, ProgrammingError
+
+        try:
+            result = self.client.query(
+                sql, parameters=dict(parameters or {}), settings=dict(settings or {})
+            )
+        except (DatabaseError, ProgrammingError) as exc:
+            raise QueryError(_clickhouse_message(exc)) from exc
+        except Exception as exc:
+            raise StoreError(f"status store query failed: {exc}") from exc
+        types = [t.name for t in result.column_types]
+        return list(result.column_names), types, list(result.result_rows)
+
+    def dicts(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        names, _, rows = self.query(sql, parameters)
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except Exception:
+            return False
+
+    def optimize(self) -> None:
+        """Force merges (tests and tools): collapses duplicate rows now instead of eventually."""
+        for table in ("status_events", "job_state", "run_state"):
+            self._command(f"OPTIMIZE TABLE {table} FINAL")
+
+    def _command(self, sql: str) -> None:
+        try:
+            self.client.command(sql)
+        except Exception as exc:
+            raise StoreError(f"status store statement failed: {exc}\n{sql[:300]}") from exc
+
+
+def _clickhouse_message(exc: Exception) -> str:
+    """ClickHouse's own error text, without the client's repeated prefixes and trailers."""
+    text = str(exc).strip()
+    idx = text.rfind("DB::Exception: ")
+    if idx >= 0:
+        text = text[idx + len("DB::Exception: ") :]
+    return re.sub(r"\s*\(version [^)]*\)\.?", "", text).strip()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,418 @@
+"""The status store on the embedded engine: migrations, dedup, order-independent state."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from consumers.status import queries
+from consumers.status.store import (
+    LOCK_TABLE,
+    MIGRATIONS_DIR,
+    StatusStore,
+    load_migrations,
+)
+from jobwheel.errors import ConfigError, QueryError, ValidationError
+from schemas.models import State
+from tests import status_support
+from tests.status_support import event, lifecycle, now_ms
+
+
+@pytest.fixture(scope="session")
+def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from status_support.engine(tmp_path_factory)
+
+
+@pytest.fixture
+def store(engine_dsn: str) -> Iterator[StatusStore]:
+    yield from status_support.fresh_store(engine_dsn)
+
+
+# --- migrations -----------------------------------------------------------------------------
+
+
+def test_migrations_apply_once_and_are_safe_to_rerun(store: StatusStore) -> None:
+    versions = [m.version for m in load_migrations()]
+    assert sorted(store.applied_migrations()) == versions
+    assert store.migrate() == []
+    assert sorted(store.applied_migrations()) == versions
+    tables = {r[0] for r in store.query("SHOW TABLES")[2]}
+    assert {"status_events", "job_state", "run_state", "jobs", "runs"} <= tables
+    assert LOCK_TABLE not in tables
+
+
+def test_concurrent_starters_apply_each_migration_once(engine_dsn: str) -> None:
+    """Four processes starting at once against one server: each file is recorded exactly once
+    and nobody fails (the migration lock makes the others wait, then find nothing to do)."""
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    results: list[object] = []
+
+    def start() -> None:
+        try:
+            store = StatusStore.open(engine_dsn, database=database, ttl_days=30)
+            results.append(store)
+        except Exception as exc:  # pragma: no cover - the assertion shows it
+            results.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stores = [r for r in results if isinstance(r, StatusStore)]
+    assert len(stores) == 4, results
+    try:
+        rows = stores[0].query("SELECT version, count() FROM schema_migrations GROUP BY version")[2]
+        assert all(n == 1 for _, n in rows), rows
+        assert len(rows) == len(load_migrations())
+    finally:
+        stores[0].client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        for s in stores:
+            s.close()
+
+
+def test_stale_migration_lock_is_broken(store: StatusStore) -> None:
+    store.client.command(
+        f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory COMMENT 'dead-host:1 1000'"
+    )
+    store.client.command("DROP VIEW jobs")
+    store.client.command("ALTER TABLE schema_migrations DELETE WHERE version = 4")
+    assert store.migrate(lock_stale_s=60) == [4]
+    assert store.query("EXISTS TABLE jobs")[2] == [(1,)]
+
+
+def test_a_held_lock_times_out_with_advice(store: StatusStore) -> None:
+    store.client.command(
+        f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory COMMENT 'other:2 {now_ms()}'"
+    )
+    store.client.command("ALTER TABLE schema_migrations DELETE WHERE version = 4")
+    with pytest.raises(Exception, match="held by other:2"):
+        store.migrate(lock_timeout_s=0.3)
+
+
+def test_ttl_follows_the_setting(engine_dsn: str, store: StatusStore) -> None:
+    def ttl_days(table: str) -> int:
+        (engine,) = store.query(
+            "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
+            "AND name = {t:String}",
+            {"t": table},
+        )[2][0]
+        return int(re.search(r"toIntervalDay\((\d+)\)", engine)[1])
+
+    assert ttl_days("status_events") == 30
+    reopened = StatusStore.open(engine_dsn, database=store.database, ttl_days=7)
+    try:
+        assert [ttl_days(t) for t in ("status_events", "job_state", "run_state")] == [7, 7, 7]
+    finally:
+        reopened.close()
+
+
+def test_migration_files_are_numbered_without_gaps(tmp_path: Path) -> None:
+    assert [m.version for m in load_migrations()] == list(
+        range(1, len(list(MIGRATIONS_DIR.glob("*.sql"))) + 1)
+    )
+    (tmp_path / "0001_a.sql").write_text("SELECT 1")
+    (tmp_path / "0003_c.sql").write_text("SELECT 1")
+    with pytest.raises(ConfigError, match="without gaps"):
+        load_migrations(tmp_path)
+
+
+def test_state_rank_in_sql_matches_python_and_covers_every_state() -> None:
+    sql = (MIGRATIONS_DIR / "0001_status_events.sql").read_text()
+    ranked = re.search(r"indexOf\(\s*\[(.*?)\]", sql, re.DOTALL)[1]
+    names = re.findall(r"'([A-Z]+)'", ranked)
+    assert names == [s.value for s in queries.STATE_ORDER]
+    assert set(names) == {s.value for s in State}
+
+
+def test_bad_database_name_is_a_config_error(engine_dsn: str) -> None:
+    with pytest.raises(ConfigError, match="identifier"):
+        StatusStore.open(engine_dsn, database="x; DROP TABLE y")
+
+
+# --- state from events ----------------------------------------------------------------------
+
+
+def test_job_and_run_state_ignore_arrival_order_and_duplicates(store: StatusStore) -> None:
+    t0 = now_ms()
+    events = lifecycle("job-a", t0)
+    shuffled = events * 3
+    random.Random(7).shuffle(shuffled)
+    for i in range(0, len(shuffled), 4):  # many small inserts: copies land in different parts
+        store.add_events(shuffled[i : i + 4])
+
+    job = queries.get_job(store, "job-a")
+    assert job is not None
+    assert job["state"] == "COMPLETED"
+    assert job["task"] == "demo.echo"
+    assert job["last_run_id"] == f"job-a@{t0 + 1000}"
+    assert job["attempts"] == 1
+    assert job["next_fire_ms"] is None  # the latest scheduler event (COMPLETED) has none
+    assert job["created_ms"] == t0 and job["updated_ms"] == t0 + 1111
+
+    (run,) = queries.job_runs(store, "job-a")
+    assert run["state"] == "SUCCEEDED"
+    assert run["scheduled_time_ms"] == t0 + 1000
+    assert run["dispatched_ms"] == t0 + 1007
+    assert run["lateness_ms"] == 7
+    assert run["started_ms"] == t0 + 1010
+    assert run["finished_ms"] == t0 + 1110
+    assert run["duration_ms"] == 100
+    assert run["worker"] == "w:1"
+    assert run["deadline_ms"] == t0 + 31_100  # the heartbeat moved it
+    assert run["attempts"] == 1
+
+    # every event exactly once when read with FINAL
+    (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
+    assert n == len(events)
+
+
+def test_worker_event_for_an_older_seq_does_not_override_newer_scheduler_state(
+    store: StatusStore,
+) -> None:
+    """A slow worker's SUCCEEDED for attempt 1 arrives after the scheduler re-dispatched
+    (visibility timeout, higher seq): the job shows the newer dispatch, not the late answer."""
+    t0 = now_ms()
+    run = "job-b@1"
+    store.add_events(
+        [
+            event("job-b", State.DISPATCHED, seq=5, t=t0, run_id=run, attempt=1),
+            event("job-b", State.STARTED, seq=5, t=t0 + 5, run_id=run, attempt=1, worker="w:1"),
+            event("job-b", State.DISPATCHED, seq=6, t=t0 + 30_000, run_id=run, attempt=2),
+        ]
+    )
+    store.add_events([event("job-b", State.SUCCEEDED, seq=5, t=t0 + 40_000, run_id=run, attempt=1)])
+    job = queries.get_job(store, "job-b")
+    assert job is not None and job["state"] == "DISPATCHED" and job["attempts"] == 2
+    (r,) = queries.job_runs(store, "job-b")
+    assert r["state"] == "DISPATCHED" and r["attempts"] == 2 and r["finished_ms"] is None
+
+
+def test_same_seq_ties_break_by_source_then_state_rank(store: StatusStore) -> None:
+    t0 = now_ms()
+    # worker beats scheduler at the same seq; a late HEARTBEAT is never "the state"
+    store.add_events(
+        [
+            event("job-c", State.SUCCEEDED, seq=2, t=t0 + 10, run_id="r", worker="w:1"),
+            event("job-c", State.HEARTBEAT, seq=2, t=t0 + 99, run_id="r", worker="w:1"),
+            event("job-c", State.DISPATCHED, seq=2, t=t0 + 500, run_id="r"),
+        ]
+    )
+    job = queries.get_job(store, "job-c")
+    assert job is not None and job["state"] == "SUCCEEDED"
+
+
+def test_next_fire_comes_from_the_latest_scheduler_event(store: StatusStore) -> None:
+    t0 = now_ms()
+    store.add_events(
+        [
+            event(
+                "job-d", State.SCHEDULED, seq=1, t=t0, task="demo.echo", next_fire_ms=t0 + 60_000
+            ),
+            event("job-d", State.STARTED, seq=1, t=t0 + 5, run_id="x", worker="w"),
+        ]
+    )
+    job = queries.get_job(store, "job-d")
+    assert job is not None and job["next_fire_ms"] == t0 + 60_000
+    store.add_events([event("job-d", State.PAUSED, seq=2, t=t0 + 10)])
+    job = queries.get_job(store, "job-d")
+    assert job is not None and job["state"] == "PAUSED" and job["next_fire_ms"] is None
+
+
+def test_failed_then_retried_run_keeps_last_error_and_counts_attempts(
+    store: StatusStore,
+) -> None:
+    t0 = now_ms()
+    run = "job-e@1"
+    store.add_events(
+        [
+            event("job-e", State.DISPATCHED, seq=1, t=t0, run_id=run, attempt=1, task="t"),
+            event("job-e", State.FAILED, seq=1, t=t0 + 5, run_id=run, attempt=1, error="E: boom"),
+            event("job-e", State.RETRYING, seq=2, t=t0 + 6, run_id=run, attempt=1),
+            event("job-e", State.DISPATCHED, seq=3, t=t0 + 100, run_id=run, attempt=2),
+            event(
+                "job-e", State.FAILED, seq=3, t=t0 + 105, run_id=run, attempt=2, error="E: again"
+            ),
+            event("job-e", State.DEAD, seq=4, t=t0 + 106, run_id=run, attempt=2),
+        ]
+    )
+    job = queries.get_job(store, "job-e")
+    assert job is not None
+    assert (job["state"], job["attempts"], job["last_error"]) == ("DEAD", 2, "E: again")
+    (r,) = queries.job_runs(store, "job-e")
+    assert (r["state"], r["attempts"], r["finished_ms"], r["dispatched_ms"]) == (
+        "DEAD",
+        2,
+        t0 + 106,
+        t0,
+    )
+
+
+def test_insert_dedup_token_drops_a_retried_identical_batch(store: StatusStore) -> None:
+    from consumers.status.store import event_row
+
+    rows = [event_row(e) for e in lifecycle("job-f", now_ms())]
+    store.insert_events(rows, dedup_token="status:0:0-5")
+    store.insert_events(rows, dedup_token="status:0:0-5")
+    (n,) = store.query("SELECT count() FROM status_events")[2][0]
+    assert n == len(rows)
+
+
+# --- listing, counts, read-only SQL ---------------------------------------------------------
+
+
+def _fill(store: StatusStore, t0: int) -> None:
+    events = []
+    for i in range(5):
+        events += lifecycle(f"done-{i}", t0 + i * 10, task="demo.echo")
+    for i in range(3):
+        events.append(event(f"wait-{i}", State.SCHEDULED, seq=1, t=t0 + 100 + i, task="demo.sleep"))
+    store.add_events(events)
+
+
+def test_list_jobs_filters_and_pages(store: StatusStore) -> None:
+    t0 = now_ms()
+    _fill(store, t0)
+    page = queries.list_jobs(store, queries.JobFilter(state=State.COMPLETED, limit=2))
+    assert page.total == 5 and len(page.jobs) == 2
+    rest = queries.list_jobs(store, queries.JobFilter(state=State.COMPLETED, limit=10, offset=2))
+    assert len(rest.jobs) == 3
+    assert {j["job_id"] for j in page.jobs + rest.jobs} == {f"done-{i}" for i in range(5)}
+    assert [j["job_id"] for j in page.jobs] == ["done-4", "done-3"]  # newest update first
+
+    sleeping = queries.list_jobs(store, queries.JobFilter(task="demo.sleep"))
+    assert {j["job_id"] for j in sleeping.jobs} == {"wait-0", "wait-1", "wait-2"}
+    recent = queries.list_jobs(store, queries.JobFilter(since_ms=t0 + 101))
+    assert {j["job_id"] for j in recent.jobs} == {"wait-1", "wait-2"} | {
+        f"done-{i}" for i in range(5)
+    }
+    old = queries.list_jobs(store, queries.JobFilter(until_ms=t0 + 1111))
+    assert {j["job_id"] for j in old.jobs} == {"done-0", "wait-0", "wait-1", "wait-2"}
+    beyond = queries.list_jobs(store, queries.JobFilter(offset=50))
+    assert beyond.jobs == [] and beyond.total == 8
+
+
+def test_state_counts(store: StatusStore) -> None:
+    _fill(store, now_ms())
+    assert queries.state_counts(store) == {"COMPLETED": 5, "SCHEDULED": 3}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"offset": -1}, "offset"),
+        ({"since_ms": 5, "until_ms": 1}, "since"),
+    ],
+)
+def test_job_filter_rejects_bad_bounds(kwargs: dict[str, int], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        queries.JobFilter(**kwargs)
+    assert info.value.field == field
+
+
+def test_parse_time_forms() -> None:
+    assert queries.parse_time("1h", "since", now=10_000_000) == 10_000_000 - 3_600_000
+    assert queries.parse_time("1700000000000", "since") == 1_700_000_000_000
+    assert queries.parse_time("2023-11-14T22:13:20Z", "since") == 1_700_000_000_000
+    assert queries.parse_time("2023-11-14T22:13:20", "since") == 1_700_000_000_000
+    with pytest.raises(ValidationError, match="not a time"):
+        queries.parse_time("yesterday", "until")
+    assert queries.parse_state("succeeded") is State.SUCCEEDED
+    with pytest.raises(ValidationError, match="not a state"):
+        queries.parse_state("RUNNING")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count() FROM jobs",
+        "  -- comment\n  select 1;",
+        "WITH 1 AS x SELECT x",
+        "SHOW TABLES",
+        "DESCRIBE TABLE runs",
+        "EXPLAIN SELECT 1",
+        "(SELECT 1)",
+    ],
+)
+def test_read_only_sql_allows_reads(store: StatusStore, sql: str) -> None:
+    assert queries.run_read_only(store, sql).columns
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("INSERT INTO status_events (event_id) VALUES ('x')", "read-only"),
+        ("DROP TABLE jobs", "read-only"),
+        ("/* hi */ ALTER TABLE jobs DELETE WHERE 1", "read-only"),
+        ("SELECT 1; DROP TABLE jobs", "one statement"),
+        ("", "empty"),
+        # passes the keyword check, refused by ClickHouse's readonly=1
+        ("SELECT 1 SETTINGS readonly = 0", "readonly"),
+        ("SELECT * FROM file('/etc/hostname', 'LineAsString')", "readonly"),
+        ("SELECT nosuch FROM jobs", "nosuch"),
+    ],
+)
+def test_read_only_sql_refuses_the_rest(store: StatusStore, sql: str, message: str) -> None:
+    with pytest.raises(QueryError, match=f"(?i){message}"):
+        queries.run_read_only(store, sql)
+    assert store.query("EXISTS TABLE jobs")[2] == [(1,)]
+
+
+def test_read_only_sql_caps_rows(store: StatusStore) -> None:
+    result = queries.run_read_only(store, "SELECT number FROM numbers(100000)", max_rows=10)
+    assert len(result.rows) == 10 and result.truncated
+
+
+# --- dashboards -----------------------------------------------------------------------------
+
+
+def test_every_dashboard_query_runs_and_sees_the_data(store: StatusStore) -> None:
+    t0 = now_ms() - 120_000
+    _fill(store, t0)
+    stuck = "stuck@1"
+    store.add_events(
+        [
+            event(
+                "stuck",
+                State.DISPATCHED,
+                seq=1,
+                t=t0,
+                run_id=stuck,
+                attempt=1,
+                task="x",
+                scheduled_time_ms=t0,
+                deadline_ms=t0 + 1000,
+            ),
+            event("later", State.SCHEDULED, seq=1, t=t0, task="x", next_fire_ms=now_ms() + 60_000),
+            event(
+                "bad",
+                State.DISPATCHED,
+                seq=1,
+                t=t0,
+                run_id="bad@1",
+                attempt=1,
+                task="flaky",
+                scheduled_time_ms=t0,
+            ),
+            event("bad", State.FAILED, seq=1, t=t0 + 5, run_id="bad@1", attempt=1, error="E"),
+        ]
+    )
+    results = {}
+    for panel in queries.PANELS:
+        sql = queries.expand_macros(panel.sql, t0 - 60_000, now_ms() + 60_000)
+        assert "$__" not in sql
+        results[panel.key] = queries.run_read_only(store, sql)
+    by_state = {r[1]: r[2] for r in results["runs_per_minute"].rows}
+    assert by_state.get("SUCCEEDED") == 5
+    assert max(r[4] for r in results["lateness"].rows) == 7
+    failure = {r[0]: r[4] for r in results["failure_rate"].rows}
+    assert failure == {"demo.echo": 0.0, "flaky": 1.0}
+    assert [r[1] for r in results["stuck_runs"].rows] == [stuck]
+    assert [r[0] for r in results["upcoming_fires"].rows] == ["later"]
