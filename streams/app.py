@@ -62,6 +62,9 @@ class PartitionOwner:
     def discard(self) -> None:
         self.jobs.discard()
         self.wheel_store.discard()
+        # The ticker may have looked at the wheel while the deletes were pending and moved the
+        # wheel's floor past entries that are now back.
+        self.wheel.reset_floor()
 
 
 class SchedulerRuntime:
@@ -83,8 +86,6 @@ class SchedulerRuntime:
         table_kw: dict[str, Any] = {
             "key_type": bytes,
             "value_type": bytes,
-            "key_serializer": "raw",
-            "value_serializer": "raw",
             "partitions": settings.partitions,
             "options": limits.faust_options(),
         }
@@ -366,8 +367,11 @@ def build_app(
 
 def run_scheduler(settings: Settings) -> int:
     """Run one scheduler instance until SIGTERM/SIGINT (the faust worker handles signals)."""
+    (settings.data_dir / "scheduler").mkdir(parents=True, exist_ok=True)
     app, runtime = build_app(settings)
-    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True)
+    worker = faust.Worker(
+        app, loglevel=settings.log_level.lower(), quiet=True, override_logging=False
+    )
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
