@@ -1,0 +1,78 @@
+# jobwheel: `make run` starts the local stack, `make test` runs lint + the whole test suite.
+# Every target works on a fresh clone: `setup` is idempotent and re-runs a step only when its
+# input changed (stamp files: .venv/.installed <- pyproject.toml, deploy/lib/.fetched <- pom).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LIB := deploy/lib
+# Same command as deploy/broker.py's mvn_command(); -DoutputDirectory must be absolute.
+MVN_FETCH := mvn -B -q -f $(CURDIR)/deploy/pom.xml \
+	org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+	-DincludeScope=runtime -DoutputDirectory=$(CURDIR)/$(LIB)
+
+.PHONY: setup test run lint format clean distclean
+
+setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# Java 17+ and Maven run the local broker; installed with apt-get only when missing and root.
+$(VENV)/.jdk: | $(VENV)/.installed
+	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	      openjdk-17-jre-headless maven; \
+	  else \
+	    echo "Java 17+ and Maven 3.8+ are needed for the local Kafka broker:" \
+	         "install them (Debian: apt-get install openjdk-17-jre-headless maven)" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	touch $@
+
+$(LIB)/.fetched: deploy/pom.xml | $(VENV)/.jdk
+	mkdir -p $(LIB)
+	flock $(LIB)/.lock bash -c 'rm -f $(LIB)/*.jar && $(MVN_FETCH)'
+	sha256sum deploy/pom.xml | cut -d' ' -f1 > $@
+
+# A Compose validator for tests/unit/test_compose.py: the docker compose plugin if present,
+# else Debian's docker-compose (its `config -q` needs no Docker engine). Without either and
+# without root the test skips and says why.
+$(VENV)/.compose: | $(VENV)/.installed
+	@if docker compose version >/dev/null 2>&1 || docker-compose version >/dev/null 2>&1; then \
+	  true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose; \
+	else \
+	  echo "note: no docker compose / docker-compose; the compose file test will be skipped"; \
+	fi
+	touch $@
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.installed
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: setup lint
+	$(BIN)/pytest -q
+
+run: setup
+	$(BIN)/jobwheel up
+
+# Local state and caches; keeps the venv and the jars (distclean removes those too).
+clean:
+	-test -x $(BIN)/jobwheel && $(BIN)/jobwheel broker stop
+	rm -rf .jobwheel .pytest_cache .ruff_cache build dist
+	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) $(LIB)
