@@ -1,0 +1,95 @@
+"""Print throughput of fire-time arithmetic and of the RocksDB timing wheel (no broker needed).
+
+    .venv/bin/python -m load.bench_wheel [--entries 1000000]
+
+Figures: next-fire computations per second (cron in a DST zone, interval); schedule() rate into
+RocksDB; latency of due() for a small batch at the head of a large wheel, before and after many
+removals (tombstones); process RSS growth. Numbers, not assertions: run it on the target box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from schemas.models import Cron, Every
+from streams import triggers
+from streams.state.rocksdb import RocksDBLimits, RocksDBWheelStore
+from streams.wheel import TimingWheel
+
+T0 = 1_780_000_000_000
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_triggers(n: int) -> None:
+    for trigger in (
+        Cron("*/5 * * * *", "America/New_York"),
+        Cron("30 2 * * 1-5", "Europe/Berlin"),
+        Cron("0 9 1 * *", "Australia/Lord_Howe"),
+        Every(60_000),
+    ):
+        t = T0
+        start = time.perf_counter()
+        for _ in range(n):
+            t = triggers.next_fire_ms(trigger, t)  # type: ignore[assignment]
+        elapsed = time.perf_counter() - start
+        print(f"next_fire_ms {trigger!r}: {n / elapsed:,.0f}/s ({elapsed / n * 1e6:.1f} us)")
+
+
+def bench_wheel(entries: int, batch: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        limits = RocksDBLimits()
+        db = limits.open(Path(tmp) / "wheel.db")
+        wheel = TimingWheel(RocksDBWheelStore(db))
+        rss0 = rss_mib()
+        start = time.perf_counter()
+        for i in range(entries):
+            wheel.schedule(T0 + i * 10, f"job-{i:08d}", "fire")
+        elapsed = time.perf_counter() - start
+        print(f"schedule: {entries / elapsed:,.0f}/s ({entries:,} entries, {limits})")
+        print(f"RSS growth after {entries:,} entries: {rss_mib() - rss0:.1f} MiB")
+
+        def timed_due(label: str, wheel: TimingWheel) -> None:
+            start = time.perf_counter()
+            got = wheel.due(T0 + entries * 10, batch)
+            print(f"due(limit={batch}) {label}: {(time.perf_counter() - start) * 1e3:.2f} ms")
+            for entry in got:
+                wheel.remove(entry)
+
+        timed_due("at the head", wheel)
+        removed = 0
+        start = time.perf_counter()
+        while removed < entries // 5:
+            got = wheel.due(T0 + entries * 10, 1000)
+            for entry in got:
+                wheel.remove(entry)
+            removed += len(got)
+        elapsed = time.perf_counter() - start
+        print(f"due+remove loop: {removed / elapsed:,.0f} entries/s ({removed:,} removed)")
+        timed_due(f"after {removed:,} removals (with floor)", wheel)
+        timed_due(f"after {removed:,} removals (fresh wheel, no floor)", TimingWheel(wheel.store))
+        print(f"RSS growth at end: {rss_mib() - rss0:.1f} MiB")
+        db.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--fires", type=int, default=20_000)
+    args = parser.parse_args()
+    bench_triggers(args.fires)
+    bench_wheel(args.entries, args.batch)
+
+
+if __name__ == "__main__":
+    main()
