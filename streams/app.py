@@ -336,6 +336,10 @@ def build_app(
         "broker_commit_interval": 1.0,
         "producer_linger": 0.0,
         "topic_allow_declare": True,
+        # A dead instance's partitions move after the session timeout: 10 s, not faust's 60 s.
+        "broker_session_timeout": 10.0,
+        "broker_heartbeat_interval": 3.0,
+        "broker_rebalance_timeout": 20.0,
     }
     conf.update(settings.faust_config)
     app = faust.App(settings.scheduler_app_id, **conf)
