@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 _CONTROL_HELP = {
     "cancel": "cancel a job: no further fires (an active run finishes)",
@@ -48,12 +48,33 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--concurrency-policy", metavar="ALLOW|FORBID|REPLACE", help="default ALLOW")
     p.add_argument("--idempotency-key", metavar="K", help="apply commands with K once")
     p.set_defaults(handler=submit)
+    _one_line_errors(p, "submit")
 
     for name, text in _CONTROL_HELP.items():
         c = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         c.add_argument("job_id", metavar="JOB_ID")
         c.add_argument("--reason", metavar="TEXT", help="kept in the status event")
         c.set_defaults(handler=control, control=name)
+        _one_line_errors(c, name)
+
+
+def _one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
+    """argparse's own errors (unknown option, missing value) as one line too, exit 2."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"jobwheel {command}: invalid {message} (see jobwheel {command} --help)\n")
+
+    parse_known_args = parser.parse_known_args
+
+    def strict(args: Any = None, namespace: Any = None) -> Any:
+        # Extra words would otherwise reach the top-level parser and its multi-line usage.
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = strict  # type: ignore[method-assign]
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:

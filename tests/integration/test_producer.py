@@ -1,0 +1,246 @@
+"""The SDK against a real broker: what a service sends is what the scheduler will read.
+
+Each command is consumed back from the requests topic and decoded; its partition must be the one
+the scheduler (aiokafka's murmur2 DefaultPartitioner) assigns to the job id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from aiokafka.partitioner import DefaultPartitioner
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+from jobwheel.clock import ManualClock
+from jobwheel.errors import DeliveryError, ValidationError
+from producers.client import AsyncJobClient, JobClient, JobSpec
+from schemas.codec import default_codec
+from schemas.models import (
+    After,
+    At,
+    CancelJob,
+    ConcurrencyPolicy,
+    Cron,
+    Every,
+    JobCommand,
+    Now,
+    PauseJob,
+    ResumeJob,
+    ScheduleJob,
+    TriggerJob,
+)
+from schemas.partitioning import partition_for
+from tests.support import consume
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+NOW_MS = int(NOW.timestamp() * 1000)
+
+
+def _decoded(settings: Any, count: int, timeout_s: float = 30.0) -> list[tuple[Any, JobCommand]]:
+    msgs = consume(settings, settings.topics.requests, min_count=count, timeout_s=timeout_s)
+    return [(m, default_codec().decode(m.value())) for m in msgs]
+
+
+def _assert_partitioned(settings: Any, msg: Any, command: JobCommand) -> None:
+    n = settings.partitions
+    assert msg.key() == command.job_id.encode("utf-8")
+    expected = DefaultPartitioner()(msg.key(), list(range(n)), list(range(n)))
+    assert msg.partition() == partition_for(command.job_id, n) == expected
+
+
+def _expected_bodies() -> list[tuple[str, dict[str, Any], Any]]:
+    """(job id, schedule kwargs, expected body) for every trigger type and option."""
+    return [
+        ("job-now", {"now": True}, ScheduleJob("demo.echo", Now())),
+        ("job-in", {"in_": timedelta(seconds=5)}, ScheduleJob("demo.echo", After(5000))),
+        (
+            "job-at",
+            {"at": NOW + timedelta(minutes=1)},
+            ScheduleJob("demo.echo", At(NOW_MS + 60_000)),
+        ),
+        (
+            "job-every",
+            {"every": timedelta(seconds=2), "start_at": NOW + timedelta(seconds=10)},
+            ScheduleJob("demo.echo", Every(2000, NOW_MS + 10_000)),
+        ),
+        (
+            "job-cron-ü",
+            {
+                "cron": "30 2 * * *",
+                "tz": "America/New_York",
+                "args": {"x": [1, "ü"]},
+                "max_attempts": 5,
+                "timeout": timedelta(seconds=9),
+                "visibility_timeout": timedelta(seconds=4),
+                "starting_deadline": timedelta(minutes=1),
+                "concurrency_policy": "REPLACE",
+                "idempotency_key": "idem-1",
+            },
+            ScheduleJob(
+                "demo.echo",
+                Cron("30 2 * * *", "America/New_York"),
+                args_json='{"x":[1,"ü"]}',
+                max_attempts=5,
+                timeout_ms=9000,
+                visibility_timeout_ms=4000,
+                starting_deadline_ms=60_000,
+                concurrency_policy=ConcurrencyPolicy.REPLACE,
+                idempotency_key="idem-1",
+            ),
+        ),
+    ]
+
+
+CONTROLS = [
+    ("cancel", CancelJob("done")),
+    ("pause", PauseJob("done")),
+    ("resume", ResumeJob("done")),
+    ("trigger", TriggerJob("done")),
+]
+
+
+def _check_round_trip(settings: Any, returned: dict[str, str]) -> None:
+    expected = _expected_bodies()
+    total = len(expected) + len(CONTROLS)
+    got = _decoded(settings, total)
+    assert len(got) == total
+    by_job: dict[str, list[tuple[Any, JobCommand]]] = {}
+    for msg, command in got:
+        by_job.setdefault(command.job_id, []).append((msg, command))
+        _assert_partitioned(settings, msg, command)
+        assert command.issued_at_ms == NOW_MS
+    assert len({c.command_id for _, c in got}) == total
+    for job_id, _, body in expected:
+        ((_, command),) = [x for x in by_job[job_id] if isinstance(x[1].body, ScheduleJob)]
+        assert command == JobCommand(command.command_id, job_id, NOW_MS, body)
+    # Control commands all went to job-now, in order, after its schedule (one partition).
+    bodies = [c.body for _, c in by_job["job-now"]]
+    assert bodies == [ScheduleJob("demo.echo", Now())] + [b for _, b in CONTROLS]
+    for kind, _ in CONTROLS:
+        assert returned[kind] in {c.command_id for _, c in by_job["job-now"]}
+
+
+def test_sync_client_commands_arrive_decodable_in_the_right_partition(settings: Any) -> None:
+    returned: dict[str, str] = {}
+    with JobClient(settings, clock=ManualClock(NOW_MS)) as client:
+        for job_id, kwargs, _ in _expected_bodies():
+            assert client.schedule(job_id, task="demo.echo", **kwargs) == job_id
+        for kind, _ in CONTROLS:
+            returned[kind] = getattr(client, kind)("job-now", reason="done")
+    _check_round_trip(settings, returned)
+
+
+def test_async_client_commands_arrive_decodable_in_the_right_partition(settings: Any) -> None:
+    async def main() -> dict[str, str]:
+        returned: dict[str, str] = {}
+        async with AsyncJobClient(settings, clock=ManualClock(NOW_MS)) as client:
+            for job_id, kwargs, _ in _expected_bodies():
+                assert await client.schedule(job_id, task="demo.echo", **kwargs) == job_id
+            for kind, _ in CONTROLS:
+                returned[kind] = await getattr(client, kind)("job-now", reason="done")
+        return returned
+
+    _check_round_trip(settings, asyncio.run(main()))
+
+
+def test_batch_lands_every_job_in_its_murmur2_partition(settings: Any) -> None:
+    specs = [JobSpec(task="demo.echo", in_=timedelta(seconds=i + 1)) for i in range(300)]
+    specs[0] = dataclasses.replace(specs[0], job_id="fixed-id")
+    with JobClient(settings) as client:
+        ids = client.schedule_many(specs)
+    assert ids[0] == "fixed-id" and len(set(ids)) == 300
+    got = _decoded(settings, 300)
+    assert sorted(c.job_id for _, c in got) == sorted(ids)
+    for msg, command in got:
+        _assert_partitioned(settings, msg, command)
+    assert {m.partition() for m, _ in got} == set(range(settings.partitions))
+    delay = {c.job_id: c.body.trigger.delay_ms for _, c in got}  # type: ignore[union-attr]
+    assert [delay[j] for j in ids] == [(i + 1) * 1000 for i in range(300)]
+
+
+def test_async_batch_and_concurrent_schedules(settings: Any) -> None:
+    async def main() -> list[str]:
+        async with AsyncJobClient(settings) as client:
+            batch = await client.schedule_many(
+                [{"task": "demo.echo", "now": True} for _ in range(50)]
+            )
+            single = await asyncio.gather(
+                *(client.schedule(task="demo.echo", in_=timedelta(seconds=1)) for _ in range(50))
+            )
+            return batch + list(single)
+
+    ids = asyncio.run(main())
+    got = _decoded(settings, 100)
+    assert sorted(c.job_id for _, c in got) == sorted(ids)
+
+
+def test_invalid_batch_sends_nothing(settings: Any) -> None:
+    specs = [JobSpec(task="demo.echo", now=True), JobSpec(task="bad task", now=True)]
+    with JobClient(settings) as client, pytest.raises(ValidationError) as info:
+        client.schedule_many(specs)
+    assert info.value.field == "task"
+    assert _decoded(settings, 1, timeout_s=3.0) == []
+
+
+def _limit_message_size(settings: Any, max_bytes: int) -> None:
+    admin = AdminClient(settings.librdkafka())
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        settings.topics.requests,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(max_bytes), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def test_broker_rejection_reaches_the_caller(settings: Any) -> None:
+    """The broker refuses records over the topic's max.message.bytes: every API form raises."""
+    _limit_message_size(settings, 300)
+    big = {"blob": "x" * 2000}
+    with JobClient(settings) as client:
+        # A small command still goes through on the same topic...
+        client.cancel("small")
+        # ...a large one is refused by the broker and the error reaches the caller.
+        with pytest.raises(DeliveryError) as info:
+            client.schedule("big", task="demo.echo", args=big, now=True)
+        assert info.value.code == "MSG_SIZE_TOO_LARGE"
+        with pytest.raises(DeliveryError) as batch_info:
+            client.schedule_many(
+                [JobSpec(task="demo.echo", now=True), JobSpec(task="demo.echo", now=True, args=big)]
+            )
+        assert batch_info.value.code == "MSG_SIZE_TOO_LARGE"
+        # The broker refuses a whole record batch, so the small one may fail alongside.
+        assert "of 2 commands not delivered" in str(batch_info.value)
+
+    async def main() -> None:
+        async with AsyncJobClient(settings) as client:
+            with pytest.raises(DeliveryError) as async_info:
+                await client.schedule("big", task="demo.echo", args=big, now=True)
+            assert async_info.value.code == "MSG_SIZE_TOO_LARGE"
+
+    asyncio.run(main())
+
+
+def test_missing_topic_reaches_the_caller(settings: Any) -> None:
+    """Topics are not auto-created: a wrong prefix fails delivery instead of hanging."""
+    wrong = settings.model_copy(update={"topic_prefix": settings.topic_prefix + "-missing"})
+    overrides = {"message.timeout.ms": 3000}
+    with JobClient(wrong, producer_overrides=overrides) as client:
+        with pytest.raises(DeliveryError) as info:
+            client.schedule(task="demo.echo", now=True)
+    assert info.value.code in {"_MSG_TIMED_OUT", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC"}
+
+    async def main() -> None:
+        async with AsyncJobClient(wrong, producer_overrides=overrides) as client:
+            with pytest.raises(DeliveryError):
+                await client.cancel("job-1")
+
+    asyncio.run(main())
