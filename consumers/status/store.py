@@ -139,8 +139,11 @@ def _connect(dsn: str) -> Client:
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
+    # Over HTTP, no session: the API threads and the sink thread share one client, and
+    # ClickHouse refuses concurrent queries in one session. chdb has no sessions.
+    kwargs: dict[str, Any] = {} if dsn.startswith("chdb:") else {"autogenerate_session_id": False}
     try:
-        return clickhouse_connect.get_client(dsn=dsn)
+        return clickhouse_connect.get_client(dsn=dsn, **kwargs)
     except ClickHouseError as exc:
         text = str(exc)
         if dsn.startswith("chdb:") and ("Cannot lock file" in text or "already" in text):
@@ -381,15 +384,15 @@ class StatusStore:
         Raises :class:`QueryError` with ClickHouse's message when the SQL is wrong, so API
         callers can answer 400 instead of 500.
         """
-        from clickhouse_connect.driver.exceptions import DatabaseError, ProgrammingError
-
         try:
             result = self.client.query(
                 sql, parameters=dict(parameters or {}), settings=dict(settings or {})
             )
-        except (DatabaseError, ProgrammingError) as exc:
-            raise QueryError(_clickhouse_message(exc)) from exc
         except Exception as exc:
+            # ClickHouse answered with an error about this query (it has a code): the caller's
+            # to fix. Anything else (closed client, connection refused) is the store's state.
+            if getattr(exc, "code", None) or "DB::Exception" in str(exc):
+                raise QueryError(_clickhouse_message(exc)) from exc
             raise StoreError(f"status store query failed: {exc}") from exc
         types = [t.name for t in result.column_types]
         return list(result.column_names), types, list(result.result_rows)

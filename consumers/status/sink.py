@@ -1,0 +1,296 @@
+"""The status sink: status topic -> ClickHouse ``status_events``, in batches, at least once.
+
+Offsets are committed only after the batch holding them is inserted, so a crash loses
+nothing: the uncommitted records are read again. Reading them again is harmless because the
+table is deduplicated by ``event_id`` (ReplacingMergeTree, read with FINAL/argMax; see
+migrations/0001), and a retried insert of the very same batch is dropped on the spot by its
+``insert_deduplication_token`` (topic, partitions and offset ranges). So a replayed batch
+neither doubles nor loses rows.
+
+A record that does not decode (foreign producer, future schema, garbage) is logged, counted in
+:class:`SinkStats` and skipped (its offset is committed with the batch), never fatal. An insert
+that fails (ClickHouse down) is retried with backoff, holding the batch and its offsets, until
+it succeeds or the sink is stopped; nothing is committed meanwhile.
+
+Threading: a confluent-kafka consumer is used from one thread, so :meth:`StatusSink.run`
+owns it from start to close; :meth:`StatusSink.stop` only sets an event. The rebalance
+callbacks run inside ``consume()`` on that thread and flush the batch before partitions go.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from consumers.status.store import StatusStore, event_row
+from jobwheel.errors import BrokerError, SchemaDecodeError, StoreError
+from schemas.codec import Codec, default_codec
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message, TopicPartition
+
+    from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 5.0
+
+
+@dataclass
+class SinkStats:
+    """Counters for /health and logs (read from other threads; plain ints are fine)."""
+
+    consumed: int = 0
+    inserted: int = 0
+    undecodable: int = 0
+    batches: int = 0
+    insert_failures: int = 0
+    commit_failures: int = 0
+    last_insert_ms: int | None = None
+    last_error: str | None = None
+    running: bool = False
+    assigned: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """The sink's consumer settings over the pass-through ``kafka_config``.
+
+    Manual commits only (the at-least-once rule above depends on it); ``read_committed`` so a
+    fenced scheduler's aborted transaction never shows up as status.
+    """
+    return settings.librdkafka(
+        **{
+            "group.id": settings.status_group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.partition.eof": False,
+            **overrides,
+        }
+    )
+
+
+class _Batch:
+    """Decoded rows plus the offset range of every record read (decodable or not)."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.ranges: dict[int, tuple[int, int]] = {}
+        self.started = time.monotonic()
+
+    def add_offset(self, partition: int, offset: int) -> None:
+        lo, hi = self.ranges.get(partition, (offset, offset))
+        self.ranges[partition] = (min(lo, offset), max(hi, offset))
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def token(self, topic: str) -> str:
+        parts = ",".join(f"{p}:{lo}-{hi}" for p, (lo, hi) in sorted(self.ranges.items()))
+        return f"{topic}|{parts}"
+
+
+class StatusSink:
+    """Consume the status topic into the store until stopped (see the module doc)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StatusStore,
+        *,
+        codec: Codec | None = None,
+        batch_size: int | None = None,
+        batch_ms: int | None = None,
+        consumer_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.topic = settings.topics.status
+        self.codec = codec or default_codec(settings.schema_registry_url)
+        self.batch_size = batch_size or settings.status_batch_size
+        self.batch_ms = batch_ms if batch_ms is not None else settings.status_batch_ms
+        self.stats = SinkStats()
+        self._overrides = dict(consumer_overrides or {})
+        self._stop = threading.Event()
+        self._batch = _Batch()
+        self._consumer: Consumer | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        """Consume until :meth:`stop`; flush what was read, then leave the group."""
+        from confluent_kafka import Consumer, KafkaException
+
+        try:
+            consumer = Consumer(consumer_config(self.settings, **self._overrides))
+        except KafkaException as exc:
+            raise BrokerError(
+                f"could not create the status sink consumer: {exc}; check kafka_config"
+            ) from exc
+        self._consumer = consumer
+        consumer.subscribe(
+            [self.topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        self.stats.running = True
+        log.info(
+            "status sink started",
+            extra={"topic": self.topic, "group": self.settings.status_group},
+        )
+        try:
+            while not self._stop.is_set():
+                self._poll_once(consumer)
+            self._flush(consumer)
+        finally:
+            self.stats.running = False
+            try:
+                consumer.close()
+            except Exception as exc:  # closing must not hide the reason we stopped
+                log.warning("status sink consumer close failed", extra={"error": str(exc)})
+            self._consumer = None
+            log.info("status sink stopped", extra=self.stats.as_dict())
+
+    def start_thread(self) -> threading.Thread:
+        """Run in a daemon thread (``jobwheel serve`` in embedded mode)."""
+        thread = threading.Thread(target=self._run_logged, name="jobwheel-status-sink", daemon=True)
+        thread.start()
+        return thread
+
+    def _run_logged(self) -> None:
+        try:
+            self.run()
+        except Exception as exc:
+            self.stats.last_error = f"sink stopped: {exc}"
+            log.exception("status sink thread died")
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _poll_once(self, consumer: Consumer) -> None:
+        wait_s = 1.0
+        if self._batch:
+            age_ms = (time.monotonic() - self._batch.started) * 1000
+            wait_s = max(0.0, (self.batch_ms - age_ms) / 1000)
+        room = max(1, self.batch_size - len(self._batch.rows))
+        messages = consumer.consume(num_messages=min(room, 10_000), timeout=min(wait_s, 1.0))
+        for message in messages:
+            self._add(message)
+        if not self._batch:
+            return
+        full = len(self._batch.rows) >= self.batch_size
+        due = (time.monotonic() - self._batch.started) * 1000 >= self.batch_ms
+        if full or due:
+            self._flush(consumer)
+
+    def _add(self, message: Message) -> None:
+        error = message.error()
+        if error is not None:
+            log.warning(
+                "status topic read error",
+                extra={"error": error.str(), "code": error.name(), "topic": self.topic},
+            )
+            if error.fatal():
+                raise BrokerError(f"fatal consumer error: {error.str()}", code=error.name())
+            return
+        partition, offset = message.partition(), message.offset()
+        if not self._batch:
+            self._batch.started = time.monotonic()
+        self._batch.add_offset(partition, offset)
+        self.stats.consumed += 1
+        try:
+            event = self.codec.decode(message.value())  # type: ignore[arg-type]
+            row = event_row(event, partition, offset)  # type: ignore[arg-type]
+        except SchemaDecodeError as exc:
+            self._undecodable(partition, offset, str(exc))
+            return
+        except Exception as exc:  # not a StatusEvent (e.g. a Run on the wrong topic)
+            self._undecodable(partition, offset, f"{type(exc).__name__}: {exc}")
+            return
+        self._batch.rows.append(row)
+
+    def _undecodable(self, partition: int, offset: int, reason: str) -> None:
+        self.stats.undecodable += 1
+        log.warning(
+            "undecodable status record skipped",
+            extra={"topic": self.topic, "partition": partition, "offset": offset, "error": reason},
+        )
+
+    def _flush(self, consumer: Consumer, lost: set[int] | None = None) -> None:
+        """Insert the batch (retrying until it succeeds or we stop), then commit its offsets."""
+        batch = self._batch
+        if not batch:
+            return
+        backoff = 0.2
+        while batch.rows:
+            try:
+                self.store.insert_events(batch.rows, dedup_token=batch.token(self.topic))
+                break
+            except StoreError as exc:
+                self.stats.insert_failures += 1
+                self.stats.last_error = str(exc)[:500]
+                log.error(
+                    "status insert failed; retrying, offsets not committed",
+                    extra={"rows": len(batch.rows), "error": str(exc)[:500], "retry_s": backoff},
+                )
+                if self._stop.wait(backoff):
+                    return  # not inserted, not committed: the next owner reads it again
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+        self._batch = _Batch()
+        self.stats.inserted += len(batch.rows)
+        self.stats.batches += 1
+        self.stats.last_insert_ms = time.time_ns() // 1_000_000
+        self._commit(consumer, batch, lost or set())
+
+    def _commit(self, consumer: Consumer, batch: _Batch, lost: set[int]) -> None:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        offsets = [
+            TopicPartition(self.topic, p, hi + 1)
+            for p, (_, hi) in sorted(batch.ranges.items())
+            if p not in lost
+        ]
+        if not offsets:
+            return
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # Lost ownership in a rebalance: the new owner re-reads these records and the
+            # event_id dedup absorbs the copies. Nothing to undo here.
+            self.stats.commit_failures += 1
+            log.warning(
+                "status offsets not committed; the records will be read again",
+                extra={"error": str(exc), "offsets": {tp.partition: tp.offset for tp in offsets}},
+            )
+
+    # --- rebalance ---------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assigned = set(self.stats.assigned) | {tp.partition for tp in partitions}
+        self.stats.assigned = sorted(assigned)
+        log.info("status partitions assigned", extra={"partitions": self.stats.assigned})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._flush(consumer)
+        revoked = {tp.partition for tp in partitions}
+        self.stats.assigned = sorted(set(self.stats.assigned) - revoked)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {tp.partition for tp in partitions}
+        self._flush(consumer, lost=lost)
+        self.stats.assigned = sorted(set(self.stats.assigned) - lost)

@@ -1,0 +1,267 @@
+"""The status API's read endpoints and its input validation, on an embedded store.
+
+No Kafka here: accepted commands are tested in tests/integration/test_api.py on a real broker.
+Every invalid request below must be refused before a producer exists, which the job client
+factory that fails the test if called makes sure of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from consumers.status.api import create_app
+from consumers.status.store import StatusStore
+from jobwheel.errors import StoreError
+from jobwheel.settings import Settings
+from schemas.models import State
+from tests import status_support
+from tests.status_support import event, lifecycle, now_ms
+
+
+@pytest.fixture(scope="session")
+def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from status_support.engine(tmp_path_factory)
+
+
+@pytest.fixture
+def store(engine_dsn: str) -> Iterator[StatusStore]:
+    yield from status_support.fresh_store(engine_dsn)
+
+
+def _no_kafka() -> Any:
+    raise AssertionError("an invalid request reached the job client")
+
+
+@pytest.fixture
+def api(store: StatusStore) -> Iterator[TestClient]:
+    app = create_app(Settings(), store, job_client_factory=_no_kafka)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.fixture
+def filled(store: StatusStore) -> int:
+    t0 = now_ms() - 60_000
+    events = lifecycle("job-1", t0)
+    events += lifecycle("job-2", t0 + 10, task="demo.sleep")
+    events.append(event("job-3", State.SCHEDULED, seq=1, t=t0 + 20, task="demo.echo"))
+    store.add_events(events + events[:3])  # a redelivered copy or three
+    return t0
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
+def test_get_job_returns_state_and_runs(api: TestClient, filled: int) -> None:
+    r = api.get("/jobs/job-1")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["job"]["state"] == "COMPLETED"
+    assert body["job"]["task"] == "demo.echo"
+    (run,) = body["runs"]
+    assert run["run_id"] == f"job-1@{filled + 1000}"
+    assert (run["state"], run["lateness_ms"], run["duration_ms"]) == ("SUCCEEDED", 7, 100)
+
+
+def test_unknown_job_is_404_with_a_reason(api: TestClient, filled: int) -> None:
+    for path in ("/jobs/nope", "/jobs/nope/runs"):
+        r = api.get(path)
+        assert r.status_code == 404
+        assert "nope" in r.json()["detail"]
+
+
+def test_job_ids_with_slashes_and_at_signs(api: TestClient, store: StatusStore) -> None:
+    store.add_events(lifecycle("team/a@b", now_ms()))
+    assert api.get("/jobs/team/a@b").json()["job"]["job_id"] == "team/a@b"
+    assert len(api.get("/jobs/team%2Fa@b/runs").json()["runs"]) == 1
+
+
+def test_runs_endpoint(api: TestClient, filled: int) -> None:
+    r = api.get("/jobs/job-2/runs")
+    assert r.status_code == 200
+    assert [x["state"] for x in r.json()["runs"]] == ["SUCCEEDED"]
+    assert api.get("/jobs/job-2/runs?limit=0").status_code == 422
+
+
+def test_list_filters_and_pages(api: TestClient, filled: int) -> None:
+    body = api.get("/jobs").json()
+    assert body["total"] == 3 and {j["job_id"] for j in body["jobs"]} == {
+        "job-1",
+        "job-2",
+        "job-3",
+    }
+    assert [j["job_id"] for j in api.get("/jobs?state=scheduled").json()["jobs"]] == ["job-3"]
+    assert [j["job_id"] for j in api.get("/jobs?task=demo.sleep").json()["jobs"]] == ["job-2"]
+    page = api.get("/jobs?limit=2&offset=2").json()
+    assert (len(page["jobs"]), page["total"], page["offset"]) == (1, 3, 2)
+    assert api.get("/jobs?since=1h").json()["total"] == 3
+    assert api.get(f"/jobs?until={filled + 20}").json()["total"] == 1
+    assert api.get("/jobs?since=2000-01-01T00:00:00Z&until=2000-01-02T00:00:00Z").json() == {
+        "jobs": [],
+        "total": 0,
+        "limit": 100,
+        "offset": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("state=RUNNING", "state"),
+        ("since=last+tuesday", "since"),
+        ("until=soon", "until"),
+        ("since=1h&until=2h", "since"),
+    ],
+)
+def test_list_rejects_bad_filters_naming_the_field(
+    api: TestClient, filled: int, query: str, field: str
+) -> None:
+    r = api.get(f"/jobs?{query}")
+    assert r.status_code == 422
+    assert r.json()["field"] == field and r.json()["message"]
+
+
+@pytest.mark.parametrize("query", ["limit=0", "limit=100000", "offset=-1", "limit=ten"])
+def test_list_rejects_bad_paging(api: TestClient, query: str) -> None:
+    r = api.get(f"/jobs?{query}")
+    assert r.status_code == 422
+    assert r.json()["detail"]
+
+
+def test_stats_states(api: TestClient, filled: int) -> None:
+    assert api.get("/stats/states").json() == {
+        "states": {"COMPLETED": 2, "SCHEDULED": 1},
+        "total": 3,
+    }
+
+
+def test_sql_reads(api: TestClient, filled: int) -> None:
+    r = api.post(
+        "/sql", json={"sql": "SELECT state, count() AS n FROM jobs GROUP BY state ORDER BY state"}
+    )
+    assert r.status_code == 200
+    assert r.json() == {
+        "columns": ["state", "n"],
+        "types": ["String", "UInt64"],
+        "rows": [["COMPLETED", 2], ["SCHEDULED", 1]],
+        "truncated": False,
+    }
+    r = api.post("/sql", json={"sql": "SELECT count() FROM status_events FINAL"})
+    assert r.json()["rows"] == [[13]]
+
+
+@pytest.mark.parametrize(
+    ("sql", "needle"),
+    [
+        ("DROP TABLE jobs", "read-only"),
+        ("INSERT INTO status_events (event_id) VALUES ('x')", "read-only"),
+        ("SELEC 1", "read-only"),
+        ("SELECT * FROM nowhere", "nowhere"),
+        ("SELECT 1 SETTINGS readonly = 0", "readonly"),
+    ],
+)
+def test_sql_errors_are_400_with_the_clickhouse_message(
+    api: TestClient, sql: str, needle: str
+) -> None:
+    r = api.post("/sql", json={"sql": sql})
+    assert r.status_code == 400
+    assert needle.lower() in r.json()["detail"].lower()
+
+
+@pytest.mark.parametrize("body", [{}, {"query": "SELECT 1"}, {"sql": 5}, []])
+def test_sql_malformed_body_is_422(api: TestClient, body: Any) -> None:
+    assert api.post("/sql", json=body).status_code == 422
+
+
+def test_health(api: TestClient) -> None:
+    r = api.get("/health")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok" and r.json()["store"]["ok"] is True
+    assert r.json()["sink"] is None
+
+
+def test_openapi_docs_are_served(api: TestClient) -> None:
+    assert api.get("/docs").status_code == 200
+    paths = api.get("/openapi.json").json()["paths"]
+    assert {"/jobs", "/jobs/{job_id}", "/sql", "/health", "/stats/states"} <= set(paths)
+
+
+# --- commands: everything invalid is refused before Kafka -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"task": "demo.echo"}, "trigger"),
+        ({"task": "demo.echo", "now": True, "in": "5s"}, "trigger"),
+        ({"task": "demo.echo", "cron": "61 * * * *"}, "cron"),
+        ({"task": "demo.echo", "cron": "* * * * *", "tz": "Mars/Olympus"}, "timezone"),
+        ({"task": "demo.echo", "every": "5 parsecs"}, "every"),
+        ({"task": "demo.echo", "in": -5}, "in"),
+        ({"task": "demo.echo", "at": "tomorrow"}, "at"),
+        ({"task": "demo.echo", "at": "2020-01-01T00:00:00Z"}, "at"),
+        ({"task": "bad task!", "now": True}, "task"),
+        ({"task": "demo.echo", "now": True, "max_attempts": 0}, "max_attempts"),
+        ({"task": "demo.echo", "now": True, "job_id": "has space"}, "job_id"),
+        ({"task": "demo.echo", "now": True, "concurrency_policy": "SOMETIMES"}, "concurrency"),
+        ({"task": "demo.echo", "now": True, "args": "x" * 70_000}, "args"),
+    ],
+)
+def test_schedule_rejects_invalid_requests_with_the_field(
+    api: TestClient, body: dict[str, Any], field: str
+) -> None:
+    r = api.post("/jobs", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"].startswith(field), r.json()
+    assert r.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "body", [{"now": True}, {"task": "demo.echo", "now": True, "colour": "red"}, [1, 2]]
+)
+def test_schedule_rejects_malformed_bodies(api: TestClient, body: Any) -> None:
+    r = api.post("/jobs", json=body)
+    assert r.status_code == 422
+    assert r.json()["detail"]
+
+
+def test_schedule_rejects_non_json(api: TestClient) -> None:
+    r = api.post("/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+
+
+@pytest.mark.parametrize("kind", ["cancel", "pause", "resume", "trigger"])
+def test_control_rejects_invalid_reason_and_body(api: TestClient, kind: str) -> None:
+    r = api.post(f"/jobs/job-1/{kind}", json={"reason": "x" * 10_001})
+    assert r.status_code == 422 and r.json()["field"] == "reason"
+    assert api.post(f"/jobs/job-1/{kind}", json={"why": "x"}).status_code == 422
+
+
+# --- failures of the store are 503, never 500 -----------------------------------------------
+
+
+def test_store_failure_is_503_not_500(engine_dsn: str) -> None:
+    broken = StatusStore.open(engine_dsn, database="keeper", migrate=False)
+    broken.close()
+    app = create_app(Settings(), broken, job_client_factory=_no_kafka)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.get("/jobs/x")
+        assert r.status_code == 503 and "unavailable" in r.json()["detail"]
+        assert client.get("/health").status_code == 503
+        assert client.post("/sql", json={"sql": "SELECT 1"}).status_code == 503
+
+
+def test_error_handlers_cover_store_errors(store: StatusStore) -> None:
+    app = create_app(Settings(), store, job_client_factory=_no_kafka)
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise StoreError("disk on fire")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.get("/boom")
+    assert r.status_code == 503 and "disk on fire" in r.json()["detail"]
