@@ -413,10 +413,10 @@ class SchedulerProcessor:
             nxt = triggers.next_fire_ms(spec.trigger, nxt)
             if len(due) > 10 * MAX_MISSED_EVENTS:
                 # Far behind (e.g. a 1 s interval after a day down): jump, do not iterate.
-                skipped = triggers.fires_between(spec.trigger, due[-1], now_ms, 1 << 30)
-                if skipped:
-                    due.append(skipped[-1])
-                    nxt = triggers.next_fire_ms(spec.trigger, skipped[-1])
+                last = triggers.last_fire_between(spec.trigger, due[-1], now_ms)
+                if last is not None:
+                    due.append(last)
+                    nxt = triggers.next_fire_ms(spec.trigger, last)
                 break
         job.next_fire_ms = nxt
         if nxt is not None:

@@ -288,3 +288,15 @@ def test_batches_respect_the_limit(proc):
             break
         total += len(out.runs)
     assert total == 25
+
+
+def test_far_behind_interval_job_runs_the_latest_and_reports_the_rest_compactly(proc):
+    proc.on_command(cmd("j", spec(Every(1000))), T0)
+    day = 24 * 3600 * 1000
+    out, _ = proc.punctuate(T0 + day + 500, 10)
+    [run] = out.runs
+    assert run.scheduled_time_ms == T0 + day
+    missed = [e for e in out.status if e.state is State.MISSED]
+    assert len(missed) == 101  # 100 individual events, then one summary
+    assert "more scheduled times missed" in missed[-1].reason
+    assert proc.load("j").next_fire_ms == T0 + day + 1000
