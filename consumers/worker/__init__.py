@@ -1,1 +1,13 @@
-"""The worker pool: task registry, executor and the runs-topic consumer loop."""
+"""The worker pool: task registry, executor and the runs-topic consumer loop.
+
+Task authors need only this package's top level::
+
+    from consumers.worker import task, current_run, heartbeat, Backoff
+    from jobwheel.errors import Retry
+"""
+
+from consumers.worker.backoff import Backoff
+from consumers.worker.context import current_run, heartbeat
+from consumers.worker.registry import TaskRegistry, default_registry, task
+
+__all__ = ["Backoff", "TaskRegistry", "current_run", "default_registry", "heartbeat", "task"]

@@ -1,9 +1,95 @@
-"""Subcommands of the ``jobwheel`` CLI for ``consumers.worker``."""
+"""Subcommands of the ``jobwheel`` CLI for ``consumers.worker``: ``jobwheel worker``.
+
+Which tasks a worker can run is configuration by the operator: ``--tasks`` names the modules to
+import, and importing them runs their ``@task`` decorators. Nothing in a message can add to that.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from jobwheel.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add subcommands; each sets ``handler=`` to a function of the parsed args."""
+    p = sub.add_parser(
+        "worker",
+        help="execute runs from the runs topic (one consumer group member)",
+        description="Consume the runs topic as a member of JOBWHEEL_WORKER_GROUP, execute the "
+        "tasks registered by the --tasks modules and emit status events. Scale out by "
+        "starting more processes. SIGTERM/SIGINT stop gracefully (JOBWHEEL_WORKER_SHUTDOWN_"
+        "GRACE_MS); a second signal hands running runs back at once.",
+    )
+    p.add_argument(
+        "--tasks",
+        required=True,
+        metavar="MODULE[,MODULE]",
+        help="comma-separated modules whose @task functions this worker runs, e.g. consumers.demo",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="runs executing at once in this process (default JOBWHEEL_WORKER_CONCURRENCY)",
+    )
+    p.set_defaults(handler=_worker)
+
+
+def load_tasks(modules: str) -> None:
+    """Import the task modules; their decorators register into the default registry."""
+    from consumers.worker.registry import default_registry
+
+    names = [m.strip() for m in modules.split(",") if m.strip()]
+    if not names:
+        raise ConfigError("--tasks: give at least one module name, e.g. --tasks consumers.demo")
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"--tasks: cannot import module {name!r} ({exc}); give importable module "
+                "names (on PYTHONPATH), e.g. consumers.demo"
+            ) from exc
+    if not len(default_registry):
+        raise ConfigError(f"--tasks: the modules {names} register no @task functions")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from consumers.worker.pool import WorkerPool
+    from consumers.worker.registry import default_registry
+    from jobwheel.settings import get_settings
+
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
+    load_tasks(args.tasks)
+    pool = WorkerPool(get_settings(), default_registry, concurrency=args.concurrency)
+    asyncio.run(_serve(pool))
+    if pool.busy_threads:
+        # Sync task functions still running cannot be stopped, and the interpreter would wait
+        # for them at exit. Their runs were handed back already, so leave without them.
+        log.warning("exiting with task threads still running", extra={"threads": pool.busy_threads})
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+async def _serve(pool: object) -> None:
+    from consumers.worker.pool import WorkerPool
+
+    assert isinstance(pool, WorkerPool)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pool.stop)
+    await pool.run()

@@ -134,6 +134,13 @@ class Executor:
         self._threads = threads
         self._rng = rng or random.Random()
         self._result_limit = result_limit_bytes
+        self._running_threads: set[concurrent.futures.Future[Any]] = set()
+
+    @property
+    def busy_threads(self) -> int:
+        """Sync task functions still running, including ones whose run timed out or was
+        handed back (a thread cannot be stopped, only waited for)."""
+        return sum(1 for f in list(self._running_threads) if not f.done())
 
     async def execute(self, run: Run, heartbeat: Callable[[], None] = lambda: None) -> Outcome:
         """Run ``run`` to a terminal outcome. Never raises for task failures; only
@@ -168,6 +175,8 @@ class Executor:
                 else:
                     ctx = contextvars.copy_context()
                     thread_future = self._threads.submit(ctx.run, spec.fn, *args, **kwargs)
+                    self._running_threads.add(thread_future)
+                    thread_future.add_done_callback(self._running_threads.discard)
                     result = await asyncio.wrap_future(thread_future)
         except TimeoutError as exc:
             if timer is not None and timer.expired():

@@ -1,0 +1,331 @@
+"""The worker on a real broker, without the scheduler: runs are produced the way the scheduler
+produces them (transactional, keyed by job id, murmur2), ``jobwheel worker`` runs as a
+subprocess, and the test reads what it acknowledges on the status topic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from producers.kafka import producer_config
+from schemas.codec import Codec
+from schemas.models import Run, State, StatusEvent
+from schemas.partitioning import key_for, partition_for
+from tests.support import log_tail, stop, wait_until
+
+CODEC = Codec()
+WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo"]
+
+
+def make_run(
+    settings: Any,
+    task: str,
+    args: Any = None,
+    *,
+    job_id: str | None = None,
+    run_id: str | None = None,
+    attempt: int = 1,
+    max_attempts: int = 3,
+    visibility_timeout_ms: int = 30_000,
+    fencing_token: int = 1,
+    timeout_ms: int | None = None,
+) -> Run:
+    job_id = job_id or f"job-{uuid.uuid4().hex[:8]}"
+    now = int(time.time() * 1000)
+    return Run(
+        run_id=run_id or f"{job_id}@{now}",
+        job_id=job_id,
+        task=task,
+        args_json=json.dumps(args if args is not None else {}),
+        seq=7,
+        scheduled_time_ms=now,
+        dispatched_at_ms=now,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        timeout_ms=timeout_ms,
+        visibility_timeout_ms=visibility_timeout_ms,
+        deadline_ms=now + visibility_timeout_ms,
+        partition=partition_for(job_id, settings.partitions),
+        fencing_token=fencing_token,
+    )
+
+
+def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw") -> None:
+    """One committed transaction, as the scheduler's dispatch producer writes runs."""
+    producer = Producer(
+        producer_config(settings, **{"transactional.id": f"test-dispatch-{uuid.uuid4().hex}"})
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for record in records:
+        if isinstance(record, Run):
+            producer.produce(
+                settings.topics.runs, key=key_for(record.job_id), value=CODEC.encode(record)
+            )
+        else:
+            producer.produce(settings.topics.runs, key=key.encode(), value=record)
+    producer.commit_transaction(30)
+
+
+class StatusTail:
+    """Reads the whole status topic as it grows (no group), decoding every event."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.consumer = Consumer(
+            settings.librdkafka(
+                **{
+                    "group.id": f"test-tail-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
+        topic = settings.topics.status
+        self.consumer.assign(
+            [TopicPartition(topic, p, 0) for p in range(settings.partitions)]  # 0: beginning
+        )
+        self.events: list[StatusEvent] = []
+        self.partitions: dict[str, set[int]] = defaultdict(set)  # job id -> partitions seen
+        self.keys: dict[str, set[bytes]] = defaultdict(set)
+
+    def poll(self) -> None:
+        for msg in self.consumer.consume(500, 0.2):
+            if msg.error():
+                continue
+            event = CODEC.decode(msg.value())
+            assert isinstance(event, StatusEvent)
+            self.events.append(event)
+            self.partitions[event.job_id].add(msg.partition())
+            self.keys[event.job_id].add(msg.key())
+
+    def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
+        return [
+            e for e in self.events if e.run_id == run_id and (state is None or e.state is state)
+        ]
+
+    def wait_for(
+        self, run_id: str, state: State, count: int = 1, timeout_s: float = 30.0
+    ) -> list[StatusEvent]:
+        def found() -> list[StatusEvent]:
+            self.poll()
+            events = self.of(run_id, state)
+            return events if len(events) >= count else []
+
+        return wait_until(found, timeout_s, interval_s=0.0, message=f"no {state} for {run_id}")
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture
+def tail(settings: Any) -> Any:
+    t = StatusTail(settings)
+    yield t
+    t.close()
+
+
+def start_worker(
+    procs: Any, env: dict[str, str], log_path: Path, *extra: str, **env_overrides: str
+) -> Any:
+    env = {**env, **{f"JOBWHEEL_{k.upper()}": v for k, v in env_overrides.items()}}
+    return procs.spawn([*WORKER, *extra], env, log_path)
+
+
+def committed_offsets(settings: Any) -> dict[int, int]:
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.worker_group}))
+    try:
+        tps = consumer.committed(
+            [TopicPartition(settings.topics.runs, p) for p in range(settings.partitions)],
+            timeout=10,
+        )
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+
+
+def end_offsets(settings: Any) -> dict[int, int]:
+    consumer = Consumer(settings.librdkafka(**{"group.id": f"test-{uuid.uuid4().hex[:8]}"}))
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(settings.topics.runs, p), 10)[1]
+            for p in range(settings.partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def test_outcomes_become_status_events_in_the_jobs_partition(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    echo = make_run(settings, "demo.echo", {"to": "a@example.com", "n": 3})
+    listed = make_run(settings, "demo.echo", [1, "two"])
+    unknown = make_run(settings, "no.such.task")
+    fail_early = make_run(settings, "demo.fail", attempt=1, max_attempts=3)
+    fail_last = make_run(settings, "demo.fail", attempt=3, max_attempts=3)
+    flaky = make_run(settings, "demo.flaky", {"failures": 1}, attempt=2)
+    # Bytes no codec understands, in the same partition as a later good run: skipped, committed.
+    after_garbage = make_run(settings, "demo.echo", {"after": "garbage"}, job_id="garbage-job")
+    produce_runs(settings, [b"\x00not avro at all", after_garbage], key="garbage-job")
+    produce_runs(settings, [echo, listed, unknown, fail_early, fail_last, flaky])
+    log_path = tmp_path / "worker.log"
+    proc = start_worker(procs, jobwheel_env, log_path)
+
+    started = tail.wait_for(echo.run_id, State.STARTED)[0]
+    done = tail.wait_for(echo.run_id, State.SUCCEEDED)[0]
+    assert tail.events.index(started) < tail.events.index(done)
+    assert json.loads(done.result_json) == {"to": "a@example.com", "n": 3}
+    assert done.source == "worker" and done.worker and done.worker.endswith(f":{proc.pid}")
+    assert (done.seq, done.attempt, done.task) == (echo.seq, 1, "demo.echo")
+    assert done.scheduled_time_ms == echo.scheduled_time_ms
+    assert done.event_id == f"{echo.run_id}:1:SUCCEEDED"
+    assert done.duration_ms is not None and done.duration_ms >= 0
+    assert started.deadline_ms is not None and started.deadline_ms > started.event_time_ms
+    # Keyed by job id and murmur2-partitioned: the scheduler owning the job reads it.
+    assert tail.keys[echo.job_id] == {echo.job_id.encode()}
+    assert tail.partitions[echo.job_id] == {partition_for(echo.job_id, settings.partitions)}
+
+    assert json.loads(tail.wait_for(listed.run_id, State.SUCCEEDED)[0].result_json) == [1, "two"]
+
+    failed = tail.wait_for(unknown.run_id, State.FAILED)[0]
+    assert failed.retry_delay_ms is None
+    assert "unknown task 'no.such.task'" in failed.reason
+    assert failed.error.startswith("TaskError: ")
+    assert not tail.of(unknown.run_id, State.STARTED)  # it never started
+
+    early = tail.wait_for(fail_early.run_id, State.FAILED)[0]
+    assert early.retry_delay_ms is not None and early.retry_delay_ms > 0
+    assert early.error == "RuntimeError: demo.fail always fails"
+    last = tail.wait_for(fail_last.run_id, State.FAILED)[0]
+    assert last.retry_delay_ms is None and "exhausted" in last.reason
+
+    assert json.loads(tail.wait_for(flaky.run_id, State.SUCCEEDED)[0].result_json) == {"attempt": 2}
+    tail.wait_for(after_garbage.run_id, State.SUCCEEDED)
+    assert proc.poll() is None, log_tail(log_path)
+    assert "undecodable run record skipped" in log_path.read_text()
+
+    # Everything reached a terminal event, so every partition is committed to its end
+    # (the garbage record included).
+    ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
+    wait_until(
+        lambda: all(committed_offsets(settings).get(p, -1) >= o - 1 for p, o in ends.items()),
+        15,
+        interval_s=0.3,
+        message=f"offsets not committed: {committed_offsets(settings)} vs ends {ends}",
+    )
+
+
+def test_long_runs_heartbeat_with_a_fresh_deadline(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    run = make_run(settings, "demo.sleep", {"seconds": 1.5}, visibility_timeout_ms=900)
+    produce_runs(settings, [run])
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    tail.wait_for(run.run_id, State.SUCCEEDED)
+    beats = tail.of(run.run_id, State.HEARTBEAT)
+    assert len(beats) >= 3  # every 300 ms for 1.5 s
+    assert len({b.event_id for b in beats}) == len(beats)
+    assert all(b.deadline_ms == b.event_time_ms + 900 for b in beats)
+    succeeded = tail.of(run.run_id, State.SUCCEEDED)[0]
+    assert all(tail.events.index(b) < tail.events.index(succeeded) for b in beats)
+
+
+def test_duplicate_delivery_while_running_executes_once(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    counter = tmp_path / "count.txt"
+    run = make_run(settings, "demo.count", {"path": str(counter), "sleep_s": 2})
+    produce_runs(settings, [run, run])
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    tail.wait_for(run.run_id, State.SUCCEEDED)
+    assert counter.read_text().splitlines() == [f"{run.run_id}:1"]
+    assert len(tail.of(run.run_id, State.STARTED)) == 1
+    # Both records' offsets are committed with the one execution.
+    partition = partition_for(run.job_id, settings.partitions)
+    end = end_offsets(settings)[partition]
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, -1) >= end - 1,
+        15,
+        interval_s=0.3,
+        message="duplicate's offset not committed",
+    )
+
+
+def test_older_attempts_and_fenced_owners_are_stale(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    counter = tmp_path / "count.txt"
+    args = {"path": str(counter)}
+    newer = make_run(settings, "demo.count", args, job_id="job-s", run_id="job-s@1", attempt=2)
+    older = make_run(settings, "demo.count", args, job_id="job-s", run_id="job-s@1", attempt=1)
+    owner = make_run(
+        settings, "demo.count", args, job_id="job-s", run_id="job-s@2", fencing_token=5
+    )
+    fenced = make_run(
+        settings, "demo.count", args, job_id="job-s", run_id="job-s@3", fencing_token=4
+    )
+    produce_runs(settings, [newer, older, owner, fenced])
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+
+    stale = tail.wait_for(older.run_id, State.STALE)[0]
+    assert stale.attempt == 1 and "1 < 2" in stale.reason
+    assert tail.wait_for(fenced.run_id, State.STALE)[0].reason == "fenced: token 4 < 5"
+    tail.wait_for(newer.run_id, State.SUCCEEDED)
+    tail.wait_for(owner.run_id, State.SUCCEEDED)
+    assert sorted(counter.read_text().splitlines()) == ["job-s@1:2", "job-s@2:1"]
+    assert not tail.of(fenced.run_id, State.STARTED)
+
+
+def test_sigterm_hands_running_runs_back_and_exits_promptly(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    async_run = make_run(settings, "demo.sleep", {"seconds": 120})
+    sync_run = make_run(settings, "demo.count", {"path": str(tmp_path / "c"), "sleep_s": 120})
+    quick = make_run(settings, "demo.sleep", {"seconds": 0.2})
+    produce_runs(settings, [async_run, sync_run, quick])
+    log_path = tmp_path / "worker.log"
+    proc = start_worker(procs, jobwheel_env, log_path, worker_shutdown_grace_ms="1000")
+    tail.wait_for(async_run.run_id, State.STARTED)
+    tail.wait_for(sync_run.run_id, State.STARTED)
+    tail.wait_for(quick.run_id, State.SUCCEEDED)
+
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    code = proc.wait(20)
+    assert code == 0, log_tail(log_path)
+    assert time.monotonic() - started < 10
+    for run in (async_run, sync_run):
+        handed = tail.wait_for(run.run_id, State.FAILED)[0]
+        assert handed.reason == "worker shutdown"
+        assert handed.retry_delay_ms == 0
+    # The handed-back runs are the scheduler's now: their offsets are committed.
+    ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
+    assert all(committed_offsets(settings).get(p, -1) >= o - 1 for p, o in ends.items())
+
+
+def test_a_killed_worker_loses_nothing_its_run_is_delivered_again(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    counter = tmp_path / "count.txt"
+    run = make_run(settings, "demo.count", {"path": str(counter), "sleep_s": 3})
+    produce_runs(settings, [run])
+    # A short session so the group notices the dead member quickly.
+    env = {**jobwheel_env, "JOBWHEEL_KAFKA_CONFIG": json.dumps({"session.timeout.ms": 6000})}
+    first = start_worker(procs, env, tmp_path / "first.log")
+    tail.wait_for(run.run_id, State.STARTED)
+    stop(first, signal.SIGKILL)
+    assert not tail.of(run.run_id, State.SUCCEEDED)
+
+    second = start_worker(procs, env, tmp_path / "second.log")
+    done = tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=60)[0]
+    assert done.worker.endswith(f":{second.pid}")
+    assert counter.read_text().splitlines() == [f"{run.run_id}:1", f"{run.run_id}:1"]
