@@ -1,9 +1,360 @@
-"""Subcommands of the ``jobwheel`` CLI for ``consumers.status``."""
+"""Subcommands of the ``jobwheel`` CLI for ``consumers.status``.
+
+``serve`` and ``sink`` run the service. The read commands (``status``, ``list``, ``sql``) go
+through the status API over HTTP (``JOBWHEEL_API_URL``, default ``http://api_host:api_port``)
+rather than opening ClickHouse themselves: the embedded store can be opened by one process only,
+and that process is ``jobwheel serve``. ``health`` asks every part of the stack.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from jobwheel.errors import JobwheelError, ValidationError
+
+if TYPE_CHECKING:
+    from jobwheel.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add subcommands; each sets ``handler=`` to a function of the parsed args."""
+    p = sub.add_parser(
+        "serve",
+        help="run the status API (and, with the embedded store, the status sink)",
+        description="Run the status API on JOBWHEEL_API_HOST:JOBWHEEL_API_PORT. With the "
+        "embedded store (no JOBWHEEL_CLICKHOUSE_URL) this process owns the store directory and "
+        "also runs the sink; with a ClickHouse server, run `jobwheel sink` separately.",
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--no-sink",
+        dest="sink",
+        action="store_false",
+        default=None,
+        help="do not run the sink in this process",
+    )
+    group.add_argument(
+        "--sink",
+        dest="sink",
+        action="store_true",
+        help="run the sink here even with a ClickHouse server",
+    )
+    p.add_argument("--host", help="bind address (default JOBWHEEL_API_HOST)")
+    p.add_argument("--port", type=int, help="port (default JOBWHEEL_API_PORT)")
+    p.set_defaults(handler=serve)
+
+    p = sub.add_parser(
+        "sink",
+        help="run the status sink alone (status topic -> ClickHouse)",
+        description="Consume the status topic into ClickHouse. Meant for a ClickHouse server "
+        "(JOBWHEEL_CLICKHOUSE_URL); run as many as the topic has partitions.",
+    )
+    p.set_defaults(handler=sink)
+
+    p = sub.add_parser("status", help="a job's state and its runs")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(handler=status)
+
+    p = sub.add_parser("list", help="jobs by state, task, last update")
+    p.add_argument("--state", help="current state, e.g. FAILED")
+    p.add_argument("--task", help="task name")
+    p.add_argument("--since", help="updated within this age (1h, 30m) or since a time")
+    p.add_argument("--until", help="updated before this time (or age)")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(handler=list_jobs)
+
+    p = sub.add_parser(
+        "sql",
+        help="run a read-only query on the status store",
+        description="Tables: status_events (read it with FINAL), views jobs and runs.",
+    )
+    p.add_argument("query", metavar="SQL")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.set_defaults(handler=sql)
+
+    p = sub.add_parser(
+        "health",
+        help="check broker, schedulers, workers and the status service; exit 0 if all answer",
+    )
+    p.add_argument("--timeout", type=float, default=5.0, help="per check, seconds (5)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=health)
+
+
+# --- service commands -----------------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from consumers.status.api import create_app
+    from consumers.status.sink import StatusSink
+    from consumers.status.store import StatusStore
+    from jobwheel.settings import get_settings
+
+    settings = get_settings()
+    store = StatusStore.from_settings(settings)
+    try:
+        run_sink = store.embedded if args.sink is None else args.sink
+        status_sink = StatusSink(settings, store) if run_sink else None
+        app = create_app(settings, store, sink=status_sink)
+        host, port = args.host or settings.api_host, args.port or settings.api_port
+        logging.getLogger(__name__).info(
+            "status API starting",
+            extra={"url": f"http://{host}:{port}", "sink": run_sink, "embedded": store.embedded},
+        )
+        uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    finally:
+        store.close()
+    return 0
+
+
+def sink(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from consumers.status.sink import StatusSink
+    from consumers.status.store import StatusStore
+    from jobwheel.settings import get_settings
+
+    settings = get_settings()
+    store = StatusStore.from_settings(settings)
+    if store.embedded:
+        logging.getLogger(__name__).warning(
+            "the sink holds the embedded store; the API cannot read it while this runs "
+            "(use `jobwheel serve`, which runs both, or a ClickHouse server)",
+            extra={"dsn": settings.clickhouse_dsn},
+        )
+    status_sink = StatusSink(settings, store)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: status_sink.stop())
+    try:
+        status_sink.run()
+    finally:
+        store.close()
+    return 0
+
+
+# --- HTTP to the status API -----------------------------------------------------------------
+
+
+class _Api:
+    def __init__(self, settings: Settings, timeout_s: float = 30.0) -> None:
+        self.base = settings.status_api_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(  # noqa: S310 - the configured API URL
+            self.base + path,
+            data=data,
+            method=method,
+            headers={"content-type": "application/json", "accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:  # noqa: S310
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                return exc.code, json.loads(raw)
+            except ValueError:
+                return exc.code, {"detail": raw.decode(errors="replace")[:500]}
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise JobwheelError(
+                f"the status API at {self.base} does not answer ({reason}); is `jobwheel serve` "
+                "running? Point JOBWHEEL_API_URL at it."
+            ) from exc
+
+    def get_ok(self, method: str, path: str, body: Any = None) -> Any:
+        code, payload = self.call(method, path, body)
+        if 200 <= code < 300:
+            return payload
+        detail = payload.get("detail") if isinstance(payload, dict) else payload
+        if code == 422 and isinstance(payload, dict) and "field" in payload:
+            raise ValidationError(payload["field"], payload.get("message", ""))
+        if isinstance(detail, list):  # FastAPI's own validation shape
+            detail = "; ".join(
+                f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
+            )
+        raise JobwheelError(f"{detail} (HTTP {code})")
+
+
+def _settings() -> Settings:
+    from jobwheel.settings import get_settings
+
+    return get_settings()
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def _ms(value: int | None) -> str:
+    return "-" if value is None else f"{value}ms"
+
+
+def _print_json(payload: Any) -> None:
+    print(json.dumps(payload, indent=2, sort_keys=True))
+
+
+def job_line(job: dict[str, Any]) -> str:
+    parts = [
+        f"job {job['job_id']}",
+        job["state"].upper(),
+        f"task={job.get('task') or '-'}",
+        f"attempts={job.get('attempts', 0)}",
+        f"next_fire={_time(job.get('next_fire_ms'))}",
+        f"updated={_time(job.get('updated_ms'))}",
+    ]
+    if job.get("last_error"):
+        parts.append(f"last_error={job['last_error']!r}")
+    if job.get("last_reason"):
+        parts.append(f"reason={job['last_reason']!r}")
+    return "  ".join(parts)
+
+
+def run_line(run: dict[str, Any]) -> str:
+    parts = [
+        f"run {run['run_id']}",
+        run["state"].upper(),
+        f"scheduled={_time(run.get('scheduled_time_ms'))}",
+        f"dispatched={_time(run.get('dispatched_ms'))}",
+        f"late={_ms(run.get('lateness_ms'))}",
+        f"finished={_time(run.get('finished_ms'))}",
+        f"duration={_ms(run.get('duration_ms'))}",
+        f"attempts={run.get('attempts', 0)}",
+        f"worker={run.get('worker') or '-'}",
+    ]
+    if run.get("error"):
+        parts.append(f"error={run['error']!r}")
+    return "  ".join(parts)
+
+
+def status(args: argparse.Namespace) -> int:
+    path = "/jobs/" + urllib.parse.quote(args.job_id, safe="")
+    payload = _Api(_settings()).get_ok("GET", path)
+    if args.json:
+        _print_json(payload)
+        return 0
+    print(job_line(payload["job"]))
+    for run in payload["runs"]:
+        print(run_line(run))
+    return 0
+
+
+def list_jobs(args: argparse.Namespace) -> int:
+    params = {
+        k: v
+        for k, v in {
+            "state": args.state,
+            "task": args.task,
+            "since": args.since,
+            "until": args.until,
+            "limit": args.limit,
+            "offset": args.offset,
+        }.items()
+        if v is not None
+    }
+    payload = _Api(_settings()).get_ok("GET", "/jobs?" + urllib.parse.urlencode(params))
+    if args.json:
+        _print_json(payload)
+        return 0
+    for job in payload["jobs"]:
+        print(job_line(job))
+    shown, total = len(payload["jobs"]), payload["total"]
+    print(f"{shown} of {total} jobs (offset {payload['offset']})", file=sys.stderr)
+    return 0
+
+
+def sql(args: argparse.Namespace) -> int:
+    payload = _Api(_settings()).get_ok("POST", "/sql", {"sql": args.query})
+    if args.json:
+        _print_json(payload)
+        return 0
+    print("\t".join(payload["columns"]))
+    for row in payload["rows"]:
+        print("\t".join("NULL" if v is None else str(v) for v in row))
+    if payload.get("truncated"):
+        print(f"(truncated to {len(payload['rows'])} rows)", file=sys.stderr)
+    return 0
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+def health(args: argparse.Namespace) -> int:
+    settings = _settings()
+    checks = [
+        ("broker", lambda: _check_broker(settings, args.timeout)),
+        (
+            "schedulers",
+            lambda: _check_group(settings, settings.scheduler_app_id, args.timeout),
+        ),
+        ("workers", lambda: _check_group(settings, settings.worker_group, args.timeout)),
+        ("status", lambda: _check_api(settings, args.timeout)),
+    ]
+    results = []
+    for name, check in checks:
+        try:
+            ok, detail = check()
+        except Exception as exc:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        results.append({"check": name, "ok": ok, "detail": detail})
+    if args.json:
+        _print_json({"ok": all(r["ok"] for r in results), "checks": results})
+    else:
+        for r in results:
+            print(f"{'ok  ' if r['ok'] else 'FAIL'}  {r['check']:<10}  {r['detail']}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def _admin(settings: Settings) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(settings.librdkafka())
+
+
+def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
+    meta = _admin(settings).list_topics(timeout=timeout_s)
+    status_topic = settings.topics.status
+    has_topic = status_topic in meta.topics
+    detail = f"{settings.bootstrap_servers}: {len(meta.brokers)} broker(s)"
+    if not has_topic:
+        return False, f"{detail}; topic {status_topic} missing (run `jobwheel topics ensure`)"
+    return True, detail
+
+
+def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool, str]:
+    futures = _admin(settings).describe_consumer_groups([group], request_timeout=timeout_s)
+    description = futures[group].result(timeout=timeout_s)
+    members = len(description.members)
+    state = getattr(description.state, "name", str(description.state))
+    if members == 0:
+        return False, f"group {group}: no members (state {state}); is it running?"
+    return True, f"group {group}: {members} member(s), {state}"
+
+
+def _check_api(settings: Settings, timeout_s: float) -> tuple[bool, str]:
+    api = _Api(settings, timeout_s=timeout_s)
+    code, payload = api.call("GET", "/health")
+    if code != 200:
+        return False, f"{api.base}/health answered {code}: {payload}"
+    sink_stats = payload.get("sink") if isinstance(payload, dict) else None
+    extra = f", sink inserted {sink_stats['inserted']}" if sink_stats else ""
+    return True, f"{api.base} ok{extra}"
