@@ -133,7 +133,7 @@ class _Commands:
         self.topic = settings.topics.requests
         self.clock = clock or SystemClock()
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self._producer = producer or Producer(
+        self.producer = producer or Producer(
             producer_config(settings, **dict(producer_overrides or {}))
         )
 
@@ -282,14 +282,14 @@ class JobClient:
 
         for command, (key, value) in zip(commands, encoded, strict=True):
             try:
-                self._c._producer.produce(self._c.topic, value, key, callback(command.job_id))
+                self._c.producer.produce(self._c.topic, value, key, callback(command.job_id))
             except DeliveryError as exc:
                 with lock:
                     pending[0] -= 1
                     failures.append((command.job_id, exc))
         deadline = time.monotonic() + self.delivery_timeout_s
         while pending[0] > 0 and time.monotonic() < deadline:
-            self._c._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            self._c.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         if pending[0] > 0:
             raise DeliveryError(
                 f"{pending[0]} of {len(commands)} commands not acknowledged within "
@@ -304,14 +304,14 @@ class JobClient:
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until nothing is queued (every method already waits for its own records)."""
-        remaining = self._c._producer.flush(
+        remaining = self._c.producer.flush(
             self.delivery_timeout_s if timeout_s is None else timeout_s
         )
         if remaining:
             raise DeliveryError(f"{remaining} records still queued after flush", "_TIMED_OUT")
 
     def close(self) -> None:
-        self._c._producer.close()
+        self._c.producer.close()
 
     def __enter__(self) -> JobClient:
         return self
@@ -362,7 +362,7 @@ class AsyncJobClient:
 
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
-            self._c._producer.poll(0.1)
+            self._c.producer.poll(0.1)
 
     async def schedule(
         self,
@@ -443,7 +443,7 @@ class AsyncJobClient:
             future: asyncio.Future[Delivered] = loop.create_future()
             callback = _threadsafe_resolver(loop, future)
             try:
-                while not self._c._producer.try_produce(self._c.topic, value, key, callback):
+                while not self._c.producer.try_produce(self._c.topic, value, key, callback):
                     if time.monotonic() >= deadline:
                         raise DeliveryError("the local producer queue stayed full", "_QUEUE_FULL")
                     await asyncio.sleep(0.01)  # the poll thread drains the queue meanwhile
@@ -485,7 +485,7 @@ class AsyncJobClient:
         poller, self._poller = self._poller, None
         if poller is not None:
             await asyncio.get_running_loop().run_in_executor(None, poller.join)
-        await asyncio.get_running_loop().run_in_executor(None, self._c._producer.close)
+        await asyncio.get_running_loop().run_in_executor(None, self._c.producer.close)
 
     async def __aenter__(self) -> AsyncJobClient:
         return self

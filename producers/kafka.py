@@ -79,8 +79,9 @@ def broker_error(exc: KafkaException | KafkaError, what: str) -> BrokerError:
 class Producer:
     """A confluent-kafka producer that reports delivery with jobwheel errors.
 
-    Not thread-safe for :meth:`poll` from several threads at once (librdkafka serves delivery
-    callbacks on the polling thread); produce may be called from any thread.
+    Safe to use from several threads (librdkafka is); a delivery callback runs on whichever
+    thread is inside :meth:`poll`/:meth:`flush` when the report arrives, so callbacks must
+    only record the outcome, not block.
     """
 
     def __init__(self, config: dict[str, Any]) -> None:

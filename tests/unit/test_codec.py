@@ -226,3 +226,20 @@ def test_status_event_state_is_an_enum_after_decode() -> None:
     decoded = default_codec().decode(default_codec().encode(event))
     assert decoded == event
     assert decoded.state is State.SUCCEEDED
+
+
+def test_readme_lists_the_current_fingerprints_and_partition_vectors() -> None:
+    """Other-language services copy these numbers from schemas/README.md; keep them true."""
+    from pathlib import Path
+
+    from schemas.partitioning import murmur2, partition_for
+
+    readme = (Path(__file__).resolve().parents[2] / "schemas" / "README.md").read_text()
+    for v in SchemaCatalogue.load().versions:
+        signed = struct.unpack("<q", v.fingerprint)[0]
+        assert f"| `{v.label()}.avsc" in readme
+        assert f"| {signed} | `{v.fingerprint.hex(' ')}` |" in readme, v.label()
+    for job_id in ("job-1", "nightly-report", "3f2a9c0e7b6d4e1f8a9b0c1d2e3f4a5b"):
+        h = murmur2(job_id.encode())
+        row = f"| `{job_id}` | {h} | {h & 0x7FFFFFFF} | {partition_for(job_id, 12)} |"
+        assert row in readme, job_id

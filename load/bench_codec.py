@@ -1,0 +1,117 @@
+"""Print codec and producer SDK throughput.
+
+    .venv/bin/python -m load.bench_codec [--n 50000]
+    .venv/bin/python -m load.bench_codec --bootstrap 127.0.0.1:9092 [--jobs 20000]
+
+Without a broker: encode, decode and encode+decode per second for a ScheduleJob command and a
+StatusEvent (single-object framing). With ``--bootstrap``: the rate of ``JobClient.schedule``
+(one acknowledged round trip per job), ``schedule_many`` (one flush per batch) and
+``AsyncJobClient.schedule`` (many in flight) against that broker, on fresh topics with a unique
+prefix. Numbers, not assertions: run it on the target box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from schemas.codec import default_codec
+from schemas.models import After, JobCommand, ScheduleJob, State, StatusEvent
+
+COMMAND = JobCommand(
+    uuid.uuid4().hex,
+    uuid.uuid4().hex,
+    1_780_000_000_000,
+    ScheduleJob("demo.echo", After(5000), '{"x": 1}'),
+)
+EVENT = StatusEvent(
+    "ev-1",
+    "job-1",
+    State.SUCCEEDED,
+    1_780_000_000_000,
+    "worker",
+    run_id="job-1@1780000000000",
+    seq=3,
+    attempt=1,
+    task="demo.echo",
+    worker="host:1234",
+    duration_ms=5,
+)
+
+
+def rate(n: int, fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return n / (time.perf_counter() - start)
+
+
+def bench_codec(n: int) -> None:
+    codec = default_codec()
+    for name, value in (("ScheduleJob command", COMMAND), ("StatusEvent", EVENT)):
+        data = codec.encode(value)
+        enc = rate(n, lambda v=value: codec.encode(v))
+        dec = rate(n, lambda d=data: codec.decode(d))
+        both = rate(n, lambda v=value: codec.decode(codec.encode(v)))
+        print(
+            f"{name:20} {len(data):4d} bytes  encode {enc:>9,.0f}/s  decode {dec:>9,.0f}/s  "
+            f"encode+decode {both:>9,.0f}/s"
+        )
+
+
+def bench_producer(bootstrap: str, jobs: int) -> None:
+    from deploy.topics import ensure_topics
+    from jobwheel.settings import Settings
+    from producers.client import AsyncJobClient, JobClient, JobSpec
+
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"bench{uuid.uuid4().hex[:8]}",
+        partitions=4,
+    )
+    ensure_topics(settings)
+    with JobClient(settings) as client:
+        single = min(jobs, 500)
+        start = time.perf_counter()
+        for _ in range(single):
+            client.schedule(task="demo.echo", in_=timedelta(hours=1))
+        print(f"JobClient.schedule        {single / (time.perf_counter() - start):>9,.0f} jobs/s")
+        specs = [JobSpec(task="demo.echo", in_=timedelta(hours=1)) for _ in range(jobs)]
+        start = time.perf_counter()
+        for i in range(0, jobs, 1000):
+            client.schedule_many(specs[i : i + 1000])
+        print(f"JobClient.schedule_many   {jobs / (time.perf_counter() - start):>9,.0f} jobs/s")
+
+    async def many() -> float:
+        async with AsyncJobClient(settings) as client:
+            start = time.perf_counter()
+            for i in range(0, jobs, 1000):
+                await asyncio.gather(
+                    *(
+                        client.schedule(task="demo.echo", in_=timedelta(hours=1))
+                        for _ in range(min(1000, jobs - i))
+                    )
+                )
+            return jobs / (time.perf_counter() - start)
+
+    print(f"AsyncJobClient.schedule   {asyncio.run(many()):>9,.0f} jobs/s (1000 in flight)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=50_000, help="codec iterations")
+    parser.add_argument("--bootstrap", help="also measure the producer against this broker")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    args = parser.parse_args()
+    bench_codec(args.n)
+    if args.bootstrap:
+        bench_producer(args.bootstrap, args.jobs)
+
+
+if __name__ == "__main__":
+    main()
