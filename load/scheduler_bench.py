@@ -1,0 +1,175 @@
+"""Scheduler benchmark: fires per second and lateness on a real broker.
+
+    .venv/bin/python -m load.scheduler_bench --jobs 5000 --window 10 --schedulers 1
+    .venv/bin/python -m load.scheduler_bench --jobs 20000 --window 0   # burst: all due at once
+
+Starts a local Kafka broker in a temp dir (or uses ``--bootstrap``), creates fresh topics,
+starts ``--schedulers`` scheduler processes, schedules ``--jobs`` at-jobs due evenly over
+``--window`` seconds starting ``--lead`` seconds from now, and reads the runs topic
+(read_committed, as workers do). Lateness is measured twice: when the run record was produced
+(its CreateTime minus its scheduled time), and when a consumer could first see it (receive time
+minus scheduled time; includes the dispatch transaction's commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from deploy.broker import LocalBroker, free_port
+from deploy.topics import ensure_topics
+from jobwheel.settings import Settings
+from producers.client import JobClient, JobSpec
+from schemas.codec import default_codec
+
+
+def percentile(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def env_for(settings: Settings, data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if value is not None:
+            env[f"JOBWHEEL_{name.upper()}"] = (
+                json.dumps(value) if isinstance(value, dict) else str(value)
+            )
+    env["JOBWHEEL_DATA_DIR"] = str(data_dir)
+    env["JOBWHEEL_LOG_LEVEL"] = "WARNING"
+    return env
+
+
+def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    settings = Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        partitions=args.partitions,
+        scheduler_app_id=f"{prefix}-scheduler",
+        data_dir=workdir,
+        tick_interval_ms=args.tick_ms,
+    )
+    ensure_topics(settings)
+    procs = []
+    for i in range(args.schedulers):
+        log = open(workdir / f"scheduler{i}.log", "wb")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "jobwheel.cli", "scheduler"],
+                env=env_for(settings, workdir / f"s{i}"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    consumer = Consumer(
+        settings.librdkafka(**{"group.id": f"{prefix}-bench", "isolation.level": "read_committed"})
+    )
+    consumer.assign(
+        [TopicPartition(settings.topics.runs, p, OFFSET_BEGINNING) for p in range(args.partitions)]
+    )
+    codec = default_codec()
+    try:
+        # Warm up: one job per partition, so every scheduler has claimed its partitions.
+        with JobClient(settings) as client:
+            client.schedule_many(
+                [JobSpec(task="bench.noop", now=True) for _ in range(4 * args.partitions)]
+            )
+            seen = 0
+            deadline = time.time() + 120
+            while seen < 4 * args.partitions and time.time() < deadline:
+                if (m := consumer.poll(0.5)) is not None and not m.error():
+                    seen += 1
+            start_ms = int((time.time() + args.lead) * 1000)
+            step = args.window * 1000 / max(1, args.jobs - 1)
+            specs = [
+                JobSpec(
+                    task="bench.noop",
+                    at=datetime.fromtimestamp((start_ms + int(i * step)) / 1000, UTC),
+                )
+                for i in range(args.jobs)
+            ]
+            t0 = time.time()
+            for i in range(0, len(specs), 5000):
+                client.schedule_many(specs[i : i + 5000])
+            submit_s = time.time() - t0
+        produced_late: list[int] = []
+        visible_late: list[int] = []
+        first_recv = last_recv = 0.0
+        deadline = time.time() + args.lead + args.window + 120
+        while len(visible_late) < args.jobs and time.time() < deadline:
+            msgs = consumer.consume(1000, 0.5)
+            recv_ms = time.time() * 1000
+            for m in msgs:
+                if m.error():
+                    continue
+                run_ = codec.decode(m.value())
+                if run_.scheduled_time_ms < start_ms:
+                    continue  # warm-up
+                produced_late.append(m.timestamp()[1] - run_.scheduled_time_ms)
+                visible_late.append(int(recv_ms) - run_.scheduled_time_ms)
+                first_recv = first_recv or recv_ms
+                last_recv = recv_ms
+        n = len(visible_late)
+        span_s = max((last_recv - max(first_recv, start_ms)) / 1000, 1e-3)
+        print(
+            f"jobs={args.jobs} window={args.window}s partitions={args.partitions} "
+            f"schedulers={args.schedulers} tick={args.tick_ms}ms"
+        )
+        print(f"submitted {args.jobs} jobs in {submit_s:.2f}s ({args.jobs / submit_s:.0f}/s)")
+        print(f"fired {n}/{args.jobs}; fires/s over the firing span: {n / span_s:.0f}")
+        if n:
+            for name, vals in (("produced", produced_late), ("visible", visible_late)):
+                print(
+                    f"lateness {name:8} ms: p50={percentile(vals, 0.5)} "
+                    f"p99={percentile(vals, 0.99)} max={max(vals)}"
+                )
+    finally:
+        consumer.close()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument(
+        "--window", type=float, default=10.0, help="seconds over which jobs fall due"
+    )
+    parser.add_argument("--lead", type=float, default=5.0, help="seconds before the first is due")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--schedulers", type=int, default=1)
+    parser.add_argument("--tick-ms", type=int, default=20)
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp:
+        workdir = Path(tmp)
+        if args.bootstrap:
+            run(args, args.bootstrap, workdir)
+            return
+        broker = LocalBroker(workdir / "kafka", port=free_port(), controller_port=free_port())
+        broker.start()
+        try:
+            run(args, broker.bootstrap, workdir)
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
