@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
     ensure_topics(settings)
     procs = []
     for i in range(args.schedulers):
-        log = open(workdir / f"scheduler{i}.log", "wb")  # noqa: SIM115
+        log = open(workdir / f"scheduler{i}.log", "wb")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "jobwheel.cli", "scheduler"],
