@@ -135,6 +135,7 @@ class Executor:
         self._rng = rng or random.Random()
         self._result_limit = result_limit_bytes
         self._running_threads: set[concurrent.futures.Future[Any]] = set()
+        self._signatures: dict[Callable[..., Any], inspect.Signature | None] = {}
 
     @property
     def busy_threads(self) -> int:
@@ -215,6 +216,19 @@ class Executor:
             result_json=result_to_json(result, self._result_limit),
         )
 
+    def _signature(self, spec: TaskSpec) -> inspect.Signature | None:
+        """Cached: inspecting a function costs more than a fast task's whole execution."""
+        try:
+            return self._signatures[spec.fn]
+        except KeyError:
+            pass
+        try:
+            signature: inspect.Signature | None = inspect.signature(spec.fn)
+        except (TypeError, ValueError):
+            signature = None
+        self._signatures[spec.fn] = signature
+        return signature
+
     def _arguments(self, spec: TaskSpec, run: Run) -> tuple[tuple[Any, ...], dict[str, Any]]:
         try:
             args, kwargs = decode_args(run.args_json)
@@ -222,9 +236,8 @@ class Executor:
             raise _NotRetryable(
                 format_error(exc), "args_json is not valid JSON; not retried"
             ) from None
-        try:
-            signature = inspect.signature(spec.fn)
-        except (TypeError, ValueError):  # some builtins have no signature: let the call decide
+        signature = self._signature(spec)
+        if signature is None:  # some builtins have no signature: let the call decide
             return args, kwargs
         try:
             signature.bind(*args, **kwargs)

@@ -48,26 +48,32 @@ def _log_client_error(err: KafkaError) -> None:
     log.warning("kafka client error", extra={"code": err.name(), "error": err.str()})
 
 
-def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """The worker's consumer settings on top of the pass-through ``kafka_config``.
+#: Defaults the pass-through ``kafka_config`` may change.
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    # A new group (or one whose offsets expired) starts at the oldest retained run rather than
+    # skipping runs dispatched before the first worker joined. Replayed old attempts are
+    # mostly dropped as STALE or deduplicated by event id; set "latest" to skip them instead.
+    "auto.offset.reset": "earliest",
+    # Only the partitions that move are revoked when workers join or leave; the others keep
+    # executing and committing.
+    "partition.assignment.strategy": "cooperative-sticky",
+    "enable.partition.eof": False,
+}
 
-    The delivery guarantees depend on the keys set here, so they override the pass-through:
+
+def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """The worker's consumer config: defaults, the pass-through ``kafka_config`` (SASL/TLS ...),
+    then the keys the delivery guarantees depend on, which the pass-through cannot change:
     manual commits of finished work only (no auto commit, no auto offset store), and
     ``read_committed`` so runs of aborted scheduler transactions (a fenced owner's) never run.
-    Cooperative-sticky assignment keeps running partitions in place when workers join or leave.
     """
-    return settings.librdkafka(
-        **{
-            "group.id": settings.worker_group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "enable.partition.eof": False,
-            **overrides,
-        }
-    )
+    required = {
+        "group.id": settings.worker_group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+    }
+    return {**CONSUMER_DEFAULTS, **settings.librdkafka(**required, **overrides)}
 
 
 PartitionsCallback = Callable[[list[int]], None]

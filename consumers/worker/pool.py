@@ -99,6 +99,7 @@ class _Execution:
     exec_task: asyncio.Task[Outcome] | None = None
     outcome: Outcome | None = None
     heartbeats: int = 0
+    beat: asyncio.TimerHandle | None = None
     last_heartbeat_ms: int = 0
 
 
@@ -156,7 +157,7 @@ class WorkerPool:
         self._inflight: dict[tuple[str, int], _Execution] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._backlog: asyncio.Queue[tuple[OffsetTracker, Record]] = asyncio.Queue()
-        self._high_water = max(2 * self.concurrency, 100)
+        self._high_water = max(20 * self.concurrency, 1_000)  # fetched, not started
         self._slots = asyncio.Semaphore(self.concurrency)
         self._stop_requested = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -303,8 +304,16 @@ class WorkerPool:
     async def _fetch_loop(self) -> None:
         """Poll until closing. While draining, partitions stay paused but polling goes on, so
         the group membership and the rebalance callbacks keep working."""
+        pause = False
         while not self._closing:
-            pause = self._draining or self._backlog.qsize() >= self._high_water
+            # Hysteresis: every pause/resume cycle costs a fetch round trip, so pause at the high
+            # water mark and resume only once the backlog is down to half of it.
+            size = self._backlog.qsize()
+            if size >= self._high_water:
+                pause = True
+            elif size <= self._high_water // 2:
+                pause = False
+            pause = pause or self._draining
             items = await self._in_consumer_thread(self._poll_step, pause)
             for item in items:
                 self._backlog.put_nowait(item)
@@ -378,12 +387,27 @@ class WorkerPool:
     # --- one run --------------------------------------------------------------------------
 
     async def _process(self, ex: _Execution) -> None:
+        """Execute one attempt and acknowledge it.
+
+        The concurrency slot covers execution only (plus a timed-out sync task's thread until it
+        really returns), not the wait for the broker's acknowledgement of the terminal event:
+        that wait is cheap bookkeeping, and holding slots through it capped a fast task at
+        ``concurrency / round-trip`` runs per second.
+        """
         run = ex.run
+        released = False
+
+        def release(_: object = None) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._slots.release()
+
         try:
             if run.task in self.registry:  # an unknown task never starts: FAILED only
                 await self._send(self._event(run, State.STARTED, deadline_ms=self._deadline(run)))
             self._hook("before_process", run)
-            beat = asyncio.create_task(self._heartbeat_loop(ex))
+            self._schedule_heartbeat(ex)
             ex.exec_task = asyncio.create_task(
                 self._executor.execute(run, heartbeat=lambda: self._heartbeat_threadsafe(ex))
             )
@@ -395,17 +419,21 @@ class WorkerPool:
                     raise
                 outcome = self._hand_back_outcome(ex)
             finally:
-                beat.cancel()
+                if ex.beat is not None:
+                    ex.beat.cancel()
             ex.outcome = outcome
+            if outcome.lingering is not None and not self._draining:
+                # A timed-out sync task still occupies its thread: keep the slot until it ends.
+                lingering = outcome.lingering
+                loop = asyncio.get_running_loop()
+                lingering.add_done_callback(lambda _f: loop.call_soon_threadsafe(release))
+            else:
+                release()
             if await self._deliver(self._final_event(run, outcome)):
                 self._hook("after_process", run, outcome)
                 for tracker, offset in ex.offsets:
                     self._done(tracker, offset)
             self._inflight.pop((run.run_id, run.attempt), None)
-            if outcome.lingering is not None and not self._draining:
-                # A timed-out sync task still occupies its thread: keep the slot until it ends.
-                with contextlib.suppress(Exception):
-                    await asyncio.wrap_future(outcome.lingering)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -415,7 +443,8 @@ class WorkerPool:
             )
             self._inflight.pop((run.run_id, run.attempt), None)
         finally:
-            self._slots.release()
+            if ex.outcome is None or ex.outcome.lingering is None or self._draining:
+                release()
 
     def _hand_back_outcome(self, ex: _Execution) -> Outcome:
         return Outcome(
@@ -437,11 +466,17 @@ class WorkerPool:
 
     # --- heartbeats -----------------------------------------------------------------------
 
-    async def _heartbeat_loop(self, ex: _Execution) -> None:
+    def _schedule_heartbeat(self, ex: _Execution) -> None:
+        """Beat every third of the visibility timeout: two beats may be lost before the
+        scheduler's deadline passes. A timer, not a task: this runs for every execution."""
+        loop = asyncio.get_running_loop()
         interval_s = max(0.05, ex.run.visibility_timeout_ms / 3 / 1000)
-        while True:
-            await asyncio.sleep(interval_s)
+
+        def tick() -> None:
             self._heartbeat(ex, explicit=False)
+            ex.beat = loop.call_later(interval_s, tick)
+
+        ex.beat = loop.call_later(interval_s, tick)
 
     def _heartbeat_threadsafe(self, ex: _Execution) -> None:
         """``heartbeat()`` called by task code, from a worker thread or the loop."""
