@@ -229,12 +229,14 @@ class WorkerPool:
         with self._lock:
             for p in partitions:
                 self._trackers[p] = OffsetTracker(p)
-        log.info("partitions assigned", extra={"partitions": partitions})
+        if partitions:  # cooperative rebalances also report empty increments
+            log.info("partitions assigned", extra={"partitions": sorted(partitions)})
 
     def _on_revoke(self, partitions: list[int]) -> None:
         self._commit(asynchronous=False, only=set(partitions), final=True)
         self._drop(partitions)
-        log.info("partitions revoked", extra={"partitions": partitions})
+        if partitions:
+            log.info("partitions revoked", extra={"partitions": sorted(partitions)})
 
     def _on_lost(self, partitions: list[int]) -> None:
         self._drop(partitions)  # another member may own them already: commit nothing

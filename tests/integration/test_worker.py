@@ -329,3 +329,31 @@ def test_a_killed_worker_loses_nothing_its_run_is_delivered_again(
     done = tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=60)[0]
     assert done.worker.endswith(f":{second.pid}")
     assert counter.read_text().splitlines() == [f"{run.run_id}:1", f"{run.run_id}:1"]
+
+
+def test_a_second_worker_shares_the_partitions_and_no_run_is_lost(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    counter = tmp_path / "count.txt"
+    first_batch = [
+        make_run(settings, "demo.count", {"path": str(counter), "sleep_s": 0.3}) for _ in range(16)
+    ]
+    produce_runs(settings, first_batch)
+    first = start_worker(procs, jobwheel_env, tmp_path / "first.log", "--concurrency", "2")
+    tail.wait_for(first_batch[0].run_id, State.STARTED)
+    second = start_worker(procs, jobwheel_env, tmp_path / "second.log", "--concurrency", "2")
+    wait_until(
+        lambda: "partitions assigned" in (tmp_path / "second.log").read_text(),
+        30,
+        message="the second worker got no partitions",
+    )
+    second_batch = [make_run(settings, "demo.echo", {"i": i}) for i in range(16)]
+    produce_runs(settings, second_batch)
+
+    for run in first_batch + second_batch:
+        tail.wait_for(run.run_id, State.SUCCEEDED)
+    workers = {e.worker for e in tail.events if e.state is State.SUCCEEDED}
+    assert workers == {w for w in workers if w} and len(workers) == 2
+    assert {w.rsplit(":", 1)[1] for w in workers} == {str(first.pid), str(second.pid)}
+    executed = set(counter.read_text().splitlines())
+    assert executed == {f"{r.run_id}:1" for r in first_batch}
