@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 
-from jobwheel.errors import ConfigError, SchemaDecodeError, ValidationError
+from jobwheel.errors import ConfigError, SchemaDecodeError, SchemaRegistryError, ValidationError
 from schemas.models import (
     After,
     At,
@@ -203,16 +203,12 @@ class ConfluentSchemaRegistry:
         self._client = SchemaRegistryClient({"url": url, **(config or {})})
 
     def register(self, subject: str, schema_str: str) -> int:
-        from jobwheel.errors import SchemaRegistryError
-
         try:
             return int(self._client.register_schema(subject, self._schema_cls(schema_str, "AVRO")))
         except Exception as exc:
             raise SchemaRegistryError(f"registering {subject} failed: {exc}") from exc
 
     def lookup(self, schema_id: int) -> str | None:
-        from jobwheel.errors import SchemaRegistryError
-
         try:
             return str(self._client.get_schema(schema_id).schema_str)
         except Exception as exc:
