@@ -60,12 +60,10 @@ def ensure_topics(
     Raises :class:`TopicMismatchError` (before creating anything) when an existing topic has a
     different partition count; safe to run concurrently with another ``ensure_topics``.
     """
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import NewTopic
-
     specs = list(specs if specs is not None else settings.topics.specs())
     admin = _admin(settings)
-    metadata = _describe(admin, timeout_s, settings.bootstrap_servers)
+    bootstrap = settings.bootstrap_servers
+    metadata = _describe(admin, timeout_s, bootstrap)
     for spec in specs:
         existing = metadata.topics.get(spec.name)
         if existing is not None and existing.error is None:
@@ -74,36 +72,65 @@ def ensure_topics(
     missing = [s for s in specs if s.name not in metadata.topics]
     if not missing:
         return []
+    # The broker's metadata can lag the controller by a moment: a topic created just now may
+    # be missing above. A dry run asks the controller, so a topic that exists after all is
+    # checked before anything is created (a mismatch then changes nothing).
+    exists = _create(admin, missing, timeout_s, validate_only=True)
+    if exists:
+        _check_when_visible(admin, exists, timeout_s, bootstrap)
+        missing = [s for s in missing if s not in exists]
+    raced = _create(admin, missing, timeout_s, validate_only=False)
+    created = [s.name for s in missing if s not in raced]
+    _await_leaders(admin, [s.name for s in missing], timeout_s, bootstrap)
+    if raced:  # someone else created them meanwhile: check them like the others
+        _check_when_visible(admin, raced, timeout_s, bootstrap)
+    if created:
+        log.info("topics created", extra={"topics": created})
+    return created
+
+
+def _create(  # type: ignore[no-untyped-def]
+    admin, specs: list[TopicSpec], timeout_s: float, *, validate_only: bool
+) -> list[TopicSpec]:
+    """CreateTopics for ``specs``; returns those that already exist, raises other errors."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    if not specs:
+        return []
     futures = admin.create_topics(
         [
             NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.config))
-            for s in missing
+            for s in specs
         ],
         request_timeout=timeout_s,
         operation_timeout=timeout_s,
+        validate_only=validate_only,
     )
-    created: list[str] = []
-    raced: list[TopicSpec] = []
-    for spec in missing:
+    exists: list[TopicSpec] = []
+    for spec in specs:
         try:
             futures[spec.name].result()
-            created.append(spec.name)
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                raced.append(spec)  # someone else created it meanwhile: check it like the others
+                exists.append(spec)
                 continue
             raise BrokerError(
                 f"creating topic {spec.name} failed: {err.str()}", code=err.name()
             ) from exc
-    _await_leaders(admin, [s.name for s in missing], timeout_s, settings.bootstrap_servers)
-    if raced:
-        metadata = _describe(admin, timeout_s, settings.bootstrap_servers)
-        for spec in raced:
-            _check(spec, len(metadata.topics[spec.name].partitions))
-    if created:
-        log.info("topics created", extra={"topics": created})
-    return created
+    return exists
+
+
+def _check_when_visible(  # type: ignore[no-untyped-def]
+    admin, specs: list[TopicSpec], timeout_s: float, bootstrap: str
+) -> None:
+    _await_leaders(admin, [s.name for s in specs], timeout_s, bootstrap)
+    metadata = _describe(admin, timeout_s, bootstrap)
+    for spec in specs:
+        topic = metadata.topics.get(spec.name)
+        if topic is not None and topic.error is None:
+            _check(spec, len(topic.partitions))
 
 
 def _check(spec: TopicSpec, actual: int) -> None:
