@@ -25,6 +25,8 @@ from jobwheel.errors import BrokerError, DeliveryError
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
+# librdkafka's own log lines, through logging (structured) instead of raw stderr.
+_client_log = logging.getLogger("consumers.worker.librdkafka")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class RunsConsumer:
         self.topic = topic
         config = consumer_config(settings, **overrides)
         config.setdefault("error_cb", _log_client_error)
+        config.setdefault("logger", _client_log)
         try:
             self._consumer = Consumer(config)
         except KafkaException as exc:
@@ -178,6 +181,7 @@ class StatusProducer:
 
         config = producer_config(settings, **overrides)
         config.setdefault("error_cb", _log_client_error)
+        config.setdefault("logger", _client_log)
         try:
             self._producer = Producer(config)
         except KafkaException as exc:
