@@ -62,9 +62,13 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """The sink's consumer settings over the pass-through ``kafka_config``.
 
     Manual commits only (the at-least-once rule above depends on it); ``read_committed`` so a
-    fenced scheduler's aborted transaction never shows up as status.
+    fenced scheduler's aborted transaction never shows up as status. These override the
+    pass-through; the session timeout is only a default (10 s instead of librdkafka's 45 s, so
+    the partitions of a crashed sink move to a live one quickly; heartbeats come from
+    librdkafka's own thread, so a slow insert does not expire the session).
     """
-    return settings.librdkafka(
+    defaults = {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000}
+    return defaults | settings.librdkafka(
         **{
             "group.id": settings.status_group,
             "enable.auto.commit": False,

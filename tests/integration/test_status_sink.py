@@ -1,0 +1,223 @@
+"""The status sink on the real broker and the embedded engine.
+
+Status events are produced with the codec straight to the status topic (the scheduler and the
+workers are not needed to test what the sink makes of them): out of order, duplicated, mixed
+with garbage. The crash test SIGKILLs a `jobwheel sink` process mid-stream and restarts the
+store's owner as `jobwheel serve`, then counts through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from consumers.status import queries
+from consumers.status.sink import StatusSink
+from consumers.status.store import StatusStore
+from jobwheel.settings import Settings
+from schemas.codec import default_codec
+from schemas.models import State, StatusEvent
+from schemas.partitioning import key_for
+from tests import status_support
+from tests.status_support import event, lifecycle, now_ms
+from tests.support import Procs, log_tail, stop, wait_until
+
+
+@pytest.fixture(scope="session")
+def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from status_support.engine(tmp_path_factory)
+
+
+@pytest.fixture
+def store(engine_dsn: str) -> Iterator[StatusStore]:
+    yield from status_support.fresh_store(engine_dsn)
+
+
+def produce(settings: Settings, events: Sequence[StatusEvent | bytes]) -> None:
+    """Key by job id like the real producers; raw bytes go out as they are (garbage)."""
+    codec = default_codec()
+    producer = Producer(settings.librdkafka(**{"partitioner": "murmur2_random"}))
+    for item in events:
+        if isinstance(item, bytes):
+            producer.produce(settings.topics.status, item, b"garbage")
+        else:
+            producer.produce(settings.topics.status, codec.encode(item), key_for(item.job_id))
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def committed(settings: Settings) -> int:
+    """Sum of the status group's committed offsets (records it has finished with); 0 while
+    the group coordinator is still loading (NOT_COORDINATOR right after the broker starts)."""
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
+    try:
+        tps = [TopicPartition(settings.topics.status, p) for p in range(settings.partitions)]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10))
+    except KafkaException:
+        return 0
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def running_sink(settings: Settings, store: StatusStore) -> Iterator[StatusSink]:
+    sink = StatusSink(settings, store, batch_size=500, batch_ms=100)
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    yield sink
+    sink.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_events_in_right_state_out_despite_order_duplicates_and_garbage(
+    settings: Settings, store: StatusStore, running_sink: StatusSink
+) -> None:
+    t0 = now_ms()
+    events: list[StatusEvent] = []
+    for i in range(20):
+        events += lifecycle(f"job-{i}", t0 + i)
+    # job-x: a retry where the late worker answer for attempt 1 must not win
+    events += [
+        event("job-x", State.DISPATCHED, seq=1, t=t0, run_id="job-x@1", attempt=1, task="t"),
+        event("job-x", State.DISPATCHED, seq=2, t=t0 + 30_000, run_id="job-x@1", attempt=2),
+        event("job-x", State.SUCCEEDED, seq=1, t=t0 + 40_000, run_id="job-x@1", attempt=1),
+    ]
+    stream: list[StatusEvent | bytes] = list(events) + random.Random(3).sample(events, 40)
+    random.Random(5).shuffle(stream)
+    stream.insert(17, b"\x00\x01not avro at all")
+    stream.insert(60, b"")
+    produce(settings, stream)
+
+    wait_until(
+        lambda: running_sink.stats.consumed >= len(stream) and running_sink.stats.batches > 0,
+        30,
+        message=f"sink consumed {running_sink.stats.consumed} of {len(stream)}",
+    )
+    wait_until(lambda: committed(settings) == len(stream), 15, message="offsets not committed")
+
+    assert running_sink.stats.undecodable == 2
+    assert running_sink.stats.inserted == len(stream) - 2
+    (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
+    assert n == len(events)
+    states = queries.state_counts(store)
+    assert states == {"COMPLETED": 20, "DISPATCHED": 1}
+    job = queries.get_job(store, "job-7")
+    assert job is not None and job["state"] == "COMPLETED" and job["attempts"] == 1
+    (run,) = queries.job_runs(store, "job-7")
+    assert (run["state"], run["lateness_ms"], run["worker"]) == ("SUCCEEDED", 7, "w:1")
+    (run_x,) = queries.job_runs(store, "job-x")
+    assert (run_x["state"], run_x["attempts"]) == ("DISPATCHED", 2)
+
+
+def test_a_replayed_stream_changes_nothing(
+    settings: Settings, store: StatusStore, running_sink: StatusSink
+) -> None:
+    """The same records read again (a new consumer group from the beginning, as after a lost
+    commit) neither double the counts nor move any state."""
+    events = [e for i in range(10) for e in lifecycle(f"r-{i}", now_ms())]
+    produce(settings, events)
+    wait_until(lambda: running_sink.stats.inserted >= len(events), 30, message="first pass")
+    before = store.dicts("SELECT * FROM jobs ORDER BY job_id")
+
+    replay = StatusSink(
+        settings.model_copy(update={"status_group": settings.status_group + "-replay"}),
+        store,
+        batch_size=7,  # other batch boundaries than the first pass: the token does not help
+        batch_ms=50,
+    )
+    thread = threading.Thread(target=replay.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: replay.stats.inserted >= len(events), 30, message="replay")
+    finally:
+        replay.stop()
+        thread.join(30)
+    (raw,) = store.query("SELECT count() FROM status_events")[2][0]
+    (final,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
+    assert final == len(events) <= raw
+    assert store.dicts("SELECT * FROM jobs ORDER BY job_id") == before
+    assert queries.state_counts(store) == {"COMPLETED": 10}
+
+
+# --- crash ----------------------------------------------------------------------------------
+
+
+def _api_sql(settings: Settings, sql: str) -> list[list[Any]]:
+    request = urllib.request.Request(
+        f"{settings.status_api_url}/sql",
+        data=json.dumps({"sql": sql}).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())["rows"]
+
+
+def _api_up(settings: Settings) -> bool:
+    try:
+        with urllib.request.urlopen(f"{settings.status_api_url}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def test_sink_sigkilled_mid_stream_loses_and_doubles_nothing(
+    settings: Settings, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path
+) -> None:
+    env = {**jobwheel_env, "JOBWHEEL_STATUS_BATCH_SIZE": "100", "JOBWHEEL_STATUS_BATCH_MS": "20"}
+    t0 = now_ms()
+    first = [e for i in range(1500) for e in lifecycle(f"k-{i}", t0 + i)]  # 9000
+    second = [e for i in range(1500, 1800) for e in lifecycle(f"k-{i}", t0 + i)]  # 1800
+    produce(settings, first)
+
+    log = tmp_path / "sink.log"
+    sink = procs.spawn(["jobwheel", "sink"], env, log)
+    wait_until(
+        lambda: committed(settings) >= 400 or sink.poll() is not None,
+        60,
+        interval_s=0.02,
+        message="the sink committed nothing:\n" + log_tail(log),
+    )
+    assert sink.poll() is None, log_tail(log)
+    stop(sink, 9)  # SIGKILL: no flush, no commit, no leaving the group
+    done_at_kill = committed(settings)
+    assert done_at_kill < len(first), "the kill came too late to be mid-stream"
+
+    produce(settings, second)
+    serve = procs.spawn(["jobwheel", "serve"], env, tmp_path / "serve.log")
+    wait_until(lambda: _api_up(settings), 60, message=log_tail(tmp_path / "serve.log"))
+    total = len(first) + len(second)
+    wait_until(
+        lambda: _api_sql(settings, "SELECT count() FROM status_events FINAL") == [[total]],
+        90,
+        interval_s=0.5,
+        message=f"not all {total} events arrived:\n" + log_tail(tmp_path / "serve.log"),
+    )
+    ids: set[str] = set()
+    for offset in range(0, total, 5000):  # the API caps a result at 10 000 rows
+        ids |= {
+            r[0]
+            for r in _api_sql(
+                settings,
+                "SELECT event_id FROM status_events FINAL ORDER BY event_id "
+                f"LIMIT 5000 OFFSET {offset}",
+            )
+        }
+    assert ids == {e.event_id for e in first + second}
+    assert _api_sql(settings, "SELECT state, count() FROM jobs GROUP BY state") == [
+        ["COMPLETED", 1800]
+    ]
+    assert _api_sql(
+        settings,
+        "SELECT count(), countIf(state = 'SUCCEEDED'), countIf(attempts = 1) FROM runs",
+    ) == [[1800, 1800, 1800]]
+    stop(serve)
