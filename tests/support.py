@@ -173,7 +173,10 @@ class Procs:
         return proc
 
     def add(self, proc: subprocess.Popen[Any], log_path: Path | None = None) -> None:
+        """Track a process started elsewhere (e.g. by :func:`spawn`)."""
         self._procs.append((proc, log_path))
+
+    append = add
 
     def __iter__(self) -> Iterator[subprocess.Popen[Any]]:
         return iter(p for p, _ in self._procs)
