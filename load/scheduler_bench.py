@@ -47,7 +47,8 @@ def env_for(settings: Settings, data_dir: Path) -> dict[str, str]:
                 json.dumps(value) if isinstance(value, dict) else str(value)
             )
     env["JOBWHEEL_DATA_DIR"] = str(data_dir)
-    env["JOBWHEEL_LOG_LEVEL"] = "WARNING"
+    env["JOBWHEEL_LOG_LEVEL"] = "INFO"
+    env["JOBWHEEL_LOG_FORMAT"] = "json"
     return env
 
 
@@ -67,7 +68,13 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         log = open(workdir / f"scheduler{i}.log", "wb")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "jobwheel.cli", "scheduler"],
+                [
+                    sys.executable,
+                    *(["-m", "cProfile", "-o", f"{args.profile}.{i}"] if args.profile else []),
+                    "-m",
+                    "jobwheel.cli",
+                    "scheduler",
+                ],
                 env=env_for(settings, workdir / f"s{i}"),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -109,7 +116,7 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         first_recv = last_recv = 0.0
         deadline = time.time() + args.lead + args.window + 120
         while len(visible_late) < args.jobs and time.time() < deadline:
-            msgs = consumer.consume(1000, 0.5)
+            msgs = consumer.consume(1000, 0.01)
             recv_ms = time.time() * 1000
             for m in msgs:
                 if m.error():
@@ -135,6 +142,10 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
                     f"lateness {name:8} ms: p50={percentile(vals, 0.5)} "
                     f"p99={percentile(vals, 0.99)} max={max(vals)}"
                 )
+        for i in range(args.schedulers):
+            for line in (workdir / f"scheduler{i}.log").read_text(errors="replace").splitlines():
+                if '"scheduler stats"' in line and '"fired": 0,' not in line:
+                    print(f"scheduler{i}: {line}")
     finally:
         consumer.close()
         for p in procs:
@@ -152,12 +163,20 @@ def main() -> None:
     parser.add_argument(
         "--window", type=float, default=10.0, help="seconds over which jobs fall due"
     )
-    parser.add_argument("--lead", type=float, default=5.0, help="seconds before the first is due")
+    parser.add_argument(
+        "--lead",
+        type=float,
+        help="seconds before the first is due (default 5 + jobs/500, so that submitting and "
+        "ingesting the jobs is over before they fall due and fires are measured on their own)",
+    )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--schedulers", type=int, default=1)
     parser.add_argument("--tick-ms", type=int, default=20)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--profile", help="write each scheduler's cProfile stats to PROFILE.<n>")
     args = parser.parse_args()
+    if args.lead is None:
+        args.lead = 5 + args.jobs / 500
     with tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp:
         workdir = Path(tmp)
         if args.bootstrap:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ SOURCE_HEADER = "jobwheel.source"
 SCHEDULER_SOURCE = b"scheduler"
 EPOCH_KEY = b"\x00epoch"
 TICK_RESEND_MS = 1000
+STATS_INTERVAL_MS = 10_000
 
 
 @dataclass
@@ -96,7 +98,22 @@ class SchedulerRuntime:
         )
         self.owners: dict[int, PartitionOwner] = {}
         self.tick_sent: dict[int, int] = {}
-        self.stats = {"fired": 0, "commands": 0, "acks": 0, "rejected": 0, "fenced": 0}
+        self.stats = dict.fromkeys(
+            (
+                "fired",
+                "commands",
+                "acks",
+                "rejected",
+                "fenced",
+                "ticks",
+                "tick_delay_max_ms",
+                "tick_delay_sum_ms",
+                "decide_ms",
+                "dispatch_ms",
+                "state_ms",
+            ),
+            0,
+        )
 
     # --- ownership ----------------------------------------------------------------------
 
@@ -152,6 +169,11 @@ class SchedulerRuntime:
         topic = message.topic
         try:
             if topic == self.topics.ticks:
+                if message.value and len(message.value) == 8:
+                    delay = now - struct.unpack(">q", message.value)[0]
+                    self.stats["ticks"] += 1
+                    self.stats["tick_delay_max_ms"] = max(self.stats["tick_delay_max_ms"], delay)
+                    self.stats["tick_delay_sum_ms"] += delay
                 await self.punctuate(owner, now)
             elif topic == self.topics.requests:
                 self.on_request(owner, message, now)
@@ -229,11 +251,15 @@ class SchedulerRuntime:
 
     async def punctuate(self, owner: PartitionOwner, now: int) -> None:
         p = owner.partition
+        t0 = time.perf_counter()
         out, due = owner.processor.punctuate(now, self.settings.dispatch_batch_limit)
         records = [*owner.outbox, *self._encode(out)]
+        t1 = time.perf_counter()
+        self.stats["decide_ms"] += int((t1 - t0) * 1000)
         if records:
             try:
                 await self.dispatcher.send(p, records)
+                self.stats["dispatch_ms"] += int((time.perf_counter() - t1) * 1000)
             except FencedError:
                 owner.discard()
                 owner.fenced = True
@@ -250,7 +276,9 @@ class SchedulerRuntime:
                 self.tick_sent.pop(p, None)
                 return
         owner.outbox.clear()
+        t2 = time.perf_counter()
         owner.commit()
+        self.stats["state_ms"] += int((time.perf_counter() - t2) * 1000)
         self.stats["fired"] += len(out.runs)
         self.tick_sent.pop(p, None)
 
@@ -300,10 +328,30 @@ class SchedulerRuntime:
         nxt = owner.wheel.next_due_ms()
         return nxt is not None and nxt <= now
 
+    def report(self) -> None:
+        """One structured log line of counters since the last report (then reset)."""
+        s = self.stats
+        ticks = s["ticks"]
+        log.info(
+            "scheduler stats",
+            extra={
+                **{k: v for k, v in s.items() if not k.startswith("tick_delay")},
+                "tick_delay_avg_ms": round(s["tick_delay_sum_ms"] / ticks, 1) if ticks else None,
+                "tick_delay_max_ms": s["tick_delay_max_ms"],
+                "owned": sorted(self.owners),
+            },
+        )
+        for k in s:
+            s[k] = 0
+
     async def ticker(self) -> None:
         interval = self.settings.tick_interval_ms / 1000
+        last_report = self.clock.now_ms()
         while True:
             await asyncio.sleep(interval)
+            if self.clock.now_ms() - last_report >= STATS_INTERVAL_MS:
+                last_report = self.clock.now_ms()
+                self.report()
             if self.app.rebalancing or not self.app.tables.actives_ready:
                 continue
             try:
@@ -340,6 +388,10 @@ def build_app(
         "broker_session_timeout": 10.0,
         "broker_heartbeat_interval": 3.0,
         "broker_rebalance_timeout": 20.0,
+        # Ticks wait behind whatever is already buffered in the stream: keep the buffer short
+        # so a burst of commands cannot delay punctuation by seconds.
+        "stream_buffer_maxsize": 256,
+        "broker_max_poll_records": 256,
     }
     conf.update(settings.faust_config)
     app = faust.App(settings.scheduler_app_id, **conf)
