@@ -162,12 +162,10 @@ class WorkerPool:
         self._stop_requested = asyncio.Event()
         self._hurry = asyncio.Event()
         self._draining = False
-        self._handing_back = False
         self._closing = False
         self._consumer: RunsConsumer | None = None
         self._producer: StatusProducer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.ready = threading.Event()
 
     # --- public ---------------------------------------------------------------------------
 
@@ -205,7 +203,6 @@ class WorkerPool:
         fetch = asyncio.create_task(self._fetch_loop(), name="jobwheel-fetch")
         dispatch = asyncio.create_task(self._dispatch_loop(), name="jobwheel-dispatch")
         stop = asyncio.create_task(self._stop_requested.wait())
-        self.ready.set()
         await asyncio.wait({fetch, dispatch, stop}, return_when=asyncio.FIRST_COMPLETED)
         fatal = _task_error(fetch) or _task_error(dispatch)
         try:
@@ -240,7 +237,8 @@ class WorkerPool:
 
     def _on_lost(self, partitions: list[int]) -> None:
         self._drop(partitions)  # another member may own them already: commit nothing
-        log.warning("partitions lost", extra={"partitions": partitions})
+        if partitions:
+            log.warning("partitions lost", extra={"partitions": sorted(partitions)})
 
     def _drop(self, partitions: list[int]) -> None:
         with self._lock:
@@ -408,7 +406,7 @@ class WorkerPool:
         try:
             if run.task in self.registry:  # an unknown task never starts: FAILED only
                 await self._send(self._event(run, State.STARTED, deadline_ms=self._deadline(run)))
-            self._hook("before_process", run)
+                self._hook("before_process", run)
             self._schedule_heartbeat(ex)
             ex.exec_task = asyncio.create_task(
                 self._executor.execute(run, heartbeat=lambda: self._heartbeat_threadsafe(ex))
@@ -606,7 +604,6 @@ class WorkerPool:
             everything.cancel()
             hurry.cancel()
         # Hand back what is still executing: FAILED with retry 0, so it is re-dispatched at once.
-        self._handing_back = True
         handed = [ex for ex in self._inflight.values() if ex.outcome is None and ex.exec_task]
         for ex in handed:
             assert ex.exec_task is not None
