@@ -72,6 +72,11 @@ class Cron:
 
 Trigger = Now | At | After | Every | Cron
 
+HANDBACK_REASON = "worker shutdown"
+"""The ``reason`` of a FAILED event by which a stopping worker hands a run back unfinished.
+The scheduler dispatches it again at once and does not count the attempt against
+``max_attempts`` (the run did not fail; its worker went away)."""
+
 
 # --- commands -----------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from jobwheel.errors import JobwheelError, StateError
 from schemas.cron import parse_cron, zone
 from schemas.models import (
+    HANDBACK_REASON,
     After,
     CancelJob,
     ConcurrencyPolicy,
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = "scheduler"
 MAX_MISSED_EVENTS = 100
+MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not being handed back
 FIRE = "fire"
 VISIBILITY = "vis"
 RETRY = "retry"
@@ -301,7 +303,7 @@ class SchedulerProcessor:
             scheduled_time_ms=active.scheduled_ms,
             dispatched_at_ms=now_ms,
             attempt=active.attempt,
-            max_attempts=spec.max_attempts,
+            max_attempts=spec.max_attempts + active.handbacks,
             timeout_ms=spec.timeout_ms,
             visibility_timeout_ms=spec.visibility_timeout_ms,
             deadline_ms=active.deadline_ms,
@@ -318,6 +320,7 @@ class SchedulerProcessor:
         now_ms: int,
         out: Output,
         reason: str | None = None,
+        handbacks: int = 0,
     ) -> None:
         deadline = now_ms + job.spec.visibility_timeout_ms
         seq = job.next_seq()
@@ -329,6 +332,7 @@ class SchedulerProcessor:
             phase=RunPhase.DISPATCHED,
             deadline_ms=deadline,
             wheel_due_ms=deadline,
+            handbacks=handbacks,
         )
         if attempt == 1:
             job.run_count += 1
@@ -520,7 +524,7 @@ class SchedulerProcessor:
         if job.status is JobStatus.CANCELLED:
             self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
             return
-        if run.attempt < job.spec.max_attempts:
+        if run.attempt < job.spec.max_attempts + run.handbacks:
             self._redispatch(
                 job,
                 run,
@@ -547,12 +551,22 @@ class SchedulerProcessor:
         now_ms: int,
         out: Output,
         reason: str,
+        handback: bool = False,
     ) -> None:
         if job.status is JobStatus.CANCELLED:
             self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
             return
         job.active.pop(run.run_id, None)
-        self._dispatch(job, run.run_id, run.scheduled_ms, attempt, now_ms, out, reason=reason)
+        self._dispatch(
+            job,
+            run.run_id,
+            run.scheduled_ms,
+            attempt,
+            now_ms,
+            out,
+            reason=reason,
+            handbacks=run.handbacks + int(handback),
+        )
 
     def _give_up(
         self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output, state: State, reason: str
@@ -607,9 +621,16 @@ class SchedulerProcessor:
     def _on_failed(
         self, job: JobRecord, run: ActiveRun, ev: StatusEvent, now_ms: int, out: Output
     ) -> None:
+        if ev.reason == HANDBACK_REASON and job.status is not JobStatus.CANCELLED:
+            if run.handbacks < MAX_HANDBACKS:
+                self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
+                self._redispatch(
+                    job, run, run.attempt + 1, now_ms, out, reason=HANDBACK_REASON, handback=True
+                )
+                return
         job.last_error = ev.error
         retryable = ev.retry_delay_ms is not None and job.status is not JobStatus.CANCELLED
-        if retryable and run.attempt < job.spec.max_attempts:
+        if retryable and run.attempt < job.spec.max_attempts + run.handbacks:
             delay = max(0, ev.retry_delay_ms or 0)
             self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
             run.phase = RunPhase.RETRY_WAIT

@@ -60,6 +60,14 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     # executing and committing.
     "partition.assignment.strategy": "cooperative-sticky",
     "enable.partition.eof": False,
+    # A dead worker's partitions move after the session timeout (librdkafka's default is 45 s);
+    # 10 s matches the scheduler. Runs it held are redelivered by the next owner or, failing
+    # that, by the scheduler's visibility timeout.
+    "session.timeout.ms": 10_000,
+    "heartbeat.interval.ms": 3_000,
+    # Runs become visible when the scheduler's transaction commits; do not park a fetch for
+    # librdkafka's default 500 ms when the broker has nothing yet.
+    "fetch.wait.max.ms": 50,
 }
 
 

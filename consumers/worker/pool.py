@@ -72,7 +72,7 @@ from consumers.worker.tracking import FencingTokens, LatestAttempts, OffsetTrack
 from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import BrokerError, SchemaDecodeError
 from jobwheel.settings import Settings
-from schemas.models import Run, State, StatusEvent
+from schemas.models import HANDBACK_REASON, Run, State, StatusEvent
 from schemas.partitioning import key_for
 
 log = logging.getLogger(__name__)
@@ -451,7 +451,7 @@ class WorkerPool:
             State.FAILED,
             int((time.monotonic() - ex.started) * 1000),
             error="WorkerShutdown: the worker stopped before the run finished",
-            reason="worker shutdown",
+            reason=HANDBACK_REASON,
             retry_delay_ms=0,
         )
 

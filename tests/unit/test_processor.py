@@ -300,3 +300,19 @@ def test_far_behind_interval_job_runs_the_latest_and_reports_the_rest_compactly(
     assert len(missed) == 101  # 100 individual events, then one summary
     assert "more scheduled times missed" in missed[-1].reason
     assert proc.load("j").next_fire_ms == T0 + day + 1000
+
+
+def test_a_handed_back_run_is_redispatched_at_once_and_not_counted_as_a_failure(proc):
+    from schemas.models import HANDBACK_REASON
+
+    proc.on_command(cmd("j", spec(Now(), max_attempts=1)), T0)
+    [r1] = proc.punctuate(T0, 10)[0].runs
+    out = proc.on_ack(
+        ack(r1, State.FAILED, T0 + 5, reason=HANDBACK_REASON, retry_delay_ms=0), T0 + 5
+    )
+    [r2] = out.runs
+    assert (r2.run_id, r2.attempt, r2.max_attempts) == (r1.run_id, 2, 2)
+    assert State.DEAD not in states(out)
+    # A real failure of the redispatched attempt is then the last one allowed.
+    out = proc.on_ack(ack(r2, State.FAILED, T0 + 9, error="E: x", retry_delay_ms=100), T0 + 9)
+    assert State.DEAD in states(out)

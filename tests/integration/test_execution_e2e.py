@@ -1,0 +1,133 @@
+"""At-least-once execution end to end: scheduler + worker processes on the real broker.
+
+Retries with backoff, DEAD runs on the dead-letter topic, visibility-timeout redelivery after a
+worker is SIGKILLed, heartbeats that keep a long run from being redelivered, unknown tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import timedelta
+
+import pytest
+
+from producers.client import JobClient
+from schemas.codec import default_codec
+from schemas.models import State
+from tests.integration.scheduler_support import TopicTail, start_scheduler
+from tests.support import log_tail, wait_until
+
+
+@pytest.fixture
+def tail(settings):
+    t = TopicTail(settings)
+    yield t
+    t.close()
+
+
+def start_worker(procs, env, tmp_path, name: str, concurrency: int = 4):
+    log_path = tmp_path / f"{name}.log"
+    proc = procs.spawn(
+        ["jobwheel", "worker", "--tasks", "consumers.demo", "--concurrency", str(concurrency)],
+        env,
+        log_path,
+    )
+    proc.log_path = log_path
+    return proc
+
+
+def test_retries_dead_runs_unknown_tasks_and_heartbeats(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    start_scheduler(procs, jobwheel_env, tmp_path / "s1")
+    start_worker(procs, jobwheel_env, tmp_path, "w1")
+    with JobClient(settings) as client:
+        flaky = client.schedule(
+            "flaky", task="demo.flaky", args={"failures": 2}, now=True, max_attempts=3
+        )
+        doomed = client.schedule("doomed", task="demo.fail", now=True, max_attempts=3)
+        unknown = client.schedule("unknown", task="no.such.task", now=True, max_attempts=3)
+        long_run = client.schedule(
+            "long",
+            task="demo.sleep",
+            args={"seconds": 6},
+            now=True,
+            visibility_timeout=timedelta(seconds=2),
+        )
+
+    # Fails twice, then succeeds: three attempts of one run, the last SUCCEEDED.
+    tail.wait(lambda: tail.events(flaky, State.SUCCEEDED), 60, "flaky job never SUCCEEDED")
+    attempts = sorted(r.attempt for r in tail.runs_of(flaky))
+    assert attempts == [1, 2, 3]
+    assert len({r.run_id for r in tail.runs_of(flaky)}) == 1
+    assert [e.attempt for e in tail.events(flaky, State.FAILED)] == [1, 2]
+    assert len(tail.events(flaky, State.RETRYING)) == 2
+    assert tail.events(flaky, State.SUCCEEDED)[0].attempt == 3
+    tail.wait(lambda: tail.events(flaky, State.COMPLETED), 20, "one-shot job not COMPLETED")
+
+    # Always fails: DEAD after max attempts, and the run is on the dead-letter topic.
+    dead = tail.wait(lambda: tail.events(doomed, State.DEAD), 60, "failing job never DEAD")
+    assert sorted(r.attempt for r in tail.runs_of(doomed)) == [1, 2, 3]
+    assert "RuntimeError" in (dead[0].reason or "") + (dead[0].error or "")
+    codec = default_codec()
+
+    def dead_runs() -> dict:
+        return {
+            codec.decode(m.value()).job_id: codec.decode(m.value())
+            for m in tail.dead
+            if dict(m.headers() or []).get("jobwheel.kind") == b"dead-run"
+        }
+
+    dead_run = tail.wait(lambda: dead_runs().get(doomed), 20, "DEAD run not on the DLQ")
+    assert (dead_run.job_id, dead_run.attempt) == (doomed, 3)
+
+    # Unknown task: FAILED with a clear reason, not retried, DEAD.
+    failed = tail.wait(lambda: tail.events(unknown, State.FAILED), 30, "unknown task not FAILED")
+    text = f"{failed[0].error} {failed[0].reason}"
+    assert "no.such.task" in text
+    assert failed[0].retry_delay_ms is None
+    tail.wait(lambda: tail.events(unknown, State.DEAD), 30, "unknown task run not DEAD")
+    assert [r.attempt for r in tail.runs_of(unknown)] == [1]
+
+    # A 6 s task with a 2 s visibility timeout heartbeats and is never redelivered.
+    tail.wait(lambda: tail.events(long_run, State.SUCCEEDED), 40, "long task never SUCCEEDED")
+    assert len(tail.events(long_run, State.HEARTBEAT)) >= 2
+    assert [r.attempt for r in tail.runs_of(long_run)] == [1]
+
+
+def test_worker_sigkilled_mid_task_is_redelivered_after_the_visibility_timeout(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    start_scheduler(procs, jobwheel_env, tmp_path / "s1")
+    first = start_worker(procs, jobwheel_env, tmp_path, "w1")
+    counter = tmp_path / "executions.txt"
+    with JobClient(settings) as client:
+        job = client.schedule(
+            "victim",
+            task="demo.count",
+            args={"path": str(counter), "sleep_s": 5},
+            now=True,
+            visibility_timeout=timedelta(seconds=3),
+            max_attempts=3,
+        )
+    tail.wait(lambda: tail.events(job, State.STARTED), 60, "run never STARTED")
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(10)
+    redelivered = tail.wait(
+        lambda: [r for r in tail.runs_of(job) if r.attempt == 2], 30, "no redelivery"
+    )
+    dispatched = [e for e in tail.events(job, State.DISPATCHED) if e.attempt == 2]
+    assert "visibility timeout" in (dispatched[0].reason or "")
+    assert redelivered[0].run_id == tail.runs_of(job)[0].run_id
+
+    second = start_worker(procs, jobwheel_env, tmp_path, "w2")
+    succeeded = tail.wait(
+        lambda: tail.events(job, State.SUCCEEDED),
+        40,
+        f"not SUCCEEDED:\n{log_tail(second.log_path)}",
+    )
+    assert succeeded[-1].attempt >= 2
+    executions = counter.read_text().split()
+    assert f"{redelivered[0].run_id}:2" in executions
+    wait_until(lambda: tail.events(job, State.COMPLETED), 20, 0.2, "job not COMPLETED")
