@@ -341,8 +341,9 @@ def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
 
 
 def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool, str]:
-    futures = _admin(settings).describe_consumer_groups([group], request_timeout=timeout_s)
-    description = futures[group].result(timeout=timeout_s)
+    admin = _admin(settings)  # keep a reference: a collected client never resolves its futures
+    futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
+    description = futures[group].result(timeout=timeout_s + 1)
     members = len(description.members)
     state = getattr(description.state, "name", str(description.state))
     if members == 0:

@@ -1,0 +1,171 @@
+"""The read commands of the CLI against a running `jobwheel serve`, and `jobwheel health`
+against the real stack (broker, scheduler, worker, status service)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobwheel.settings import Settings
+from schemas.models import State
+from tests.integration.test_status_sink import produce
+from tests.status_support import event, lifecycle, now_ms
+from tests.support import Procs, jobwheel_argv, log_tail, wait_until
+
+
+def jobwheel(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobwheel_argv(["jobwheel", *args]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _api_up(settings: Settings) -> bool:
+    try:
+        with urllib.request.urlopen(f"{settings.status_api_url}/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def served(
+    settings: Settings, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    """A `jobwheel serve` (embedded store, sink in-process) fed with a few jobs' events."""
+    t0 = now_ms() - 5_000
+    events = lifecycle("cli-done", t0)
+    events += [
+        event(
+            "cli-wait", State.SCHEDULED, seq=1, t=t0, task="demo.sleep", next_fire_ms=t0 + 9_000_000
+        ),
+        event(
+            "cli-bad",
+            State.DISPATCHED,
+            seq=1,
+            t=t0,
+            run_id="cli-bad@1",
+            attempt=1,
+            task="demo.fail",
+            scheduled_time_ms=t0,
+        ),
+        event(
+            "cli-bad",
+            State.FAILED,
+            seq=1,
+            t=t0 + 9,
+            run_id="cli-bad@1",
+            attempt=1,
+            error="ValueError: nope",
+            worker="w:2",
+        ),
+    ]
+    produce(settings, events)
+    log = tmp_path / "serve.log"
+    procs.spawn(["jobwheel", "serve"], jobwheel_env, log)
+    wait_until(lambda: _api_up(settings), 60, message=log_tail(log))
+    wait_until(
+        lambda: '"total": 3' in jobwheel(jobwheel_env, "list", "--json").stdout,
+        30,
+        interval_s=0.3,
+        message="events did not reach the store:\n" + log_tail(log),
+    )
+    yield jobwheel_env
+
+
+def _status_prints_the_job_and_its_runs_one_line_each(served: dict[str, str]) -> None:
+    out = jobwheel(served, "status", "cli-done")
+    assert out.returncode == 0, out.stderr
+    job_line, run_line = out.stdout.splitlines()
+    assert job_line.startswith("job cli-done  COMPLETED  task=demo.echo")
+    assert run_line.startswith("run cli-done@") and "  SUCCEEDED  " in run_line
+    assert "late=7ms" in run_line and "duration=100ms" in run_line and "worker=w:1" in run_line
+
+    failed = jobwheel(served, "status", "cli-bad").stdout
+    assert "FAILED" in failed and "ValueError: nope" in failed
+
+    as_json = json.loads(jobwheel(served, "status", "cli-done", "--json").stdout)
+    assert as_json["job"]["state"] == "COMPLETED" and len(as_json["runs"]) == 1
+
+
+def _status_of_an_unknown_job_fails_with_a_reason(served: dict[str, str]) -> None:
+    out = jobwheel(served, "status", "nope")
+    assert out.returncode == 1
+    assert "not found" in out.stderr and "HTTP 404" in out.stderr
+
+
+def _list_filters(served: dict[str, str]) -> None:
+    out = jobwheel(served, "list", "--state", "failed")
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[1] for line in out.stdout.splitlines()] == ["cli-bad"]
+    assert "1 of 1 jobs" in out.stderr
+    by_task = json.loads(jobwheel(served, "list", "--task", "demo.sleep", "--json").stdout)
+    assert [j["job_id"] for j in by_task["jobs"]] == ["cli-wait"]
+    assert json.loads(jobwheel(served, "list", "--since", "1h", "--json").stdout)["total"] == 3
+    bad = jobwheel(served, "list", "--state", "RUNNING")
+    assert bad.returncode == 2 and "invalid state" in bad.stderr
+
+
+def _sql(served: dict[str, str]) -> None:
+    out = jobwheel(
+        served, "sql", "SELECT state, count() AS n FROM jobs GROUP BY state ORDER BY state"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["state\tn", "COMPLETED\t1", "FAILED\t1", "SCHEDULED\t1"]
+    as_json = json.loads(jobwheel(served, "sql", "SELECT 1 AS one", "--json").stdout)
+    assert as_json["rows"] == [[1]]
+    refused = jobwheel(served, "sql", "DROP TABLE jobs")
+    assert refused.returncode == 1 and "read-only" in refused.stderr
+
+
+def test_read_commands_against_a_running_serve(served: dict[str, str]) -> None:
+    """One `jobwheel serve` for all read commands (starting it is the slow part)."""
+    _status_prints_the_job_and_its_runs_one_line_each(served)
+    _status_of_an_unknown_job_fails_with_a_reason(served)
+    _list_filters(served)
+    _sql(served)
+
+
+def test_health_checks_each_part_of_the_stack(
+    served: dict[str, str], procs: Procs, tmp_path: Path
+) -> None:
+    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], served, tmp_path / "w.log")
+    last: list[subprocess.CompletedProcess[str]] = []
+
+    def health_shows(word: str) -> subprocess.CompletedProcess[str] | None:
+        last[:] = [jobwheel(served, "health")]
+        return last[0] if word in last[0].stdout else None
+
+    try:
+        partial = wait_until(lambda: health_shows("ok    workers"), 60, interval_s=1)
+    except AssertionError:
+        raise AssertionError(
+            f"the worker never showed up:\n{last[0].stdout}{last[0].stderr}"
+            + log_tail(tmp_path / "w.log")
+        ) from None
+    assert partial.returncode == 1
+    lines = {line.split()[1]: line.split()[0] for line in partial.stdout.splitlines()}
+    assert lines == {"broker": "ok", "schedulers": "FAIL", "workers": "ok", "status": "ok"}
+
+    procs.spawn(["jobwheel", "scheduler"], served, tmp_path / "s.log")
+    healthy = wait_until(
+        lambda: (r := jobwheel(served, "health", "--json")).returncode == 0 and r,
+        90,
+        interval_s=1,
+        message="the scheduler never joined its group:\n" + log_tail(tmp_path / "s.log"),
+    )
+    assert [c["check"] for c in json.loads(healthy.stdout)["checks"]] == [
+        "broker",
+        "schedulers",
+        "workers",
+        "status",
+    ]
