@@ -388,3 +388,69 @@ def expand_macros(sql: str, from_ms: int, to_ms: int) -> str:
     start, end = f"fromUnixTimestamp64Milli({from_ms})", f"fromUnixTimestamp64Milli({to_ms})"
     sql = re.sub(r"\$__timeFilter_ms\(([^)]+)\)", rf"\1 >= {start} AND \1 <= {end}", sql)
     return sql.replace("$__fromTime_ms", start).replace("$__toTime_ms", end)
+
+
+GRAFANA_DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "jobwheel-clickhouse"}
+_GRID = {
+    "runs_per_minute": (0, 0, 12, 9),
+    "lateness": (12, 0, 12, 9),
+    "failure_rate": (0, 9, 16, 8),
+    "jobs_by_state": (16, 9, 8, 8),
+    "stuck_runs": (0, 17, 24, 8),
+    "upcoming_fires": (0, 25, 24, 8),
+}
+
+
+def grafana_dashboard() -> dict[str, Any]:
+    """The provisioned dashboard (deploy/compose/grafana/dashboards/jobwheel.json) built from
+    :data:`PANELS`, so Grafana runs exactly the SQL that DASHBOARDS.md documents. Regenerate
+    with ``python -m consumers.status.queries > deploy/compose/grafana/dashboards/jobwheel.json``.
+    """
+    panels = []
+    for number, panel in enumerate(PANELS, start=1):
+        x, y, w, h = _GRID[panel.key]
+        timeseries = panel.kind == "timeseries"
+        panels.append(
+            {
+                "id": number,
+                "type": panel.kind,
+                "title": panel.title,
+                "description": panel.description,
+                "datasource": GRAFANA_DATASOURCE,
+                "gridPos": {"x": x, "y": y, "w": w, "h": h},
+                "targets": [
+                    {
+                        "refId": "A",
+                        "datasource": GRAFANA_DATASOURCE,
+                        "editorType": "sql",
+                        "queryType": "timeseries" if timeseries else "table",
+                        "format": 0 if timeseries else 1,  # plugin enum: 0 time series, 1 table
+                        "rawSql": panel.sql,
+                    }
+                ],
+                "fieldConfig": {"defaults": {"unit": "ms" if panel.key == "lateness" else ""}},
+                "options": {},
+            }
+        )
+    return {
+        "uid": "jobwheel-status",
+        "title": "jobwheel: jobs and runs",
+        "description": "Status events in ClickHouse; the SQL of every panel is in "
+        "consumers/status/DASHBOARDS.md.",
+        "tags": ["jobwheel"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "panels": panels,
+    }
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    json.dump(grafana_dashboard(), sys.stdout, indent=2)
+    sys.stdout.write("\n")

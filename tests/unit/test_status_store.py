@@ -416,3 +416,35 @@ def test_every_dashboard_query_runs_and_sees_the_data(store: StatusStore) -> Non
     assert failure == {"demo.echo": 0.0, "flaky": 1.0}
     assert [r[1] for r in results["stuck_runs"].rows] == [stuck]
     assert [r[0] for r in results["upcoming_fires"].rows] == ["later"]
+
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "consumers" / "status" / "DASHBOARDS.md"
+GRAFANA = REPO / "deploy" / "compose" / "grafana"
+
+
+def test_doc_and_grafana_dashboard_carry_the_panel_sql_verbatim() -> None:
+    import json
+
+    doc = DOC.read_text()
+    for panel in queries.PANELS:
+        assert panel.sql in doc, panel.key
+    committed = json.loads((GRAFANA / "dashboards" / "jobwheel.json").read_text())
+    assert committed == queries.grafana_dashboard(), (
+        "regenerate: python -m consumers.status.queries > "
+        "deploy/compose/grafana/dashboards/jobwheel.json"
+    )
+    assert [p["targets"][0]["rawSql"] for p in committed["panels"]] == [
+        p.sql for p in queries.PANELS
+    ]
+    datasource = (GRAFANA / "provisioning" / "datasources" / "clickhouse.yaml").read_text()
+    assert f"uid: {queries.GRAFANA_DATASOURCE['uid']}" in datasource
+    assert f"type: {queries.GRAFANA_DATASOURCE['type']}" in datasource
+
+
+def test_every_sql_block_in_the_doc_runs(store: StatusStore) -> None:
+    _fill(store, now_ms() - 60_000)
+    blocks = re.findall(r"```sql\n(.*?)\n```", DOC.read_text(), re.DOTALL)
+    assert len(blocks) >= len(queries.PANELS) + 3
+    for sql in blocks:
+        queries.run_read_only(store, queries.expand_macros(sql, now_ms() - 3_600_000, now_ms()))
