@@ -599,8 +599,17 @@ class SchedulerProcessor:
         if job is None:
             return out
         run = job.active.get(ev.run_id)
-        if run is None or run.attempt != ev.attempt or run.phase is not RunPhase.DISPATCHED:
-            return out  # an older attempt, a replaced run, or a duplicate verdict
+        if run is None:
+            return out  # finished already, or replaced
+        if ev.state is State.SUCCEEDED and ev.attempt <= run.attempt:
+            # Any attempt's success completes the run, even one we had given up waiting for
+            # and dispatched again: the work is done (the newer attempt may run too; that is
+            # the at-least-once duplicate, not a reason to keep redelivering).
+            self._finish(job, run, now_ms, out)
+            self.save(job)
+            return out
+        if run.attempt != ev.attempt or run.phase is not RunPhase.DISPATCHED:
+            return out  # an older attempt's news, or a duplicate verdict
         if ev.state is State.STARTED:
             if not run.started:
                 run.started = True
@@ -610,9 +619,6 @@ class SchedulerProcessor:
             if extended > run.deadline_ms:
                 run.deadline_ms = extended
                 self.save(job)
-        elif ev.state is State.SUCCEEDED:
-            self._finish(job, run, now_ms, out)
-            self.save(job)
         elif ev.state is State.FAILED:
             self._on_failed(job, run, ev, now_ms, out)
             self.save(job)

@@ -202,9 +202,13 @@ def test_visibility_timeout_redispatches_the_same_run_with_the_next_attempt(proc
     [again] = proc.punctuate(T0 + 1000, 100)[0].runs
     assert (again.run_id, again.attempt) == (run.run_id, 2)
     assert again.seq > run.seq
-    # An answer for attempt 1 now is stale and ignored.
-    assert proc.on_ack(ack(run, State.SUCCEEDED, T0 + 1001), T0 + 1001).status == []
+    # Attempt 1's failure now is old news and ignored...
+    assert proc.on_ack(ack(run, State.FAILED, T0 + 1001, retry_delay_ms=5), T0 + 1001).status == []
     assert proc.load("j").active[run.run_id].attempt == 2
+    # ...but its success completes the run: the work is done, no more redelivery.
+    out = proc.on_ack(ack(run, State.SUCCEEDED, T0 + 1002), T0 + 1002)
+    assert states(out) == [State.COMPLETED]
+    assert proc.punctuate(T0 + 60_000, 100)[0].runs == []
 
 
 def test_heartbeat_extends_the_deadline(proc):
