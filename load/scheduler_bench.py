@@ -38,6 +38,47 @@ def percentile(values: list[int], q: float) -> int:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def rss_mib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return -1
+
+
+def wait_scheduled(settings: Settings, count: int, since: float, timeout_s: float) -> float:
+    """Seconds from ``since`` until ``count`` SCHEDULED events are on the status topic."""
+    consumer = Consumer(
+        settings.librdkafka(
+            **{
+                "group.id": f"bench-status-{uuid.uuid4().hex[:6]}",
+                "isolation.level": "read_committed",
+            }
+        )
+    )
+    consumer.assign(
+        [
+            TopicPartition(settings.topics.status, p, OFFSET_BEGINNING)
+            for p in range(settings.partitions)
+        ]
+    )
+    codec = default_codec()
+    seen = 0
+    last = since
+    deadline = time.time() + timeout_s
+    try:
+        while seen < count and time.time() < deadline:
+            for m in consumer.consume(1000, 0.05):
+                if not m.error() and codec.decode(m.value()).state == "SCHEDULED":
+                    seen += 1
+                    last = time.time()
+    finally:
+        consumer.close()
+    return last - since
+
+
 def env_for(settings: Settings, data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
     for name in type(settings).model_fields:
@@ -111,6 +152,8 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
             for i in range(0, len(specs), 5000):
                 client.schedule_many(specs[i : i + 5000])
             submit_s = time.time() - t0
+        ingest_s = wait_scheduled(settings, args.jobs + 4 * args.partitions, t0, args.lead + 300)
+        rss_ingested = [rss_mib(p.pid) for p in procs]
         produced_late: list[int] = []
         visible_late: list[int] = []
         first_recv = last_recv = 0.0
@@ -135,6 +178,13 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
             f"schedulers={args.schedulers} tick={args.tick_ms}ms"
         )
         print(f"submitted {args.jobs} jobs in {submit_s:.2f}s ({args.jobs / submit_s:.0f}/s)")
+        print(
+            f"ingested (SCHEDULED seen) in {ingest_s:.2f}s after submit started "
+            f"({args.jobs / ingest_s:.0f} commands/s); scheduler RSS MiB after ingest: "
+            f"{rss_ingested}, at end: {[rss_mib(p.pid) for p in procs]}"
+        )
+        if ingest_s > args.lead:
+            print("note: ingestion outlasted --lead; lateness below includes ingestion backlog")
         print(f"fired {n}/{args.jobs}; fires/s over the firing span: {n / span_s:.0f}")
         if n:
             for name, vals in (("produced", produced_late), ("visible", visible_late)):

@@ -55,7 +55,6 @@ class ActiveRun:
     phase: RunPhase
     deadline_ms: int
     wheel_due_ms: int
-    started: bool = False
     handbacks: int = 0  # attempts handed back by stopping workers: not counted as failures
 
 
@@ -130,7 +129,6 @@ def encode_job(job: JobRecord) -> bytes:
                     r.phase.value,
                     r.deadline_ms,
                     r.wheel_due_ms,
-                    r.started,
                     r.handbacks,
                 ]
                 for r in job.active.values()
@@ -165,7 +163,7 @@ def decode_job(data: bytes) -> JobRecord:
         idempotency_key=s["idempotency_key"],
     )
     active = {
-        r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], r[7], *r[8:9])
+        r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], r[7])
         for r in raw["active"]
     }
     return JobRecord(

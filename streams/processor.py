@@ -610,11 +610,9 @@ class SchedulerProcessor:
             return out
         if run.attempt != ev.attempt or run.phase is not RunPhase.DISPATCHED:
             return out  # an older attempt's news, or a duplicate verdict
-        if ev.state is State.STARTED:
-            if not run.started:
-                run.started = True
-                self.save(job)
-        elif ev.state is State.HEARTBEAT:
+        # STARTED changes nothing the scheduler decides on (the visibility deadline runs from
+        # dispatch, as in SQS), so it costs no state write.
+        if ev.state is State.HEARTBEAT:
             extended = ev.deadline_ms or now_ms + job.spec.visibility_timeout_ms
             if extended > run.deadline_ms:
                 run.deadline_ms = extended
