@@ -15,6 +15,11 @@ it succeeds or the sink is stopped; nothing is committed meanwhile.
 Threading: a confluent-kafka consumer is used from one thread, so :meth:`StatusSink.run`
 owns it from start to close; :meth:`StatusSink.stop` only sets an event. The rebalance
 callbacks run inside ``consume()`` on that thread and flush the batch before partitions go.
+Inserts run on one helper thread with at most one batch in flight, so decoding batch N+1
+overlaps inserting batch N (decoding costs about as much as inserting). Offsets of batch N are
+committed by the consumer thread once its insert returned, and batches are committed in order;
+if an insert is abandoned (stop during a ClickHouse outage) nothing is committed afterwards, so
+no later offset can skip the abandoned records.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +132,9 @@ class StatusSink:
         self._stop = threading.Event()
         self._batch = _Batch()
         self._consumer: Consumer | None = None
+        self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status-insert")
+        self._inflight: tuple[_Batch, Future[bool]] | None = None
+        self._abandoned = False  # an insert gave up: commit nothing more in this run
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -164,6 +173,7 @@ class StatusSink:
             self._flush(consumer)
         finally:
             self.stats.running = False
+            self._inserter.shutdown(wait=True)
             try:
                 consumer.close()
             except Exception as exc:  # closing must not hide the reason we stopped
@@ -187,10 +197,12 @@ class StatusSink:
     # --- the loop ----------------------------------------------------------------------------
 
     def _poll_once(self, consumer: Consumer) -> None:
-        wait_s = 1.0
+        if self._inflight is not None and self._inflight[1].done():
+            self._finish_inflight(consumer, set())  # commit promptly even when no more arrives
+        wait_s = 1.0 if self._inflight is None else 0.05
         if self._batch:
             age_ms = (time.monotonic() - self._batch.started) * 1000
-            wait_s = max(0.0, (self.batch_ms - age_ms) / 1000)
+            wait_s = min(wait_s, max(0.0, (self.batch_ms - age_ms) / 1000))
         room = max(1, self.batch_size - len(self._batch.rows))
         messages = consumer.consume(num_messages=min(room, 10_000), timeout=min(wait_s, 1.0))
         for message in messages:
@@ -200,7 +212,7 @@ class StatusSink:
         full = len(self._batch.rows) >= self.batch_size
         due = (time.monotonic() - self._batch.started) * 1000 >= self.batch_ms
         if full or due:
-            self._flush(consumer)
+            self._flush(consumer, wait=False)
 
     def _add(self, message: Message) -> None:
         error = message.error()
@@ -235,16 +247,40 @@ class StatusSink:
             extra={"topic": self.topic, "partition": partition, "offset": offset, "error": reason},
         )
 
-    def _flush(self, consumer: Consumer, lost: set[int] | None = None) -> None:
-        """Insert the batch (retrying until it succeeds or we stop), then commit its offsets."""
-        batch = self._batch
-        if not batch:
+    def _flush(self, consumer: Consumer, lost: set[int] | None = None, wait: bool = True) -> None:
+        """Hand the batch to the inserter (after finishing the one in flight); with ``wait``,
+        also finish this one, so nothing read is left uninserted or uncommitted."""
+        lost = lost or set()
+        if self._batch:
+            self._finish_inflight(consumer, lost)
+            batch, self._batch = self._batch, _Batch()
+            self._inflight = (batch, self._inserter.submit(self._insert, batch))
+        if wait:
+            self._finish_inflight(consumer, lost)
+
+    def _finish_inflight(self, consumer: Consumer, lost: set[int]) -> None:
+        if self._inflight is None:
             return
+        batch, future = self._inflight
+        self._inflight = None
+        if not future.result():
+            self._abandoned = True
+        if self._abandoned:
+            return  # not inserted (or an earlier batch was not): its records are read again
+        self._commit(consumer, batch, lost)
+
+    def _insert(self, batch: _Batch) -> bool:
+        """On the inserter thread: True once inserted, False if stopped before it could be."""
+        if not batch.rows:
+            return True  # only undecodable records: nothing to insert, offsets to commit
         backoff = 0.2
-        while batch.rows:
+        while True:
             try:
                 self.store.insert_events(batch.rows, dedup_token=batch.token(self.topic))
-                break
+                self.stats.inserted += len(batch.rows)
+                self.stats.batches += 1
+                self.stats.last_insert_ms = time.time_ns() // 1_000_000
+                return True
             except StoreError as exc:
                 self.stats.insert_failures += 1
                 self.stats.last_error = str(exc)[:500]
@@ -253,13 +289,13 @@ class StatusSink:
                     extra={"rows": len(batch.rows), "error": str(exc)[:500], "retry_s": backoff},
                 )
                 if self._stop.wait(backoff):
-                    return  # not inserted, not committed: the next owner reads it again
+                    return False  # not inserted, not committed: the next owner reads it again
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
-        self._batch = _Batch()
-        self.stats.inserted += len(batch.rows)
-        self.stats.batches += 1
-        self.stats.last_insert_ms = time.time_ns() // 1_000_000
-        self._commit(consumer, batch, lost or set())
+            except Exception as exc:  # a bug or a bad row: keep the records for the next run
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                log.exception("status insert crashed; stopping the sink, offsets not committed")
+                self._stop.set()
+                return False
 
     def _commit(self, consumer: Consumer, batch: _Batch, lost: set[int]) -> None:
         from confluent_kafka import KafkaException, TopicPartition

@@ -134,9 +134,12 @@ def test_status_events_flow_through_the_in_process_sink(
         message="the job never reached STARTED",
     )
     assert body["runs"][0]["lateness_ms"] == 3
-    health = api.get("/health").json()
+    health = wait_until(
+        lambda: (h := api.get("/health").json())["sink"]["inserted"] == 3 and h,
+        10,
+        message="the sink's counters never showed the insert",
+    )
     assert health["status"] == "ok" and health["sink"]["running"] is True
-    assert health["sink"]["inserted"] == 3
 
 
 def test_unreachable_broker_is_503_with_a_reason(settings: Settings, store: StatusStore) -> None:

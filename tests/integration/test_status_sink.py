@@ -221,3 +221,26 @@ def test_sink_sigkilled_mid_stream_loses_and_doubles_nothing(
         "SELECT count(), countIf(state = 'SUCCEEDED'), countIf(attempts = 1) FROM runs",
     ) == [[1800, 1800, 1800]]
     stop(serve)
+
+
+def test_offsets_are_committed_only_after_a_successful_insert(
+    settings: Settings, store: StatusStore, running_sink: StatusSink
+) -> None:
+    """While the table cannot be written the sink retries and commits nothing; once it can,
+    everything read meanwhile arrives, once."""
+    first = [e for i in range(3) for e in lifecycle(f"o-{i}", now_ms())]
+    produce(settings, first)
+    wait_until(lambda: committed(settings) == len(first), 30, message="first batch")
+
+    store.client.command("DETACH TABLE status_events")  # inserts now fail
+    try:
+        later = [e for i in range(3, 8) for e in lifecycle(f"o-{i}", now_ms())]
+        produce(settings, later)
+        wait_until(lambda: running_sink.stats.insert_failures >= 2, 30, message="no failures")
+        assert committed(settings) == len(first)
+    finally:
+        store.client.command("ATTACH TABLE status_events")
+    wait_until(lambda: committed(settings) == len(first) + len(later), 30, message="not committed")
+    (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
+    assert n == len(first) + len(later)
+    assert queries.state_counts(store) == {"COMPLETED": 8}
