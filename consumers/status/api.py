@@ -220,9 +220,12 @@ def create_app(
     *,
     sink: StatusSink | None = None,
     job_client_factory: Callable[[], JobClient] | None = None,
+    close_store: bool = False,
 ) -> FastAPI:
     """The API over one shared store; with ``sink``, the sink runs in a thread for the app's
-    lifetime (embedded mode: this process is the only one that can open the chdb directory)."""
+    lifetime (embedded mode: this process is the only one that can open the chdb directory).
+    ``close_store`` closes the store at shutdown, after the sink stopped (``jobwheel serve``:
+    uvicorn re-raises SIGTERM after its graceful shutdown, so code after ``run`` never runs)."""
 
     def default_factory() -> JobClient:
         from producers.client import JobClient
@@ -241,6 +244,8 @@ def create_app(
                 sink.stop()
                 thread.join(timeout=30)
             clients.close()
+            if close_store:
+                store.close()
 
     app = FastAPI(
         title="jobwheel status API",

@@ -109,7 +109,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         run_sink = store.embedded if args.sink is None else args.sink
         status_sink = StatusSink(settings, store) if run_sink else None
-        app = create_app(settings, store, sink=status_sink)
+        app = create_app(settings, store, sink=status_sink, close_store=True)
         host, port = args.host or settings.api_host, args.port or settings.api_port
         logging.getLogger(__name__).info(
             "status API starting",

@@ -146,11 +146,12 @@ def _connect(dsn: str) -> Client:
         return clickhouse_connect.get_client(dsn=dsn, **kwargs)
     except ClickHouseError as exc:
         text = str(exc)
-        if dsn.startswith("chdb:") and ("Cannot lock file" in text or "already" in text):
+        if dsn.startswith("chdb:"):
             raise StoreError(
-                f"the embedded status store {dsn} is in use by another process (or this process "
-                f"opened another chdb directory): {text}. One process owns an embedded store; "
-                "ask it over HTTP (jobwheel status/list/sql use JOBWHEEL_API_URL) or stop it."
+                f"cannot open the embedded status store {dsn}: {text}. Most likely another "
+                "process (jobwheel serve or sink) owns this directory (or this process opened "
+                "another one): one process owns an embedded store; ask it over HTTP (jobwheel "
+                "status/list/sql use JOBWHEEL_API_URL) or stop it, or set JOBWHEEL_DATA_DIR."
             ) from exc
         raise StoreError(f"cannot connect to ClickHouse at {dsn}: {text}") from exc
 
