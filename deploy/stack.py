@@ -61,9 +61,13 @@ class Service:
 
 #: The local stack, in start order. Adding a service is one line here.
 SERVICES: list[Service] = [
-    # Service("scheduler", jobwheel("scheduler")),
-    # Service("worker", jobwheel("worker", "--tasks", "consumers.demo")),
-    # Service("api", jobwheel("serve"), banner="status API: {settings.status_api_url}"),
+    Service("scheduler", jobwheel("scheduler")),
+    Service("worker", jobwheel("worker", "--tasks", "consumers.demo")),
+    Service(
+        "api",
+        jobwheel("serve"),
+        banner="status API: {settings.status_api_url} (OpenAPI at {settings.status_api_url}/docs)",
+    ),
 ]
 
 

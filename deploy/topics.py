@@ -60,7 +60,10 @@ def ensure_topics(
     Raises :class:`TopicMismatchError` (before creating anything) when an existing topic has a
     different partition count; safe to run concurrently with another ``ensure_topics``.
     """
-    specs = list(specs if specs is not None else settings.topics.specs())
+    if specs is None:
+        t = settings.topics
+        specs = [*t.specs(), *t.changelog_specs(settings.scheduler_app_id)]
+    specs = list(specs)
     admin = _admin(settings)
     bootstrap = settings.bootstrap_servers
     metadata = _describe(admin, timeout_s, bootstrap)

@@ -18,6 +18,13 @@ DEFAULT_REPLICATION_FACTOR = 1
 
 DAY_MS = 24 * 3600 * 1000
 
+#: The scheduler's state stores (faust tables). Each is backed by a compacted changelog topic
+#: named ``<scheduler app id>-<table>-changelog`` with the same partition count as the
+#: requests topic (faust refuses a mismatch), created with the other topics.
+JOBS_TABLE = "jobs"
+WHEEL_TABLE = "wheel"
+SCHEDULER_TABLES = (JOBS_TABLE, WHEEL_TABLE)
+
 
 @dataclass(frozen=True)
 class TopicSpec:
@@ -61,6 +68,21 @@ class Topics:
     def dead_letter(self) -> str:
         """Undecodable or invalid commands, and runs that exhausted their attempts."""
         return f"{self.prefix}.dead-letter"
+
+    def changelog(self, app_id: str, table: str) -> str:
+        """faust's name for the changelog of ``table`` in the scheduler app ``app_id``."""
+        return f"{app_id}-{table}-changelog"
+
+    def changelog_specs(self, app_id: str) -> list[TopicSpec]:
+        return [
+            TopicSpec(
+                self.changelog(app_id, table),
+                self.partitions,
+                self.replication_factor,
+                {"cleanup.policy": "compact"},
+            )
+            for table in SCHEDULER_TABLES
+        ]
 
     def specs(self) -> list[TopicSpec]:
         def spec(name: str, **config: str) -> TopicSpec:

@@ -15,6 +15,7 @@ a backlog, so lag shows up as lateness: the benchmark under ``load/`` measures i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import time
@@ -29,6 +30,7 @@ from jobwheel.settings import Settings
 from schemas.codec import Codec
 from schemas.models import JobCommand, StatusEvent
 from schemas.partitioning import key_for, partition_for
+from schemas.topics import JOBS_TABLE, WHEEL_TABLE
 from streams.dispatch import Dispatcher, OutRecord, TransactionalDispatcher
 from streams.processor import Output, SchedulerProcessor
 from streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
@@ -43,6 +45,7 @@ SCHEDULER_SOURCE = b"scheduler"
 EPOCH_KEY = b"\x00epoch"
 TICK_RESEND_MS = 1000
 STATS_INTERVAL_MS = 10_000
+RECORD_ATTEMPTS = 3
 
 
 @dataclass
@@ -91,8 +94,8 @@ class SchedulerRuntime:
             "partitions": settings.partitions,
             "options": limits.faust_options(),
         }
-        self.jobs_table = app.Table("jobs", help="job id -> job state", **table_kw)
-        self.wheel_table = app.Table("wheel", help="due time + job id + tag -> entry", **table_kw)
+        self.jobs_table = app.Table(JOBS_TABLE, help="job id -> job state", **table_kw)
+        self.wheel_table = app.Table(WHEEL_TABLE, help="due time + tag -> entry", **table_kw)
         self.ticks_topic = app.topic(
             self.topics.ticks, key_type=bytes, value_type=bytes, value_serializer="raw"
         )
@@ -165,26 +168,51 @@ class SchedulerRuntime:
             return
         if owner.fenced:
             return
+        for attempt in range(1, RECORD_ATTEMPTS + 1):
+            try:
+                await self._apply(owner, message)
+                return
+            except Exception as exc:  # one bad record must not stop the partition
+                owner.discard()
+                if attempt < RECORD_ATTEMPTS:
+                    # Maybe transient (metadata not yet refreshed, a broker hiccup): again.
+                    log.warning(
+                        "record failed; retrying",
+                        extra={
+                            "topic": message.topic,
+                            "partition": p,
+                            "offset": message.offset,
+                            "attempt": attempt,
+                            "error": repr(exc),
+                        },
+                    )
+                    await asyncio.sleep(0.25 * 2**attempt)
+                    continue
+                log.exception(
+                    "record failed; skipped",
+                    extra={"topic": message.topic, "partition": p, "offset": message.offset},
+                )
+                if message.topic == self.topics.requests:
+                    # Not lost: the command goes to the dead-letter topic with the error.
+                    key = (message.key or b"").decode("utf-8", "replace")
+                    with contextlib.suppress(Exception):
+                        now = self.clock.now_ms()
+                        self._reject(owner, message, f"scheduler error: {exc!r}", key, now)
+
+    async def _apply(self, owner: PartitionOwner, message: Any) -> None:
         now = self.clock.now_ms()
         topic = message.topic
-        try:
-            if topic == self.topics.ticks:
-                if message.value and len(message.value) == 8:
-                    delay = now - struct.unpack(">q", message.value)[0]
-                    self.stats["ticks"] += 1
-                    self.stats["tick_delay_max_ms"] = max(self.stats["tick_delay_max_ms"], delay)
-                    self.stats["tick_delay_sum_ms"] += delay
-                await self.punctuate(owner, now)
-            elif topic == self.topics.requests:
-                self.on_request(owner, message, now)
-            elif topic == self.topics.status:
-                self.on_status(owner, message, now)
-        except Exception:  # one bad record must not stop the partition
-            owner.discard()
-            log.exception(
-                "record failed; skipped",
-                extra={"topic": topic, "partition": p, "offset": message.offset},
-            )
+        if topic == self.topics.ticks:
+            if message.value and len(message.value) == 8:
+                delay = now - struct.unpack(">q", message.value)[0]
+                self.stats["ticks"] += 1
+                self.stats["tick_delay_max_ms"] = max(self.stats["tick_delay_max_ms"], delay)
+                self.stats["tick_delay_sum_ms"] += delay
+            await self.punctuate(owner, now)
+        elif topic == self.topics.requests:
+            self.on_request(owner, message, now)
+        elif topic == self.topics.status:
+            self.on_status(owner, message, now)
 
     def _reject(
         self, owner: PartitionOwner, message: Any, reason: str, job_id: str, now: int
@@ -423,6 +451,12 @@ def build_app(
 
 def run_scheduler(settings: Settings) -> int:
     """Run one scheduler instance until SIGTERM/SIGINT (the faust worker handles signals)."""
+    from deploy.topics import ensure_topics
+
+    # The changelogs must exist with the right partition count before faust writes to them: a
+    # changelog faust creates on the fly is briefly known with 0 partitions, and faust then
+    # refuses every table write (PartitionsMismatch) until its metadata refreshes.
+    ensure_topics(settings)
     (settings.data_dir / "scheduler").mkdir(parents=True, exist_ok=True)
     app, runtime = build_app(settings)
     worker = faust.Worker(
