@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.topics import (
@@ -30,7 +30,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JOBWHEEL_", frozen=True, extra="ignore")
 
     # Kafka
-    bootstrap_servers: str = "127.0.0.1:9092"
+    # Default: the local broker of `jobwheel broker start` / `jobwheel up` (its broker_port).
+    bootstrap_servers: str = ""
     kafka_config: dict[str, Any] = Field(default_factory=dict)
     topic_prefix: str = DEFAULT_PREFIX
     partitions: int = DEFAULT_PARTITIONS
@@ -77,6 +78,12 @@ class Settings(BaseSettings):
     # Logging
     log_level: str = "INFO"
     log_format: str = "json"
+
+    @model_validator(mode="after")
+    def _default_bootstrap(self) -> Settings:
+        if not self.bootstrap_servers:
+            object.__setattr__(self, "bootstrap_servers", f"127.0.0.1:{self.broker_port}")
+        return self
 
     @property
     def topics(self) -> Topics:

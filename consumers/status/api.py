@@ -112,9 +112,22 @@ class RunView(BaseModel):
     updated_ms: int
 
 
+class EventView(BaseModel):
+    event_time_ms: int
+    state: str
+    source: str
+    run_id: str | None = None
+    attempt: int
+    seq: int
+    worker: str | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
 class JobDetail(BaseModel):
     job: JobView
     runs: list[RunView]
+    events: list[EventView]
 
 
 class JobRuns(BaseModel):
@@ -317,11 +330,15 @@ def create_app(
 
     @app.get("/jobs/{job_id:path}", response_model=JobDetail, tags=["status"])
     def get_job(job_id: str) -> dict[str, Any]:
-        """Current state of a job and its runs."""
+        """Current state of a job, its runs, and its status events in lifecycle order."""
         job = queries.get_job(store, job_id)
         if job is None:
             return _not_found(job_id)  # type: ignore[return-value]
-        return {"job": job, "runs": queries.job_runs(store, job_id)}
+        return {
+            "job": job,
+            "runs": queries.job_runs(store, job_id),
+            "events": queries.job_events(store, job_id),
+        }
 
     @app.get("/jobs", response_model=JobList, tags=["status"])
     def list_jobs(

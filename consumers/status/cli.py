@@ -255,7 +255,24 @@ def status(args: argparse.Namespace) -> int:
     print(job_line(payload["job"]))
     for run in payload["runs"]:
         print(run_line(run))
+    if payload.get("events"):
+        print("events:")
+        for event in payload["events"]:
+            print("  " + event_line(event))
     return 0
+
+
+def event_line(event: dict[str, Any]) -> str:
+    parts = [_time(event["event_time_ms"]), f"{event['state'].upper():10}"]
+    if event.get("run_id"):
+        parts.append(f"run={event['run_id']} attempt={event['attempt']}")
+    if event.get("worker"):
+        parts.append(f"worker={event['worker']}")
+    if event.get("reason"):
+        parts.append(f"reason={event['reason']!r}")
+    if event.get("error"):
+        parts.append(f"error={event['error']!r}")
+    return "  ".join(parts)
 
 
 def list_jobs(args: argparse.Namespace) -> int:

@@ -143,6 +143,33 @@ def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[
     )
 
 
+EVENT_COLUMNS = (
+    "event_time_ms",
+    "state",
+    "source",
+    "run_id",
+    "attempt",
+    "seq",
+    "worker",
+    "reason",
+    "error",
+)
+
+
+def job_events(store: StatusStore, job_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+    """The job's status events in lifecycle order (the ordering token, never arrival), latest
+    ``limit``. HEARTBEATs are left out: they say only that a run is still alive."""
+    return store.dicts(
+        f"SELECT {', '.join(EVENT_COLUMNS)} FROM ("
+        f"SELECT {', '.join(EVENT_COLUMNS)}, source_rank, state_rank FROM status_events FINAL "
+        "WHERE job_id = {job_id:String} AND state != 'HEARTBEAT' "
+        "ORDER BY seq DESC, source_rank DESC, state_rank DESC, event_time_ms DESC "
+        "LIMIT {limit:UInt32}) "
+        "ORDER BY seq, source_rank, state_rank, event_time_ms",
+        {"job_id": job_id, "limit": limit},
+    )
+
+
 @dataclass(frozen=True)
 class JobFilter:
     """``since``/``until`` bound the job's last update (``updated_ms``), inclusive."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from deploy.broker import LocalBroker, free_port
 from deploy.stack import SERVICES, Service, Stack
 from jobwheel.settings import Settings
-from tests.support import Procs, wait_until
+from tests.support import Procs, jobwheel_argv, wait_until
 
 FLAKY_SERVICE = (
     "import os, sys, time\n"
@@ -76,7 +78,8 @@ def test_stack_supervises_services_and_stops_everything(tmp_path: Path):
     assert LocalBroker(settings.data_dir / "kafka").running_pid() is None  # ... and the broker
 
 
-def test_jobwheel_up_cli_stops_on_sigterm(tmp_path: Path, procs: Procs):
+def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, procs: Procs):
+    """What `make run` starts, used as the README says: submit, watch the status, query SQL."""
     data = tmp_path / "data"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
@@ -100,6 +103,39 @@ def test_jobwheel_up_cli_stops_on_sigterm(tmp_path: Path, procs: Procs):
     for service in SERVICES:
         if service.enabled:
             assert f"service {service.name}: started" in log.read_text()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            jobwheel_argv(["jobwheel", *args]), env=env, capture_output=True, text=True, timeout=60
+        )
+
+    submitted = cli("submit", "--task", "demo.echo", "--in", "2s", "--args", '{"x": 1}')
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    assert job_id
+
+    def succeeded() -> str | None:
+        out = cli("status", job_id)
+        return out.stdout if out.returncode == 0 and "SUCCEEDED" in out.stdout else None
+
+    status = wait_until(succeeded, 120, 1.0, f"job never SUCCEEDED:\n{log.read_text()[-3000:]}")
+
+    def lifecycle() -> list[str] | None:
+        events = json.loads(cli("status", "--json", job_id).stdout)["events"]
+        states = [e["state"] for e in events]
+        return states if "COMPLETED" in states else None
+
+    states = wait_until(lifecycle, 30, 1.0, "the job's events never reached COMPLETED")
+    assert states == ["SCHEDULED", "DISPATCHED", "STARTED", "SUCCEEDED", "COMPLETED"], states
+    # The human form shows the same lifecycle, states in capitals, one line each.
+    text = cli("status", job_id).stdout
+    for state in states:
+        assert f"  {state}" in text, (state, status, text)
+    sql = cli("sql", f"SELECT run_id, state FROM runs WHERE job_id = '{job_id}'")
+    assert sql.returncode == 0, sql.stderr
+    assert f"{job_id}@" in sql.stdout and "SUCCEEDED" in sql.stdout
+    health = cli("health")
+    assert health.returncode == 0, health.stdout + health.stderr
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(90) == 0, log.read_text()

@@ -65,6 +65,23 @@ def test_get_job_returns_state_and_runs(api: TestClient, filled: int) -> None:
     (run,) = body["runs"]
     assert run["run_id"] == f"job-1@{filled + 1000}"
     assert (run["state"], run["lateness_ms"], run["duration_ms"]) == ("SUCCEEDED", 7, 100)
+    # The lifecycle in order, each event once although three were delivered twice.
+    assert [e["state"] for e in body["events"]] == [
+        "SCHEDULED",
+        "DISPATCHED",
+        "STARTED",
+        "SUCCEEDED",
+        "COMPLETED",
+    ]
+
+
+def test_job_events_follow_the_ordering_token_not_arrival(
+    api: TestClient, store: StatusStore
+) -> None:
+    events = lifecycle("shuffled", now_ms())
+    store.add_events(list(reversed(events)))
+    states = [e["state"] for e in api.get("/jobs/shuffled").json()["events"]]
+    assert states == ["SCHEDULED", "DISPATCHED", "STARTED", "SUCCEEDED", "COMPLETED"]
 
 
 def test_unknown_job_is_404_with_a_reason(api: TestClient, filled: int) -> None:
