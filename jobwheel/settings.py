@@ -48,7 +48,6 @@ class Settings(BaseSettings):
 
     # Scheduler (streams/)
     scheduler_app_id: str = "jobwheel-scheduler"
-    scheduler_web_port: int = 6066
     tick_interval_ms: int = 20
     dispatch_batch_limit: int = 2000
     faust_config: dict[str, Any] = Field(default_factory=dict)

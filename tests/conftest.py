@@ -126,7 +126,6 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
         scheduler_app_id=f"{prefix}-scheduler",
         worker_group=f"{prefix}-workers",
         status_group=f"{prefix}-status",
-        scheduler_web_port=free_port(),
         api_port=free_port(),
     )
     ensure_topics(s)

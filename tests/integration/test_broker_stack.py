@@ -92,7 +92,6 @@ def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, 
         JOBWHEEL_PARTITIONS="4",
         JOBWHEEL_LOG_FORMAT="text",
         JOBWHEEL_API_PORT=str(free_port()),
-        JOBWHEEL_SCHEDULER_WEB_PORT=str(free_port()),
     )
     log = tmp_path / "up.log"
     proc = procs.spawn(["jobwheel", "up"], env, log)
