@@ -37,9 +37,13 @@ def check_partition(partition: int) -> None:
         )
 
 
-class TableKeyValueStore(RocksDBKeyValueStore):
+class _WritesThroughTable:
+    """Writes go through the faust table (and so reach the changelog); reads stay on the Rdict."""
+
+    db: rocksdict.Rdict
+
     def __init__(self, table: Any, partition: int) -> None:
-        super().__init__(partition_db(table, partition))
+        self.db = partition_db(table, partition)
         self.table = table
         self.partition = partition
 
@@ -49,21 +53,13 @@ class TableKeyValueStore(RocksDBKeyValueStore):
 
     def delete(self, key: bytes) -> None:
         check_partition(self.partition)
-        if self.db.get(key) is not None:
+        if self.db.get(key) is not None:  # no tombstone for a key that is not there
             del self.table[key]
 
 
-class TableWheelStore(RocksDBWheelStore):
-    def __init__(self, table: Any, partition: int) -> None:
-        super().__init__(partition_db(table, partition))
-        self.table = table
-        self.partition = partition
+class TableKeyValueStore(_WritesThroughTable, RocksDBKeyValueStore):
+    """The ``jobs`` table of one partition."""
 
-    def put(self, key: bytes, value: bytes) -> None:
-        check_partition(self.partition)
-        self.table[key] = value
 
-    def delete(self, key: bytes) -> None:
-        check_partition(self.partition)
-        if self.db.get(key) is not None:
-            del self.table[key]
+class TableWheelStore(_WritesThroughTable, RocksDBWheelStore):
+    """The ``wheel`` table of one partition."""
