@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     scheduler_app_id: str = "jobwheel-scheduler"
     tick_interval_ms: int = 20
     dispatch_batch_limit: int = 2000
+    # A completed or cancelled job's record is kept this long, then deleted from the state.
+    job_retention_ms: int = 24 * 3600 * 1000
     faust_config: dict[str, Any] = Field(default_factory=dict)
     rocksdb_block_cache_bytes: int = 8 * 1024 * 1024
 

@@ -133,7 +133,13 @@ class SchedulerRuntime:
         await self.dispatcher.claim(partition)
         jobs.inner.put(EPOCH_KEY, struct.pack(">q", epoch))
         wheel = TimingWheel(wheel_store)
-        processor = SchedulerProcessor(partition, jobs, wheel, fencing_token=epoch)
+        processor = SchedulerProcessor(
+            partition,
+            jobs,
+            wheel,
+            fencing_token=epoch,
+            retention_ms=self.settings.job_retention_ms,
+        )
         owner = PartitionOwner(partition, jobs, wheel_store, wheel, processor)
         self.owners[partition] = owner
         log.info(

@@ -58,6 +58,8 @@ MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not bei
 FIRE = "fire"
 VISIBILITY = "vis"
 RETRY = "retry"
+EXPIRE = "expire"
+DAY_MS = 24 * 3600 * 1000
 
 
 @dataclass(slots=True)
@@ -78,7 +80,7 @@ class Output:
 
 
 def _tag(kind: str, run_id: str = "", attempt: int = 0) -> str:
-    return kind if kind == FIRE else f"{kind}|{attempt}|{run_id}"
+    return kind if kind in (FIRE, EXPIRE) else f"{kind}|{attempt}|{run_id}"
 
 
 def _parse_tag(tag: str) -> tuple[str, int, str]:
@@ -118,11 +120,13 @@ class SchedulerProcessor:
         jobs: KeyValueStore,
         wheel: TimingWheel,
         fencing_token: int = 0,
+        retention_ms: int = DAY_MS,
     ) -> None:
         self.partition = partition
         self.jobs = jobs
         self.wheel = wheel
         self.fencing_token = fencing_token
+        self.retention_ms = retention_ms
 
     # --- state access ---------------------------------------------------------------------
 
@@ -255,6 +259,7 @@ class SchedulerProcessor:
             self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
         job.status = JobStatus.CANCELLED
         job.next_fire_ms = None
+        self._retire(job, now_ms)
         out.status.append(self._event(job, job.job_id, State.CANCELLED, now_ms, reason=body.reason))
 
     def _pause(self, job: JobRecord, body: PauseJob, now_ms: int, out: Output) -> None:
@@ -363,7 +368,13 @@ class SchedulerProcessor:
         self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
         if job.status is JobStatus.ACTIVE and job.next_fire_ms is None and not job.active:
             job.status = JobStatus.COMPLETED
+            self._retire(job, now_ms)
             out.status.append(self._event(job, job.job_id, State.COMPLETED, now_ms))
+
+    def _retire(self, job: JobRecord, now_ms: int) -> None:
+        """A finished job's record is kept ``retention_ms`` (so late or redelivered commands
+        for it are still recognised), then deleted: finished jobs must not cost disk forever."""
+        self.wheel.schedule(now_ms + self.retention_ms, job.job_id, EXPIRE)
 
     @staticmethod
     def _run_tag(run: ActiveRun) -> str:
@@ -391,6 +402,13 @@ class SchedulerProcessor:
     def _on_due(self, entry: WheelEntry, now_ms: int, out: Output) -> None:
         job = self.load(entry.job_id)
         if job is None:
+            return
+        if entry.tag == EXPIRE:
+            if job.status in (JobStatus.COMPLETED, JobStatus.CANCELLED):
+                if job.active:  # a cancelled job's last run is still out: look again later
+                    self._retire(job, now_ms)
+                else:
+                    self.jobs.delete(job.job_id.encode())
             return
         kind, attempt, run_id = _parse_tag(entry.tag)
         if kind == FIRE:
@@ -512,6 +530,7 @@ class SchedulerProcessor:
     def _complete_if_done(self, job: JobRecord, now_ms: int, out: Output) -> None:
         if job.status is JobStatus.ACTIVE and job.next_fire_ms is None and not job.active:
             job.status = JobStatus.COMPLETED
+            self._retire(job, now_ms)
             out.status.append(self._event(job, job.job_id, State.COMPLETED, now_ms))
 
     def _on_visibility_deadline(

@@ -320,3 +320,29 @@ def test_a_handed_back_run_is_redispatched_at_once_and_not_counted_as_a_failure(
     # A real failure of the redispatched attempt is then the last one allowed.
     out = proc.on_ack(ack(r2, State.FAILED, T0 + 9, error="E: x", retry_delay_ms=100), T0 + 9)
     assert State.DEAD in states(out)
+
+
+def test_finished_jobs_are_forgotten_after_the_retention():
+    proc = SchedulerProcessor(
+        0, MemoryKeyValueStore(), TimingWheel(MemoryWheelStore()), retention_ms=60_000
+    )
+    c = cmd("j", spec(Now()))
+    proc.on_command(c, T0)
+    [run] = proc.punctuate(T0, 10)[0].runs
+    proc.on_ack(ack(run, State.SUCCEEDED, T0 + 5), T0 + 5)
+    proc.punctuate(T0 + 59_000, 10)
+    assert proc.load("j") is not None  # within the retention a redelivered command is known
+    assert proc.on_command(c, T0 + 59_000).status == []
+    proc.punctuate(T0 + 60_005, 10)
+    assert proc.load("j") is None
+    assert proc.wheel.next_due_ms() is None  # nothing left behind in the wheel either
+
+
+def test_a_rescheduled_job_is_not_forgotten(proc):
+    proc.retention_ms = 1000
+    proc.on_command(cmd("j", spec(Now())), T0)
+    proc.on_command(cmd("j", CancelJob()), T0 + 1)
+    proc.on_command(cmd("j", spec(At(T0 + 5000))), T0 + 2)
+    proc.punctuate(T0 + 2000, 10)
+    assert proc.load("j") is not None
+    assert [r.scheduled_time_ms for r in proc.punctuate(T0 + 5000, 10)[0].runs] == [T0 + 5000]
