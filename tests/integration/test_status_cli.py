@@ -85,7 +85,10 @@ def served(
 def _status_prints_the_job_and_its_runs_one_line_each(served: dict[str, str]) -> None:
     out = jobwheel(served, "status", "cli-done")
     assert out.returncode == 0, out.stderr
-    job_line, run_line = out.stdout.splitlines()
+    job_line, run_line, events_header, *event_lines = out.stdout.splitlines()
+    assert events_header == "events:"
+    states = [line.split()[1] for line in event_lines]
+    assert states == ["SCHEDULED", "DISPATCHED", "STARTED", "SUCCEEDED", "COMPLETED"]
     assert job_line.startswith("job cli-done  COMPLETED  task=demo.echo")
     assert run_line.startswith("run cli-done@") and "  SUCCEEDED  " in run_line
     assert "late=7ms" in run_line and "duration=100ms" in run_line and "worker=w:1" in run_line
