@@ -48,6 +48,15 @@ def rss_mib(pid: int) -> int:
     return -1
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")
+
+
 def wait_scheduled(settings: Settings, count: int, since: float, timeout_s: float) -> float:
     """Seconds from ``since`` until ``count`` SCHEDULED events are on the status topic."""
     consumer = Consumer(
@@ -148,12 +157,22 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
                 )
                 for i in range(args.jobs)
             ]
+            cpu0 = sum(cpu_s(p.pid) for p in procs)
             t0 = time.time()
             for i in range(0, len(specs), 5000):
                 client.schedule_many(specs[i : i + 5000])
             submit_s = time.time() - t0
         ingest_s = wait_scheduled(settings, args.jobs + 4 * args.partitions, t0, args.lead + 300)
         rss_ingested = [rss_mib(p.pid) for p in procs]
+        cpu_ingest = sum(cpu_s(p.pid) for p in procs) - cpu0
+        if args.ingest_only:
+            print(
+                f"ingest only: {args.jobs} jobs due in {args.lead:.0f}s, "
+                f"ingested in {ingest_s:.2f}s "
+                f"({args.jobs / ingest_s:.0f} commands/s, {args.jobs / cpu_ingest:.0f} per "
+                f"scheduler CPU-second); scheduler RSS MiB: {rss_ingested}"
+            )
+            return
         produced_late: list[int] = []
         visible_late: list[int] = []
         first_recv = last_recv = 0.0
@@ -172,6 +191,7 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
                 first_recv = first_recv or recv_ms
                 last_recv = recv_ms
         n = len(visible_late)
+        cpu_fire = sum(cpu_s(p.pid) for p in procs) - cpu0 - cpu_ingest
         span_s = max((last_recv - max(first_recv, start_ms)) / 1000, 1e-3)
         print(
             f"jobs={args.jobs} window={args.window}s partitions={args.partitions} "
@@ -186,6 +206,11 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         if ingest_s > args.lead:
             print("note: ingestion outlasted --lead; lateness below includes ingestion backlog")
         print(f"fired {n}/{args.jobs}; fires/s over the firing span: {n / span_s:.0f}")
+        print(
+            f"scheduler CPU: ingest {cpu_ingest:.1f}s ({args.jobs / cpu_ingest:.0f} commands per "
+            f"CPU-second), firing {cpu_fire:.1f}s ({n / cpu_fire:.0f} fires per CPU-second, "
+            "incl. acks of its own status events)"
+        )
         if n:
             for name, vals in (("produced", produced_late), ("visible", visible_late)):
                 print(
@@ -223,6 +248,11 @@ def main() -> None:
     parser.add_argument("--schedulers", type=int, default=1)
     parser.add_argument("--tick-ms", type=int, default=20)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="schedule the jobs (far ahead with --lead) and report ingestion and RSS only",
+    )
     parser.add_argument("--profile", help="write each scheduler's cProfile stats to PROFILE.<n>")
     args = parser.parse_args()
     if args.lead is None:

@@ -53,17 +53,25 @@ def test_each_trigger_kind_fires_at_its_time(settings, jobwheel_env, procs, tmp_
     # Cron is minute-granular: the first fire is the next minute boundary in that zone.
     cron_job = client.schedule("cron-job", task="demo.echo", cron="* * * * *", tz="Asia/Kolkata")
 
+    # Daylight saving through the real flow: the scheduler's first fire for a cron time that
+    # does not exist (2027-03-14 02:30 in New York) is the end of the gap, 03:00 EDT; for one
+    # that occurs twice (2027-11-07 01:30) it is the first occurrence, 01:30 EDT.
+    gap = client.schedule("dst-gap", task="demo.echo", cron="30 2 14 3 *", tz="America/New_York")
+    fold = client.schedule("dst-fold", task="demo.echo", cron="30 1 7 11 *", tz="America/New_York")
+
     scheduled = {
         e.job_id: e
         for e in tail.wait(
             lambda: (
-                len(tail.events(state=State.SCHEDULED)) >= 5 and tail.events(state=State.SCHEDULED)
+                len(tail.events(state=State.SCHEDULED)) >= 7 and tail.events(state=State.SCHEDULED)
             ),
             30,
             "not every job was SCHEDULED",
         )
     }
     issued = {job: scheduled[job].next_fire_ms for job in scheduled}
+    assert issued[gap] == int(datetime(2027, 3, 14, 7, 0, tzinfo=UTC).timestamp() * 1000)
+    assert issued[fold] == int(datetime(2027, 11, 7, 5, 30, tzinfo=UTC).timestamp() * 1000)
     next_minute = (issued["cron-job"] // 60_000) * 60_000
     assert issued["cron-job"] == next_minute and next_minute > start - 60_000
 
