@@ -26,9 +26,9 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from deploy.broker import LocalBroker, free_port
 from deploy.topics import ensure_topics
 from jobwheel.settings import Settings
+from load.harness import broker
 from producers.client import JobClient, JobSpec
 from schemas.codec import default_codec
 
@@ -257,17 +257,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.lead is None:
         args.lead = 5 + args.jobs / 500
-    with tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp:
-        workdir = Path(tmp)
-        if args.bootstrap:
-            run(args, args.bootstrap, workdir)
-            return
-        broker = LocalBroker(workdir / "kafka", port=free_port(), controller_port=free_port())
-        broker.start()
-        try:
-            run(args, broker.bootstrap, workdir)
-        finally:
-            broker.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp,
+        broker(args.bootstrap is None, args.bootstrap) as bootstrap,
+    ):
+        run(args, bootstrap, Path(tmp))
 
 
 if __name__ == "__main__":

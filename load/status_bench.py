@@ -20,13 +20,12 @@ for comparing changes, not capacity planning.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -36,25 +35,10 @@ from consumers.status.sink import StatusSink
 from consumers.status.store import StatusStore, event_row
 from deploy.topics import ensure_topics
 from jobwheel.settings import Settings
+from load.harness import broker
 from schemas.codec import Codec
 from schemas.models import State, StatusEvent
 from schemas.partitioning import key_for
-
-
-@contextlib.contextmanager
-def broker(start: bool, bootstrap: str | None) -> Iterator[str]:
-    if not start:
-        yield bootstrap or Settings().bootstrap_servers
-        return
-    from deploy.broker import LocalBroker, free_port
-
-    with tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp:
-        local = LocalBroker(Path(tmp), port=free_port(), controller_port=free_port(), heap="512m")
-        local.start(die_with_parent=True)
-        try:
-            yield local.bootstrap
-        finally:
-            local.stop()
 
 
 def job_events(i: int, t0: int) -> list[StatusEvent]:

@@ -15,7 +15,6 @@ the status events, the reader), so figures are for comparison between changes, n
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -24,33 +23,17 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from deploy.topics import ensure_topics
 from jobwheel.settings import Settings
+from load.harness import broker
 from producers.kafka import producer_config
 from schemas.codec import Codec
 from schemas.models import Run, State, StatusEvent
 from schemas.partitioning import key_for, partition_for
-
-
-@contextlib.contextmanager
-def broker(start: bool, bootstrap: str | None) -> Iterator[str]:
-    if not start:
-        yield bootstrap or Settings().bootstrap_servers
-        return
-    from deploy.broker import LocalBroker, free_port
-
-    with tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp:
-        local = LocalBroker(Path(tmp), port=free_port(), controller_port=free_port(), heap="512m")
-        local.start(die_with_parent=True)
-        try:
-            yield local.bootstrap
-        finally:
-            local.stop()
 
 
 def produce_runs(settings: Settings, n: int, codec: Codec) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Procs
+from tests.support import Procs, docker_engine
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 
@@ -33,19 +33,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
-def _docker_engine() -> bool:
-    try:
-        import docker
-
-        client = docker.from_env()
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:
-        return False
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``"host:port"`` of a real Kafka broker for the whole session (started on first use)."""
@@ -53,7 +40,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external:
         yield external
         return
-    if _docker_engine():
+    if docker_engine():
         yield from _container_broker()
         return
     yield from _local_broker(tmp_path_factory.mktemp("kafka"))

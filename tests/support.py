@@ -197,3 +197,17 @@ class Procs:
                 # Shown by pytest only when the test failed (captured teardown output).
                 print(f"--- {' '.join(map(str, proc.args))} (exit {proc.returncode}); {log_path}")
                 print(log_tail(log_path))
+
+
+def docker_engine() -> bool:
+    """Does a Docker engine answer? (``docker --version`` answers even without one.)"""
+    try:
+        import docker
+
+        client = docker.from_env()
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False

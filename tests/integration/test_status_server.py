@@ -18,24 +18,12 @@ from consumers.status import queries
 from consumers.status.store import StatusStore, load_migrations
 from jobwheel.errors import QueryError
 from tests.status_support import lifecycle, now_ms
+from tests.support import docker_engine
 
 IMAGE = "clickhouse/clickhouse-server:25.3"
 
 
-def _docker() -> bool:
-    try:
-        import docker
-
-        client = docker.from_env()
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _docker(), reason="needs a Docker engine for ClickHouse")
+pytestmark = pytest.mark.skipif(not docker_engine(), reason="needs a Docker engine for ClickHouse")
 
 
 @pytest.fixture(scope="module")
