@@ -500,6 +500,7 @@ class WorkerPool:
             ex.run,
             State.HEARTBEAT,
             suffix=f":{ex.heartbeats}",
+            now_ms=now,  # the deadline is "this heartbeat + the visibility timeout"
             deadline_ms=now + ex.run.visibility_timeout_ms,
         )
         # Enqueued right here, not in a task: a heartbeat must never overtake the run's
@@ -522,12 +523,20 @@ class WorkerPool:
     def _deadline(self, run: Run) -> int:
         return self._clock.now_ms() + run.visibility_timeout_ms
 
-    def _event(self, run: Run, state: State, *, suffix: str = "", **fields: Any) -> StatusEvent:
+    def _event(
+        self,
+        run: Run,
+        state: State,
+        *,
+        suffix: str = "",
+        now_ms: int | None = None,
+        **fields: Any,
+    ) -> StatusEvent:
         return StatusEvent(
             event_id=f"{run.run_id}:{run.attempt}:{state.value}{suffix}",
             job_id=run.job_id,
             state=state,
-            event_time_ms=self._clock.now_ms(),
+            event_time_ms=self._clock.now_ms() if now_ms is None else now_ms,
             source="worker",
             run_id=run.run_id,
             seq=run.seq,
