@@ -65,8 +65,9 @@ format: $(VENV)/.installed
 test: setup lint
 	$(BIN)/pytest -q
 
+# Logs for a person at a terminal (JSON lines stay the default for services).
 run: setup
-	$(BIN)/jobwheel up
+	JOBWHEEL_LOG_FORMAT=$${JOBWHEEL_LOG_FORMAT:-text} $(BIN)/jobwheel up
 
 # Local state and caches; keeps the venv and the jars (distclean removes those too).
 clean:
