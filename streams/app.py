@@ -416,7 +416,10 @@ def build_app(
         "value_serializer": "raw",
         "consumer_auto_offset_reset": "earliest",
         "broker_commit_interval": 1.0,
-        "producer_linger": 0.0,
+        # faust's producer carries the changelog writes (several per fire) and the ticks: with
+        # no linger every record was its own produce request (~250 us of syscalls each here);
+        # 5 ms batches them (+25 % commands/s, fire capacity 1.8k -> 3.3k/s on one core).
+        "producer_linger": 0.005,
         "topic_allow_declare": True,
         # A dead instance's partitions move after the session timeout: 10 s, not faust's 60 s.
         "broker_session_timeout": 10.0,
