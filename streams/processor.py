@@ -73,11 +73,6 @@ class Output:
     def __bool__(self) -> bool:
         return bool(self.runs or self.status or self.dead_runs)
 
-    def extend(self, other: Output) -> None:
-        self.runs.extend(other.runs)
-        self.status.extend(other.status)
-        self.dead_runs.extend(other.dead_runs)
-
 
 def _tag(kind: str, run_id: str = "", attempt: int = 0) -> str:
     return kind if kind in (FIRE, EXPIRE) else f"{kind}|{attempt}|{run_id}"
