@@ -143,25 +143,32 @@ class SchedulerProcessor:
         *,
         event_id: str | None = None,
         run: ActiveRun | None = None,
-        attempt: int | None = None,
+        seq: int | None = None,
         **fields: object,
     ) -> StatusEvent:
-        seq = job.next_seq() if job is not None else 0
+        """A scheduler status event. ``run`` fills in run id, attempt and scheduled time;
+        ``fields`` override or add to them (e.g. the run id of a fire that never became a run).
+        ``seq`` is the job's next sequence number unless the caller already took one."""
+        if seq is None:
+            seq = job.next_seq() if job is not None else 0
         if event_id is None:
             event_id = f"{job_id}:{seq}:{state.value}" if job else f"{job_id}:{now_ms}:{state}"
+        values: dict[str, object] = (
+            {"run_id": run.run_id, "attempt": run.attempt, "scheduled_time_ms": run.scheduled_ms}
+            if run
+            else {}
+        )
+        values.update(fields)
         return StatusEvent(
             event_id=event_id,
             job_id=job_id,
             state=state,
             event_time_ms=now_ms,
             source=SOURCE,
-            run_id=run.run_id if run else None,
             seq=seq,
-            attempt=attempt if attempt is not None else (run.attempt if run else 0),
             task=job.spec.task if job else None,
-            scheduled_time_ms=run.scheduled_ms if run else None,
             next_fire_ms=job.next_fire_ms if job else None,
-            **fields,  # type: ignore[arg-type]
+            **values,  # type: ignore[arg-type]
         )
 
     def reject(self, job_id: str, reason: str, now_ms: int, event_id: str) -> Output:
@@ -340,18 +347,14 @@ class SchedulerProcessor:
         self.wheel.schedule(deadline, job.job_id, _tag(VISIBILITY, run_id, attempt))
         out.runs.append(self._make_run(job, active, now_ms))
         out.status.append(
-            StatusEvent(
+            self._event(
+                job,
+                job.job_id,
+                State.DISPATCHED,
+                now_ms,
                 event_id=f"{run_id}:{attempt}:DISPATCHED",
-                job_id=job.job_id,
-                state=State.DISPATCHED,
-                event_time_ms=now_ms,
-                source=SOURCE,
-                run_id=run_id,
-                seq=seq,
-                attempt=attempt,
-                task=job.spec.task,
-                scheduled_time_ms=scheduled_ms,
-                next_fire_ms=job.next_fire_ms,
+                run=active,
+                seq=seq,  # the Run carries it too: worker events sort after this one
                 deadline_ms=deadline,
                 reason=reason,
             )
@@ -471,20 +474,17 @@ class SchedulerProcessor:
             )
             self._complete_if_done(job, now_ms, out)
             return
-        running = [r for r in job.active.values()]
+        running = list(job.active.values())
         if running and spec.concurrency_policy is ConcurrencyPolicy.FORBID:
             out.status.append(
-                StatusEvent(
+                self._event(
+                    job,
+                    job.job_id,
+                    State.SKIPPED,
+                    now_ms,
                     event_id=f"{job.job_id}@{latest}:SKIPPED",
-                    job_id=job.job_id,
-                    state=State.SKIPPED,
-                    event_time_ms=now_ms,
-                    source=SOURCE,
                     run_id=f"{job.job_id}@{latest}",
-                    seq=job.next_seq(),
-                    task=spec.task,
                     scheduled_time_ms=latest,
-                    next_fire_ms=job.next_fire_ms,
                     reason=f"run {running[0].run_id} still active (concurrencyPolicy=FORBID)",
                 )
             )
@@ -508,17 +508,14 @@ class SchedulerProcessor:
         self._dispatch(job, f"{job.job_id}@{latest}", latest, 1, now_ms, out)
 
     def _missed(self, job: JobRecord, scheduled_ms: int, now_ms: int, reason: str) -> StatusEvent:
-        return StatusEvent(
+        return self._event(
+            job,
+            job.job_id,
+            State.MISSED,
+            now_ms,
             event_id=f"{job.job_id}@{scheduled_ms}:MISSED",
-            job_id=job.job_id,
-            state=State.MISSED,
-            event_time_ms=now_ms,
-            source=SOURCE,
             run_id=f"{job.job_id}@{scheduled_ms}",
-            seq=job.next_seq(),
-            task=job.spec.task,
             scheduled_time_ms=scheduled_ms,
-            next_fire_ms=job.next_fire_ms,
             reason=reason,
         )
 
