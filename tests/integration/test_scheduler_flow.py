@@ -3,7 +3,9 @@ ordered with the schedule, and bad records are rejected and dead-lettered withou
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from confluent_kafka import Producer
@@ -11,7 +13,7 @@ from confluent_kafka import Producer
 from producers.client import JobClient
 from producers.kafka import producer_config
 from schemas.codec import default_codec
-from schemas.models import CancelJob, JobCommand, State
+from schemas.models import CancelJob, Cron, JobCommand, ScheduleJob, State
 from schemas.partitioning import key_for, partition_for
 from tests.integration.scheduler_support import TopicTail, now_ms, start_scheduler
 
@@ -34,6 +36,46 @@ def client(settings):
         yield c
 
 
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def _nth_sunday(year: int, month: int, n: int) -> date:
+    first = date(year, month, 1)
+    return first + timedelta(days=(6 - first.weekday()) % 7 + 7 * (n - 1))
+
+
+def next_dst_days(now: int) -> tuple[date, date]:
+    """New York's next spring-forward (2nd Sunday of March) and fall-back (1st Sunday of
+    November) days after ``now`` (epoch ms), each checked to really be a transition."""
+    today = datetime.fromtimestamp(now / 1000, NEW_YORK).date()
+    gap = next(d for y in range(today.year, today.year + 2) if (d := _nth_sunday(y, 3, 2)) > today)
+    fold = next(
+        d for y in range(today.year, today.year + 2) if (d := _nth_sunday(y, 11, 1)) > today
+    )
+    before, after = (datetime(gap.year, 3, gap.day, h, tzinfo=NEW_YORK) for h in (1, 4))
+    assert before.utcoffset() != after.utcoffset(), f"{gap} is not a spring-forward day"
+    first, second = (
+        datetime(fold.year, 11, fold.day, 1, 30, fold=f, tzinfo=NEW_YORK) for f in (0, 1)
+    )
+    assert first.utcoffset() != second.utcoffset(), f"{fold} is not a fall-back day"
+    return gap, fold
+
+
+def dst_command(job_id: str, expression: str, day: date) -> JobCommand:
+    """A cron job in New York issued at local midnight of ``day``."""
+    midnight = datetime(day.year, day.month, day.day, tzinfo=NEW_YORK)
+    return JobCommand(
+        command_id=f"{job_id}-{uuid.uuid4().hex}",
+        job_id=job_id,
+        issued_at_ms=int(midnight.timestamp() * 1000),
+        body=ScheduleJob(task="demo.echo", trigger=Cron(expression, "America/New_York")),
+    )
+
+
+def utc_ms(day: date, hour: int, minute: int) -> int:
+    return int(datetime(day.year, day.month, day.day, hour, minute, tzinfo=UTC).timestamp() * 1000)
+
+
 def assert_fired_at(tail: TopicTail, job_id: str, scheduled_ms: int) -> None:
     runs = tail.runs_of(job_id)
     assert [r.scheduled_time_ms for r in runs][:1] == [scheduled_ms], runs
@@ -53,11 +95,14 @@ def test_each_trigger_kind_fires_at_its_time(settings, jobwheel_env, procs, tmp_
     # Cron is minute-granular: the first fire is the next minute boundary in that zone.
     cron_job = client.schedule("cron-job", task="demo.echo", cron="* * * * *", tz="Asia/Kolkata")
 
-    # Daylight saving through the real flow: the scheduler's first fire for a cron time that
-    # does not exist (2027-03-14 02:30 in New York) is the end of the gap, 03:00 EDT; for one
-    # that occurs twice (2027-11-07 01:30) it is the first occurrence, 01:30 EDT.
-    gap = client.schedule("dst-gap", task="demo.echo", cron="30 2 14 3 *", tz="America/New_York")
-    fold = client.schedule("dst-fold", task="demo.echo", cron="30 1 7 11 *", tz="America/New_York")
+    # Daylight saving through the real flow. Cron fires are computed from the command's
+    # issued_at, so commands issued at midnight before New York's next spring-forward and
+    # fall-back days (computed from today: no expiry date) test the rules on those days: 02:30
+    # does not exist (the fire is the end of the gap, 03:00 EDT), 01:30 exists twice (a fixed
+    # time fires once, at the first occurrence, 01:30 EDT).
+    gap_day, fold_day = next_dst_days(start)
+    gap = client.send(dst_command("dst-gap", "30 2 * * *", gap_day))
+    fold = client.send(dst_command("dst-fold", "30 1 * * *", fold_day))
 
     scheduled = {
         e.job_id: e
@@ -70,8 +115,9 @@ def test_each_trigger_kind_fires_at_its_time(settings, jobwheel_env, procs, tmp_
         )
     }
     issued = {job: scheduled[job].next_fire_ms for job in scheduled}
-    assert issued[gap] == int(datetime(2027, 3, 14, 7, 0, tzinfo=UTC).timestamp() * 1000)
-    assert issued[fold] == int(datetime(2027, 11, 7, 5, 30, tzinfo=UTC).timestamp() * 1000)
+    # 03:00 EDT is 07:00 UTC; the first 01:30 (EDT) is 05:30 UTC.
+    assert issued[gap] == utc_ms(gap_day, 7, 0)
+    assert issued[fold] == utc_ms(fold_day, 5, 30)
     next_minute = (issued["cron-job"] // 60_000) * 60_000
     assert issued["cron-job"] == next_minute and next_minute > start - 60_000
 
