@@ -1,7 +1,7 @@
 """Throughput of one ``jobwheel worker`` process on ``demo.echo``.
 
 Produces N runs to a fresh runs topic (transactionally, keyed by job id, as the scheduler
-does), starts one worker subprocess and reads the status topic until every run's SUCCEEDED event
+does), starts one worker subprocess and reads the acks topic until every run's SUCCEEDED event
 is there. Prints the drain rate over the whole run (process start and group join included) and
 over the steady part (first to last SUCCEEDED).
 
@@ -99,7 +99,7 @@ def wait_succeeded(settings: Settings, n: int, codec: Codec, timeout_s: float) -
         )
     )
     consumer.assign(
-        [TopicPartition(settings.topics.status, p, 0) for p in range(settings.partitions)]
+        [TopicPartition(settings.topics.acks, p, 0) for p in range(settings.partitions)]
     )
     seen: set[str] = set()
     times: list[int] = []

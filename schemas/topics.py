@@ -1,11 +1,11 @@
-"""The one definition of jobwheel's topics.
+"""The one definition of jobwheel's topics and record headers.
 
-Requests, runs, status and ticks are co-partitioned: the same partition count and the same key
+Requests, runs, acks and status are co-partitioned: the same partition count and the same key
 (the job id as raw UTF-8 bytes, murmur2-partitioned) put everything about one job in the same
 partition number of every topic. That is what lets the scheduler that owns requests partition
-``p`` also receive the worker acknowledgements for those jobs, and write its state to changelog
-partition ``p``. Change the count only by recreating the topics: ``topics ensure`` refuses a
-mismatch rather than silently re-hashing jobs to other owners.
+``p`` also read the worker acknowledgements for those jobs (acks partition ``p``), and write its
+state to changelog partition ``p``. Change the count only by recreating the topics: ``topics
+ensure`` refuses a mismatch rather than silently re-hashing jobs to other owners.
 """
 
 from __future__ import annotations
@@ -24,6 +24,21 @@ DAY_MS = 24 * 3600 * 1000
 JOBS_TABLE = "jobs"
 WHEEL_TABLE = "wheel"
 SCHEDULER_TABLES = (JOBS_TABLE, WHEEL_TABLE)
+
+# --- record headers (part of the wire contract, see schemas/README.md) ----------------------
+
+#: On acks records: the StatusEvent's state (``STARTED``, ``HEARTBEAT`` ...) as ASCII, so a
+#: reader that needs only some states can skip the rest without decoding them.
+STATE_HEADER = "jobwheel.state"
+#: On dead-letter records: why the record is there (UTF-8 text).
+ERROR_HEADER = "jobwheel.error"
+#: On dead-letter records: ``dead-run`` for a run out of attempts; absent for a bad request.
+KIND_HEADER = "jobwheel.kind"
+DEAD_RUN_KIND = b"dead-run"
+#: On dead-letter copies of bad input: where the original record was.
+SOURCE_TOPIC_HEADER = "jobwheel.source.topic"
+SOURCE_PARTITION_HEADER = "jobwheel.source.partition"
+SOURCE_OFFSET_HEADER = "jobwheel.source.offset"
 
 
 @dataclass(frozen=True)
@@ -55,8 +70,15 @@ class Topics:
         return f"{self.prefix}.runs"
 
     @property
+    def acks(self) -> str:
+        """Every event a worker reports about a run (STARTED, HEARTBEAT, SUCCEEDED, FAILED,
+        STALE); read by the scheduler that owns the partition and by the status sink. Broker
+        append time stamps each record, so the scheduler can tell how far it has read in time."""
+        return f"{self.prefix}.acks"
+
+    @property
     def status(self) -> str:
-        """Status events from schedulers and workers; read by the scheduler and the status sink."""
+        """The scheduler's own status events; read by the status sink."""
         return f"{self.prefix}.status"
 
     @property
@@ -91,6 +113,14 @@ class Topics:
         return [
             spec(self.requests, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
             spec(self.runs, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
+            spec(
+                self.acks,
+                **{
+                    "cleanup.policy": "delete",
+                    "retention.ms": str(7 * DAY_MS),
+                    "message.timestamp.type": "LogAppendTime",
+                },
+            ),
             spec(self.status, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
             spec(self.ticks, **{"cleanup.policy": "delete", "retention.ms": str(3600 * 1000)}),
             spec(

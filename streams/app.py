@@ -1,6 +1,6 @@
 """faust glue: records in, processor calls, fenced dispatch out. No scheduling rules live here.
 
-One agent consumes the requests, status and ticks topics. They are co-partitioned (same count,
+One agent consumes the requests, acks and ticks topics. They are co-partitioned (same count,
 same key), so faust's assignor gives partition ``p`` of all three to one instance, and every
 table write made while handling a record of partition ``p`` lands in changelog partition ``p``.
 
@@ -30,7 +30,7 @@ from jobwheel.settings import Settings
 from schemas.codec import Codec
 from schemas.models import JobCommand, StatusEvent
 from schemas.partitioning import key_for, partition_for
-from schemas.topics import JOBS_TABLE, WHEEL_TABLE
+from schemas.topics import JOBS_TABLE, STATE_HEADER, WHEEL_TABLE
 from streams.dispatch import Dispatcher, OutRecord, TransactionalDispatcher
 from streams.processor import Output, SchedulerProcessor
 from streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
@@ -165,7 +165,7 @@ class SchedulerRuntime:
     # --- records ------------------------------------------------------------------------
 
     async def handle(self, message: Any) -> None:
-        """One record of requests/status/ticks, inside the stream (table writes are legal)."""
+        """One record of requests/acks/ticks, inside the stream (table writes are legal)."""
         p = message.partition
         try:
             owner = await self.owner(p)
@@ -217,8 +217,8 @@ class SchedulerRuntime:
             await self.punctuate(owner, now)
         elif topic == self.topics.requests:
             self.on_request(owner, message, now)
-        elif topic == self.topics.status:
-            self.on_status(owner, message, now)
+        elif topic == self.topics.acks:
+            self.on_ack(owner, message, now)
 
     def _reject(
         self, owner: PartitionOwner, message: Any, reason: str, job_id: str, now: int
@@ -267,10 +267,10 @@ class SchedulerRuntime:
         owner.commit()
         self._queue(owner, out)
 
-    def on_status(self, owner: PartitionOwner, message: Any, now: int) -> None:
+    def on_ack(self, owner: PartitionOwner, message: Any, now: int) -> None:
         for name, value in message.headers or ():
-            if name == SOURCE_HEADER and value == SCHEDULER_SOURCE:
-                return  # our own output
+            if name == STATE_HEADER and value == b"STARTED":
+                return  # changes nothing the scheduler decides on: not even decoded
         try:
             ev = self.codec.decode(message.value or b"")
         except SchemaDecodeError:
@@ -435,7 +435,7 @@ def build_app(
     runtime = SchedulerRuntime(settings, app, dispatcher or TransactionalDispatcher(settings))
     t = settings.topics
     source = app.topic(
-        t.requests, t.status, t.ticks, key_type=bytes, value_type=bytes, value_serializer="raw"
+        t.requests, t.acks, t.ticks, key_type=bytes, value_type=bytes, value_serializer="raw"
     )
 
     @app.agent(source, name="scheduler")

@@ -5,7 +5,7 @@ Use with the fixtures of ``tests/conftest.py`` (``kafka_bootstrap``, ``settings`
 
     proc = procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], jobwheel_env,
                        tmp_path / "worker.log")
-    msgs = consume(settings, settings.topics.status, min_count=3)
+    msgs = consume(settings, settings.topics.acks, min_count=3)
     wait_until(lambda: proc.poll() is None, 5, message="worker died")
 """
 

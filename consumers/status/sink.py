@@ -1,4 +1,9 @@
-"""The status sink: status topic -> ClickHouse ``status_events``, in batches, at least once.
+"""The status sink: status and acks topics -> ClickHouse ``status_events``, in batches, at least
+once.
+
+The scheduler's events come on the status topic and the workers' on the acks topic; an event's
+``source`` column is taken from the topic it came on, never from the record's own ``source``
+field (any writer can set a field; only the topic's ACLs say who wrote it).
 
 Offsets are committed only after the batch holding them is inserted, so a crash loses
 nothing: the uncommitted records are read again. Reading them again is harmless because the
@@ -89,27 +94,27 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 
 class _Batch:
-    """Decoded rows plus the offset range of every record read (decodable or not)."""
+    """Decoded rows plus the offset range of every record read (decodable or not), per
+    ``(topic, partition)``."""
 
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
-        self.ranges: dict[int, tuple[int, int]] = {}
+        self.ranges: dict[tuple[str, int], tuple[int, int]] = {}
         self.started = time.monotonic()
 
-    def add_offset(self, partition: int, offset: int) -> None:
-        lo, hi = self.ranges.get(partition, (offset, offset))
-        self.ranges[partition] = (min(lo, offset), max(hi, offset))
+    def add_offset(self, topic: str, partition: int, offset: int) -> None:
+        lo, hi = self.ranges.get((topic, partition), (offset, offset))
+        self.ranges[(topic, partition)] = (min(lo, offset), max(hi, offset))
 
     def __bool__(self) -> bool:
         return bool(self.ranges)
 
-    def token(self, topic: str) -> str:
-        parts = ",".join(f"{p}:{lo}-{hi}" for p, (lo, hi) in sorted(self.ranges.items()))
-        return f"{topic}|{parts}"
+    def token(self) -> str:
+        return ",".join(f"{t}/{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(self.ranges.items()))
 
 
 class StatusSink:
-    """Consume the status topic into the store until stopped (see the module doc)."""
+    """Consume the status and acks topics into the store until stopped (see the module doc)."""
 
     def __init__(
         self,
@@ -123,7 +128,8 @@ class StatusSink:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.topic = settings.topics.status
+        #: topic -> the ``source`` of every event read from it
+        self.sources = {settings.topics.status: "scheduler", settings.topics.acks: "worker"}
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.batch_size = batch_size or settings.status_batch_size
         self.batch_ms = batch_ms if batch_ms is not None else settings.status_batch_ms
@@ -135,6 +141,7 @@ class StatusSink:
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status-insert")
         self._inflight: tuple[_Batch, Future[bool]] | None = None
         self._abandoned = False  # an insert gave up: commit nothing more in this run
+        self._owned: set[tuple[str, int]] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -157,7 +164,7 @@ class StatusSink:
             ) from exc
         self._consumer = consumer
         consumer.subscribe(
-            [self.topic],
+            list(self.sources),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
@@ -165,7 +172,7 @@ class StatusSink:
         self.stats.running = True
         log.info(
             "status sink started",
-            extra={"topic": self.topic, "group": self.settings.status_group},
+            extra={"topics": list(self.sources), "group": self.settings.status_group},
         )
         try:
             while not self._stop.is_set():
@@ -219,35 +226,37 @@ class StatusSink:
         if error is not None:
             log.warning(
                 "status topic read error",
-                extra={"error": error.str(), "code": error.name(), "topic": self.topic},
+                extra={"error": error.str(), "code": error.name(), "topic": message.topic()},
             )
             if error.fatal():
                 raise BrokerError(f"fatal consumer error: {error.str()}", code=error.name())
             return
-        partition, offset = message.partition(), message.offset()
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
         if not self._batch:
             self._batch.started = time.monotonic()
-        self._batch.add_offset(partition, offset)
+        self._batch.add_offset(topic, partition, offset)  # type: ignore[arg-type]
         self.stats.consumed += 1
         try:
             event = self.codec.decode(message.value())  # type: ignore[arg-type]
-            row = event_row(event, partition, offset)  # type: ignore[arg-type]
+            row = event_row(event, partition, offset, source=self.sources[topic])  # type: ignore[arg-type]
         except SchemaDecodeError as exc:
-            self._undecodable(partition, offset, str(exc))
+            self._undecodable(topic, partition, offset, str(exc))  # type: ignore[arg-type]
             return
         except Exception as exc:  # not a StatusEvent (e.g. a Run on the wrong topic)
-            self._undecodable(partition, offset, f"{type(exc).__name__}: {exc}")
+            self._undecodable(topic, partition, offset, f"{type(exc).__name__}: {exc}")  # type: ignore[arg-type]
             return
         self._batch.rows.append(row)
 
-    def _undecodable(self, partition: int, offset: int, reason: str) -> None:
+    def _undecodable(self, topic: str, partition: int, offset: int, reason: str) -> None:
         self.stats.undecodable += 1
         log.warning(
             "undecodable status record skipped",
-            extra={"topic": self.topic, "partition": partition, "offset": offset, "error": reason},
+            extra={"topic": topic, "partition": partition, "offset": offset, "error": reason},
         )
 
-    def _flush(self, consumer: Consumer, lost: set[int] | None = None, wait: bool = True) -> None:
+    def _flush(
+        self, consumer: Consumer, lost: set[tuple[str, int]] | None = None, wait: bool = True
+    ) -> None:
         """Hand the batch to the inserter (after finishing the one in flight); with ``wait``,
         also finish this one, so nothing read is left uninserted or uncommitted."""
         lost = lost or set()
@@ -258,7 +267,7 @@ class StatusSink:
         if wait:
             self._finish_inflight(consumer, lost)
 
-    def _finish_inflight(self, consumer: Consumer, lost: set[int]) -> None:
+    def _finish_inflight(self, consumer: Consumer, lost: set[tuple[str, int]]) -> None:
         if self._inflight is None:
             return
         batch, future = self._inflight
@@ -276,7 +285,7 @@ class StatusSink:
         backoff = 0.2
         while True:
             try:
-                self.store.insert_events(batch.rows, dedup_token=batch.token(self.topic))
+                self.store.insert_events(batch.rows, dedup_token=batch.token())
                 self.stats.inserted += len(batch.rows)
                 self.stats.batches += 1
                 self.stats.last_insert_ms = time.time_ns() // 1_000_000
@@ -297,13 +306,13 @@ class StatusSink:
                 self._stop.set()
                 return False
 
-    def _commit(self, consumer: Consumer, batch: _Batch, lost: set[int]) -> None:
+    def _commit(self, consumer: Consumer, batch: _Batch, lost: set[tuple[str, int]]) -> None:
         from confluent_kafka import KafkaException, TopicPartition
 
         offsets = [
-            TopicPartition(self.topic, p, hi + 1)
-            for p, (_, hi) in sorted(batch.ranges.items())
-            if p not in lost
+            TopicPartition(t, p, hi + 1)
+            for (t, p), (_, hi) in sorted(batch.ranges.items())
+            if (t, p) not in lost
         ]
         if not offsets:
             return
@@ -315,22 +324,26 @@ class StatusSink:
             self.stats.commit_failures += 1
             log.warning(
                 "status offsets not committed; the records will be read again",
-                extra={"error": str(exc), "offsets": {tp.partition: tp.offset for tp in offsets}},
+                extra={
+                    "error": str(exc),
+                    "offsets": {f"{tp.topic}/{tp.partition}": tp.offset for tp in offsets},
+                },
             )
 
     # --- rebalance ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assigned = set(self.stats.assigned) | {tp.partition for tp in partitions}
-        self.stats.assigned = sorted(assigned)
+        self._owned |= {(tp.topic, tp.partition) for tp in partitions}
+        self.stats.assigned = sorted({p for _, p in self._owned})
         log.info("status partitions assigned", extra={"partitions": self.stats.assigned})
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._flush(consumer)
-        revoked = {tp.partition for tp in partitions}
-        self.stats.assigned = sorted(set(self.stats.assigned) - revoked)
+        self._owned -= {(tp.topic, tp.partition) for tp in partitions}
+        self.stats.assigned = sorted({p for _, p in self._owned})
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = {tp.partition for tp in partitions}
+        lost = {(tp.topic, tp.partition) for tp in partitions}
         self._flush(consumer, lost=lost)
-        self.stats.assigned = sorted(set(self.stats.assigned) - lost)
+        self._owned -= lost
+        self.stats.assigned = sorted({p for _, p in self._owned})

@@ -109,8 +109,11 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-def event_row(event: StatusEvent, partition: int = -1, offset: int = -1) -> list[Any]:
-    """One ``status_events`` row in :data:`EVENT_COLUMNS` order."""
+def event_row(
+    event: StatusEvent, partition: int = -1, offset: int = -1, *, source: str | None = None
+) -> list[Any]:
+    """One ``status_events`` row in :data:`EVENT_COLUMNS` order; ``source`` (who wrote it, as
+    the topic it came on says) replaces the event's own claim when given."""
     return [
         event.event_id,
         event.job_id,
@@ -119,7 +122,7 @@ def event_row(event: StatusEvent, partition: int = -1, offset: int = -1) -> list
         event.attempt,
         str(event.state),
         event.event_time_ms,
-        event.source,
+        source if source is not None else event.source,
         event.task,
         event.scheduled_time_ms,
         event.worker,

@@ -177,11 +177,11 @@ class RunsConsumer:
 
 
 class StatusProducer:
-    """Produces status events; :meth:`enqueue` returns a future resolved on broker ack.
+    """Produces the worker's events; :meth:`enqueue` returns a future resolved on broker ack.
 
     Uses ``producers.kafka.producer_config`` (idempotent, acks=all, murmur2 partitioner): the
     scheduler that owns a job's partition reads its acknowledgements from the same partition
-    number of the status topic, so the partitioner must be the one every other producer uses.
+    number of the acks topic, so the partitioner must be the one every other producer uses.
     """
 
     def __init__(self, settings: Settings, **overrides: Any) -> None:
@@ -206,16 +206,28 @@ class StatusProducer:
         while not self._stop.is_set():
             self._producer.poll(0.05)
 
-    async def enqueue(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[None]:
+    async def enqueue(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[None]:
         """Hand a record to the producer (waiting while its queue is full); await the returned
         future for the broker's acknowledgement (raises :class:`DeliveryError`)."""
         while True:
-            future = self.enqueue_nowait(topic, key, value)
+            future = self.enqueue_nowait(topic, key, value, headers)
             if future is not None:
                 return future
             await asyncio.sleep(0.01)
 
-    def enqueue_nowait(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[None] | None:
+    def enqueue_nowait(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[None] | None:
         """Like :meth:`enqueue` but never waits: None when the local queue is full. Call it on
         the event loop; records enqueued in call order are delivered in that order."""
         loop = asyncio.get_running_loop()
@@ -238,7 +250,9 @@ class StatusProducer:
                 pass
 
         try:
-            self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            self._producer.produce(
+                topic, value=value, key=key, headers=headers, on_delivery=on_delivery
+            )
         except BufferError:
             return None
         except KafkaException as exc:

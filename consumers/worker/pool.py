@@ -1,5 +1,5 @@
 """The worker pool: consume runs, execute them with bounded concurrency, acknowledge with status
-events, commit offsets of finished work only.
+events on the acks topic, commit offsets of finished work only.
 
 Offsets and at-least-once
 -------------------------
@@ -74,6 +74,7 @@ from jobwheel.errors import BrokerError, SchemaDecodeError
 from jobwheel.settings import Settings
 from schemas.models import HANDBACK_REASON, Run, State, StatusEvent
 from schemas.partitioning import key_for
+from schemas.topics import STATE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class WorkerPool:
         self._clock = clock or SystemClock()
         self._codec = Codec(settings.schema_registry_url)
         self._runs_topic = settings.topics.runs
-        self._status_topic = settings.topics.status
+        self._acks_topic = settings.topics.acks
         self._task_threads = concurrent.futures.ThreadPoolExecutor(
             self.concurrency, thread_name_prefix="jobwheel-task"
         )
@@ -507,9 +508,7 @@ class WorkerPool:
         # terminal event, which _process enqueues after this callback.
         assert self._producer is not None
         try:
-            delivery = self._producer.enqueue_nowait(
-                self._status_topic, key_for(event.job_id), self._codec.encode(event)
-            )
+            delivery = self._producer.enqueue_nowait(*self._record(event))
         except BrokerError as exc:
             delivery = None
             log.warning("heartbeat not sent", extra={"run_id": ex.run.run_id, "error": str(exc)})
@@ -558,12 +557,16 @@ class WorkerPool:
             retry_delay_ms=outcome.retry_delay_ms,
         )
 
+    def _record(self, event: StatusEvent) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
+        """The acks record of an event: keyed by job id (so it lands in the job's partition),
+        its state in a header (so the scheduler skips STARTED without decoding it)."""
+        headers = [(STATE_HEADER, event.state.value.encode())]
+        return self._acks_topic, key_for(event.job_id), self._codec.encode(event), headers
+
     async def _send(self, event: StatusEvent) -> asyncio.Future[None]:
-        """Enqueue an event (keyed by job id, so it lands in the job's partition)."""
+        """Enqueue an event on the acks topic."""
         assert self._producer is not None
-        return await self._producer.enqueue(
-            self._status_topic, key_for(event.job_id), self._codec.encode(event)
-        )
+        return await self._producer.enqueue(*self._record(event))
 
     async def _deliver(self, event: StatusEvent) -> bool:
         """Send until acknowledged: the offset commit waits for this event, so giving up would

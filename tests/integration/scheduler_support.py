@@ -18,7 +18,8 @@ from tests.support import Procs, log_tail, wait_until
 
 
 class TopicTail:
-    """Reads the runs, status and dead-letter topics (read_committed) in a background thread.
+    """Reads the runs, status, acks and dead-letter topics (read_committed) in a background
+    thread; ``status`` holds the events of both the scheduler (status) and workers (acks).
 
     Everything a pipeline test asserts on is what a real consumer would see.
     """
@@ -44,7 +45,7 @@ class TopicTail:
         self._consumer.assign(
             [
                 TopicPartition(topic, p, OFFSET_BEGINNING)
-                for topic in (t.runs, t.status, t.dead_letter)
+                for topic in (t.runs, t.status, t.acks, t.dead_letter)
                 for p in range(settings.partitions)
             ]
         )

@@ -42,24 +42,32 @@ def store(engine_dsn: str) -> Iterator[StatusStore]:
 
 
 def produce(settings: Settings, events: Sequence[StatusEvent | bytes]) -> None:
-    """Key by job id like the real producers; raw bytes go out as they are (garbage)."""
+    """Key by job id like the real producers, each event on the topic its source writes
+    (scheduler: status, worker: acks); raw bytes go out as they are (garbage)."""
     codec = default_codec()
     producer = Producer(settings.librdkafka(**{"partitioner": "murmur2_random"}))
+    t = settings.topics
     for item in events:
         if isinstance(item, bytes):
-            producer.produce(settings.topics.status, item, b"garbage")
+            producer.produce(t.status, item, b"garbage")
         else:
-            producer.produce(settings.topics.status, codec.encode(item), key_for(item.job_id))
+            topic = t.acks if item.source == "worker" else t.status
+            producer.produce(topic, codec.encode(item), key_for(item.job_id))
         producer.poll(0)
     assert producer.flush(30) == 0
 
 
 def committed(settings: Settings) -> int:
-    """Sum of the status group's committed offsets (records it has finished with); 0 while
-    the group coordinator is still loading (NOT_COORDINATOR right after the broker starts)."""
+    """Sum of the status group's committed offsets on both topics (records it has finished
+    with); 0 while the group coordinator is still loading (NOT_COORDINATOR right after the
+    broker starts)."""
     consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
     try:
-        tps = [TopicPartition(settings.topics.status, p) for p in range(settings.partitions)]
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (settings.topics.status, settings.topics.acks)
+            for p in range(settings.partitions)
+        ]
         return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10))
     except KafkaException:
         return 0

@@ -1,6 +1,6 @@
 """The worker on a real broker, without the scheduler: runs are produced the way the scheduler
 produces them (transactional, keyed by job id, murmur2), ``jobwheel worker`` runs as a
-subprocess, and the test reads what it acknowledges on the status topic."""
+subprocess, and the test reads what it acknowledges on the acks topic."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw")
 
 
 class StatusTail:
-    """Reads the whole status topic as it grows (no group), decoding every event."""
+    """Reads the whole acks topic as it grows (no group), decoding every event."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
@@ -90,7 +90,7 @@ class StatusTail:
                 }
             )
         )
-        topic = settings.topics.status
+        topic = settings.topics.acks
         self.consumer.assign(
             [TopicPartition(topic, p, 0) for p in range(settings.partitions)]  # 0: beginning
         )
