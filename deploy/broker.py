@@ -199,7 +199,7 @@ def server_properties(*, port: int, controller_port: int, log_dirs: Path, host: 
     min ISR 2): on one node consumer groups and transactions would just fail. The internal
     topics get few partitions because creating 50 of them is most of a cold start on 2 cores.
     Auto-creation is off: a topic made by a stray producer would have 1 partition and break
-    the co-partitioning of requests/runs/status/ticks, so topics come from ``topics ensure``.
+    the co-partitioning of requests/runs/acks/status, so topics come from ``topics ensure``.
     """
     props = {
         "process.roles": "broker,controller",
@@ -219,6 +219,18 @@ def server_properties(*, port: int, controller_port: int, log_dirs: Path, host: 
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
+        # The new consumer group protocol (KIP-848) keeps member timing on the broker: members
+        # learn of new assignments in heartbeat responses, so a 1 s heartbeat moves partitions
+        # within about a second (5 s by default), and a dead scheduler's partitions move after
+        # the 10 s session timeout (45 s by default, the minimum allowed too).
+        "group.consumer.heartbeat.interval.ms": "1000",
+        "group.consumer.min.heartbeat.interval.ms": "500",
+        "group.consumer.session.timeout.ms": "10000",
+        "group.consumer.min.session.timeout.ms": "3000",
+        # A scheduler killed mid-transaction leaves it open until transaction.timeout.ms; the
+        # broker looks for such transactions every 10 s by default, which would add up to 10 s
+        # before read_committed readers (workers, a restoring scheduler) see past it.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
         "num.network.threads": "2",

@@ -41,7 +41,7 @@ def _describe(admin, timeout_s: float, bootstrap: str):  # type: ignore[no-untyp
 def _mismatch_message(spec: TopicSpec, actual: int) -> str:
     return (
         f"topic {spec.name} has {actual} partitions but jobwheel expects {spec.partitions}: "
-        "requests, runs, status and ticks must be co-partitioned with the configured count. "
+        "requests, runs, acks and status must be co-partitioned with the configured count. "
         "Either delete the topic (losing its records; e.g. Kafka's kafka-topics.sh --delete "
         f"--topic {spec.name}, or for the local broker `jobwheel broker stop` and remove its "
         "data dir) and run `jobwheel topics ensure` again, or set "

@@ -32,7 +32,13 @@ class TopicMismatchError(BrokerError):
 
 
 class FencedError(BrokerError):
-    """This process is no longer the owner of a partition; a newer owner fenced it."""
+    """This process can no longer commit for its partitions: a newer owner fenced it, or its
+    transactional producer hit a fatal error. Drop the partitions' uncommitted state and rejoin."""
+
+
+class TransactionAbortedError(BrokerError):
+    """The current transaction cannot commit: abort it and process the batch again from the
+    last committed state."""
 
 
 class ValidationError(JobwheelError, ValueError):

@@ -1,17 +1,16 @@
 """All configuration, read from ``JOBWHEEL_*`` environment variables in this one place.
 
-Kafka client options are passed through untouched as dicts, so SASL/TLS and any other
-librdkafka (confluent-kafka) or aiokafka (faust) setting works without a code change:
+Kafka client options are passed through untouched as a dict, so SASL/TLS and any other
+librdkafka (confluent-kafka) setting works without a code change:
 
     JOBWHEEL_KAFKA_CONFIG='{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", ...}'
-    JOBWHEEL_FAUST_CONFIG='{"broker_credentials": ...}'   # extra faust.App settings
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,7 +37,7 @@ class Settings(BaseSettings):
     replication_factor: int = DEFAULT_REPLICATION_FACTOR
     schema_registry_url: str | None = None
 
-    # Local state (faust RocksDB tables, embedded ClickHouse, local broker)
+    # Local state (scheduler RocksDB state, embedded ClickHouse, local broker)
     data_dir: Path = Path(".jobwheel")
 
     # Local broker (deploy/)
@@ -47,13 +46,22 @@ class Settings(BaseSettings):
     broker_heap: str = "512m"
 
     # Scheduler (streams/)
+    # The consumer group, the prefix of the transactional ids and of the changelog topic.
     scheduler_app_id: str = "jobwheel-scheduler"
-    tick_interval_ms: int = 20
+    # "consumer" (KIP-848, partitions move in about a second) or "classic" (cooperative-sticky).
+    scheduler_group_protocol: Literal["consumer", "classic"] = "consumer"
+    # Upper bound of one transaction's lifetime: a killed scheduler's open transaction holds
+    # back read_committed readers of its partitions this long at most.
+    scheduler_transaction_timeout_ms: int = 10_000
+    # Records consumed, and due timers handled per partition, in one loop iteration.
+    scheduler_max_batch: int = 2000
     dispatch_batch_limit: int = 2000
     # A completed or cancelled job's record is kept this long, then deleted from the state.
     job_retention_ms: int = 24 * 3600 * 1000
-    faust_config: dict[str, Any] = Field(default_factory=dict)
-    rocksdb_block_cache_bytes: int = 8 * 1024 * 1024
+    # Local state memory, per process (shared by every owned partition).
+    rocksdb_block_cache_bytes: int = 64 * 1024 * 1024
+    # Fault injection for tests of a lagging scheduler: sleep this long in every iteration.
+    scheduler_fault_delay_ms: int = 0
 
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"

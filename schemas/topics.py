@@ -18,12 +18,10 @@ DEFAULT_REPLICATION_FACTOR = 1
 
 DAY_MS = 24 * 3600 * 1000
 
-#: The scheduler's state stores (faust tables). Each is backed by a compacted changelog topic
-#: named ``<scheduler app id>-<table>-changelog`` with the same partition count as the
-#: requests topic (faust refuses a mismatch), created with the other topics.
-JOBS_TABLE = "jobs"
-WHEEL_TABLE = "wheel"
-SCHEDULER_TABLES = (JOBS_TABLE, WHEEL_TABLE)
+#: The scheduler's state store: job id -> job state, backed by the compacted changelog topic
+#: ``<scheduler app id>-jobs-changelog`` with the requests topic's partition count (partition
+#: ``p`` of the changelog holds the jobs of requests partition ``p``). Created with the others.
+JOBS_STORE = "jobs"
 
 # --- record headers (part of the wire contract, see schemas/README.md) ----------------------
 
@@ -82,29 +80,19 @@ class Topics:
         return f"{self.prefix}.status"
 
     @property
-    def ticks(self) -> str:
-        """Internal wall-clock punctuation for the scheduler (one small record per partition)."""
-        return f"{self.prefix}.ticks"
-
-    @property
     def dead_letter(self) -> str:
         """Undecodable or invalid commands, and runs that exhausted their attempts."""
         return f"{self.prefix}.dead-letter"
 
-    def changelog(self, app_id: str, table: str) -> str:
-        """faust's name for the changelog of ``table`` in the scheduler app ``app_id``."""
-        return f"{app_id}-{table}-changelog"
+    def changelog(self, app_id: str) -> str:
+        """The changelog of the job state store of the scheduler group ``app_id``."""
+        return f"{app_id}-{JOBS_STORE}-changelog"
 
     def changelog_specs(self, app_id: str) -> list[TopicSpec]:
-        return [
-            TopicSpec(
-                self.changelog(app_id, table),
-                self.partitions,
-                self.replication_factor,
-                {"cleanup.policy": "compact"},
-            )
-            for table in SCHEDULER_TABLES
-        ]
+        # Compacted: a restore reads each job's latest record, not its history. Segments roll
+        # at 64 MiB so the history of busy partitions gets compacted away soon.
+        config = {"cleanup.policy": "compact", "segment.bytes": str(64 * 1024 * 1024)}
+        return [TopicSpec(self.changelog(app_id), self.partitions, self.replication_factor, config)]
 
     def specs(self) -> list[TopicSpec]:
         def spec(name: str, **config: str) -> TopicSpec:
@@ -122,7 +110,6 @@ class Topics:
                 },
             ),
             spec(self.status, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
-            spec(self.ticks, **{"cleanup.policy": "delete", "retention.ms": str(3600 * 1000)}),
             spec(
                 self.dead_letter, **{"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}
             ),

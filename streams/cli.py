@@ -28,9 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this package's subcommands; each sets ``handler=`` to a function of the args."""
     scheduler = sub.add_parser(
         "scheduler",
-        help="run a scheduler instance (faust stream processor owning request partitions)",
+        help="run a scheduler instance (exactly-once stream processor owning request partitions)",
         description="Run one scheduler instance until SIGTERM/SIGINT. Configure it with "
-        "JOBWHEEL_* environment variables (bootstrap servers, data dir, tick interval, ...).",
+        "JOBWHEEL_* environment variables (bootstrap servers, data dir, group protocol, ...).",
     )
     scheduler.set_defaults(handler=_scheduler)
 

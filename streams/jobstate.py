@@ -1,16 +1,29 @@
-"""The per-job record the scheduler keeps in its ``jobs`` state store, and its versioned encoding.
+"""The per-job record the scheduler keeps in its ``jobs`` state store, its timers, and its
+versioned encoding.
 
 The record is everything the partition owner needs to decide what happens next: the job's spec,
 where it is in its schedule, the runs it has in flight and the commands it has already applied
 (so a command redelivered after a crash is not applied twice). It is written to the changelog on
 every change, so it stays small: the spec, a few counters, the active runs and a bounded list of
 recent command ids.
+
+Timers are derived, not stored separately: :func:`timers_of` says which instants a record waits
+for (its next fire, each active run's visibility deadline or retry time, its expiry). The timing
+wheels are an index of those instants (:mod:`streams.state.partition`), rebuilt from the records
+after a restore; only the records go to the changelog. So the index can never disagree with the
+state it indexes.
+
+Encoding (version 2): one version byte, the record's timers in a small binary header (so a
+restore can rebuild the index without parsing the rest), then the record as JSON::
+
+    0x02 | u16 n | n x (u8 wheel, u64 due_ms, u16 tag length, tag UTF-8) | JSON
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +39,21 @@ from schemas.models import (
     Trigger,
 )
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 RECENT_COMMANDS = 16
+
+#: Which wheel a timer lives in. Fires, retries and expiry are due by the wall clock;
+#: visibility deadlines are due only once the acknowledgements before them have been read.
+TIMERS = 0
+DEADLINES = 1
+
+FIRE = "fire"
+EXPIRE = "expire"
+VISIBILITY = "vis"
+RETRY = "retry"
+
+_HEAD = struct.Struct(">BH")
+_TIMER = struct.Struct(">BQH")
 
 
 class JobStatus(enum.StrEnum):
@@ -39,22 +65,21 @@ class JobStatus(enum.StrEnum):
 
 class RunPhase(enum.StrEnum):
     DISPATCHED = "DISPATCHED"  # on the runs topic, waiting for the worker's verdict
-    RETRY_WAIT = "RETRY_WAIT"  # failed; the next attempt waits for its backoff in the wheel
+    RETRY_WAIT = "RETRY_WAIT"  # failed; the next attempt waits for its backoff
 
 
 @dataclass(slots=True)
 class ActiveRun:
     """A run that is not finished. ``attempt`` is the latest attempt dispatched (or, in
-    RETRY_WAIT, the attempt that failed); ``wheel_due_ms`` is where its wheel entry sits, so it
-    can be removed without a scan."""
+    RETRY_WAIT, the attempt that failed). ``due_ms`` is when the scheduler looks at it next:
+    the visibility deadline of a DISPATCHED attempt, the retry time in RETRY_WAIT."""
 
     run_id: str
     scheduled_ms: int
     attempt: int
     seq: int
     phase: RunPhase
-    deadline_ms: int
-    wheel_due_ms: int
+    due_ms: int
     handbacks: int = 0  # attempts handed back by stopping workers: not counted as failures
 
 
@@ -65,9 +90,10 @@ class JobRecord:
     issued_at_ms: int
     status: JobStatus = JobStatus.ACTIVE
     seq: int = 0
-    run_count: int = 0
     next_fire_ms: int | None = None
     last_error: str | None = None
+    #: A COMPLETED or CANCELLED job's record is deleted at this instant (retention).
+    expires_at_ms: int | None = None
     active: dict[str, ActiveRun] = field(default_factory=dict)
     recent_commands: list[str] = field(default_factory=list)
 
@@ -78,6 +104,59 @@ class JobRecord:
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
+
+
+# --- timers -------------------------------------------------------------------------------
+
+
+def run_tag(run: ActiveRun) -> str:
+    """The timer tag of an active run: which attempt's deadline, or which attempt is next."""
+    if run.phase is RunPhase.RETRY_WAIT:
+        return f"{RETRY}|{run.attempt + 1}|{run.run_id}"
+    return f"{VISIBILITY}|{run.attempt}|{run.run_id}"
+
+
+def parse_tag(tag: str) -> tuple[str, int, str]:
+    """``(kind, attempt, run_id)`` of a timer tag (attempt 0 and no run for fire/expire)."""
+    if tag in (FIRE, EXPIRE):
+        return tag, 0, ""
+    kind, attempt, run_id = tag.split("|", 2)
+    return kind, int(attempt), run_id
+
+
+def timers_of(job: JobRecord) -> list[tuple[int, int, str]]:
+    """Every ``(wheel, due_ms, tag)`` the record waits for."""
+    out: list[tuple[int, int, str]] = []
+    if job.status is JobStatus.ACTIVE and job.next_fire_ms is not None:
+        out.append((TIMERS, job.next_fire_ms, FIRE))
+    for run in job.active.values():
+        wheel = DEADLINES if run.phase is RunPhase.DISPATCHED else TIMERS
+        out.append((wheel, run.due_ms, run_tag(run)))
+    if job.expires_at_ms is not None:
+        out.append((TIMERS, job.expires_at_ms, EXPIRE))
+    return out
+
+
+def peek_timers(data: bytes | None) -> list[tuple[int, int, bytes]]:
+    """The timers of an encoded record, from its header only: ``(wheel, due_ms, tag bytes)``.
+
+    Cheap (no JSON), so restoring a million records does not parse a million documents. A
+    record this build cannot read has no timers (it is reported when it is loaded).
+    """
+    if not data or data[0] != STATE_VERSION:
+        return []
+    try:
+        _, count = _HEAD.unpack_from(data, 0)
+        pos = _HEAD.size
+        out = []
+        for _ in range(count):
+            wheel, due, size = _TIMER.unpack_from(data, pos)
+            pos += _TIMER.size
+            out.append((wheel, due, bytes(data[pos : pos + size])))
+            pos += size
+        return out
+    except struct.error:
+        return []
 
 
 # --- encoding -----------------------------------------------------------------------------
@@ -97,11 +176,20 @@ def _trigger_from_dict(data: dict[str, Any]) -> Trigger:
     return kind(**data)  # type: ignore[no-any-return]
 
 
+def _header(job: JobRecord) -> bytes:
+    timers = timers_of(job)
+    parts = [_HEAD.pack(STATE_VERSION, len(timers))]
+    for wheel, due, tag in timers:
+        raw = tag.encode()
+        parts.append(_TIMER.pack(wheel, due, len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
 def encode_job(job: JobRecord) -> bytes:
     spec = job.spec
-    return json.dumps(
+    body = json.dumps(
         {
-            "v": STATE_VERSION,
             "job_id": job.job_id,
             "spec": {
                 "task": spec.task,
@@ -117,64 +205,60 @@ def encode_job(job: JobRecord) -> bytes:
             "issued_at_ms": job.issued_at_ms,
             "status": job.status.value,
             "seq": job.seq,
-            "run_count": job.run_count,
             "next_fire_ms": job.next_fire_ms,
             "last_error": job.last_error,
+            "expires_at_ms": job.expires_at_ms,
             "active": [
-                [
-                    r.run_id,
-                    r.scheduled_ms,
-                    r.attempt,
-                    r.seq,
-                    r.phase.value,
-                    r.deadline_ms,
-                    r.wheel_due_ms,
-                    r.handbacks,
-                ]
+                [r.run_id, r.scheduled_ms, r.attempt, r.seq, r.phase.value, r.due_ms, r.handbacks]
                 for r in job.active.values()
             ],
             "recent": job.recent_commands,
         },
         separators=(",", ":"),
     ).encode()
+    return _header(job) + body
 
 
 def decode_job(data: bytes) -> JobRecord:
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise StateError(f"job state is not JSON ({exc}); the changelog record is corrupt") from exc
-    version = raw.get("v")
-    if version != STATE_VERSION:
+    if not data or data[0] != STATE_VERSION:
+        version = data[0] if data else None
         raise StateError(
             f"job state version {version!r} is not supported (this scheduler reads version "
             f"{STATE_VERSION}); upgrade the scheduler before it restores this state"
         )
-    s = raw["spec"]
-    spec = ScheduleJob(
-        task=s["task"],
-        trigger=_trigger_from_dict(s["trigger"]),
-        args_json=s["args_json"],
-        max_attempts=s["max_attempts"],
-        timeout_ms=s["timeout_ms"],
-        visibility_timeout_ms=s["visibility_timeout_ms"],
-        starting_deadline_ms=s["starting_deadline_ms"],
-        concurrency_policy=ConcurrencyPolicy(s["concurrency_policy"]),
-        idempotency_key=s["idempotency_key"],
-    )
-    active = {
-        r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], r[7])
-        for r in raw["active"]
-    }
-    return JobRecord(
-        job_id=raw["job_id"],
-        spec=spec,
-        issued_at_ms=raw["issued_at_ms"],
-        status=JobStatus(raw["status"]),
-        seq=raw["seq"],
-        run_count=raw["run_count"],
-        next_fire_ms=raw["next_fire_ms"],
-        last_error=raw["last_error"],
-        active=active,
-        recent_commands=list(raw["recent"]),
-    )
+    try:
+        _, count = _HEAD.unpack_from(data, 0)
+        pos = _HEAD.size
+        for _ in range(count):
+            pos += _TIMER.size + _TIMER.unpack_from(data, pos)[2]
+        raw = json.loads(data[pos:])
+        s = raw["spec"]
+        spec = ScheduleJob(
+            task=s["task"],
+            trigger=_trigger_from_dict(s["trigger"]),
+            args_json=s["args_json"],
+            max_attempts=s["max_attempts"],
+            timeout_ms=s["timeout_ms"],
+            visibility_timeout_ms=s["visibility_timeout_ms"],
+            starting_deadline_ms=s["starting_deadline_ms"],
+            concurrency_policy=ConcurrencyPolicy(s["concurrency_policy"]),
+            idempotency_key=s["idempotency_key"],
+        )
+        active = {
+            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6])
+            for r in raw["active"]
+        }
+        return JobRecord(
+            job_id=raw["job_id"],
+            spec=spec,
+            issued_at_ms=raw["issued_at_ms"],
+            status=JobStatus(raw["status"]),
+            seq=raw["seq"],
+            next_fire_ms=raw["next_fire_ms"],
+            last_error=raw["last_error"],
+            expires_at_ms=raw["expires_at_ms"],
+            active=active,
+            recent_commands=list(raw["recent"]),
+        )
+    except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+        raise StateError(f"job state is corrupt ({type(exc).__name__}: {exc})") from exc

@@ -1,8 +1,9 @@
 """The scheduler's decisions for one partition, as a pure processor.
 
-No faust, no Kafka, no clock: the glue (:mod:`streams.app`) hands it decoded records and the
-current time, and it returns what to produce. State lives in the injected stores. This is where
-every rule of the scheduler is, so it is unit-tested record by record with a manual clock.
+No Kafka, no clock: the engine (:mod:`streams.engine`) hands it decoded records and the current
+time, and it returns what to produce. State lives in the injected :class:`PartitionState`, whose
+job records also derive the timing wheels. This is where every rule of the scheduler is, so it
+is unit-tested record by record with a manual clock.
 
 Rules, in the words of Kubernetes CronJob and SQS:
 
@@ -13,9 +14,13 @@ Rules, in the words of Kubernetes CronJob and SQS:
 - ``concurrencyPolicy``: ALLOW runs regardless; FORBID leaves a SKIPPED event while a run of the
   job is active; REPLACE cancels the active runs (CANCELLED events with their run ids) and runs.
 - A dispatched attempt not SUCCEEDED/FAILED by its visibility deadline is dispatched again
-  (attempt + 1) until ``max_attempts``; HEARTBEAT moves the deadline. FAILED with a
-  ``retry_delay_ms`` from the worker is retried after that delay; without one, or out of
-  attempts, the run is DEAD (status event, and the run on the dead-letter topic).
+  (attempt + 1) until ``max_attempts``; HEARTBEAT moves the deadline. The deadline is the
+  scheduler's: dispatch time (or a heartbeat's broker append time) plus the visibility timeout,
+  and it only expires once the acknowledgements up to it have been read (``deadline_watermark``
+  of :meth:`SchedulerProcessor.punctuate`), so a scheduler that lags never re-dispatches a run
+  whose verdict is already on the acks topic. FAILED with a ``retry_delay_ms`` from the worker is
+  retried after that delay; without one, or out of attempts, the run is DEAD (status event, and
+  the run on the dead-letter topic).
 - Paused jobs do not fire; on resume the pending fire is due again, so what was missed while
   paused follows the missed-run rule above (as with ``suspend`` on a CronJob).
 - Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy.
@@ -46,8 +51,23 @@ from schemas.models import (
     TriggerJob,
 )
 from streams import triggers
-from streams.jobstate import ActiveRun, JobRecord, JobStatus, RunPhase, decode_job, encode_job
-from streams.state.base import KeyValueStore
+from streams.jobstate import (
+    DEADLINES,
+    EXPIRE,
+    FIRE,
+    RETRY,
+    TIMERS,
+    VISIBILITY,
+    ActiveRun,
+    JobRecord,
+    JobStatus,
+    RunPhase,
+    decode_job,
+    encode_job,
+    parse_tag,
+    peek_timers,
+)
+from streams.state.partition import PartitionState
 from streams.wheel import TimingWheel, WheelEntry
 
 log = logging.getLogger(__name__)
@@ -55,10 +75,6 @@ log = logging.getLogger(__name__)
 SOURCE = "scheduler"
 MAX_MISSED_EVENTS = 100
 MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not being handed back
-FIRE = "fire"
-VISIBILITY = "vis"
-RETRY = "retry"
-EXPIRE = "expire"
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -69,20 +85,11 @@ class Output:
     runs: list[Run] = field(default_factory=list)
     status: list[StatusEvent] = field(default_factory=list)
     dead_runs: list[tuple[Run, str]] = field(default_factory=list)
+    #: Why the command was refused as invalid input (the engine dead-letters the record).
+    rejected: str | None = None
 
     def __bool__(self) -> bool:
         return bool(self.runs or self.status or self.dead_runs)
-
-
-def _tag(kind: str, run_id: str = "", attempt: int = 0) -> str:
-    return kind if kind in (FIRE, EXPIRE) else f"{kind}|{attempt}|{run_id}"
-
-
-def _parse_tag(tag: str) -> tuple[str, int, str]:
-    if tag == FIRE:
-        return FIRE, 0, ""
-    kind, attempt, run_id = tag.split("|", 2)
-    return kind, int(attempt), run_id
 
 
 def validate_spec(spec: ScheduleJob) -> None:
@@ -112,25 +119,23 @@ class SchedulerProcessor:
     def __init__(
         self,
         partition: int,
-        jobs: KeyValueStore,
-        wheel: TimingWheel,
+        state: PartitionState,
         fencing_token: int = 0,
         retention_ms: int = DAY_MS,
     ) -> None:
         self.partition = partition
-        self.jobs = jobs
-        self.wheel = wheel
+        self.state = state
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
 
     # --- state access ---------------------------------------------------------------------
 
     def load(self, job_id: str) -> JobRecord | None:
-        raw = self.jobs.get(job_id.encode())
+        raw = self.state.get(job_id.encode())
         return None if raw is None else decode_job(raw)
 
     def save(self, job: JobRecord) -> None:
-        self.jobs.put(job.job_id.encode(), encode_job(job))
+        self.state.put(job.job_id.encode(), encode_job(job))
 
     # --- events -----------------------------------------------------------------------------
 
@@ -220,9 +225,10 @@ class SchedulerProcessor:
         try:
             validate_spec(spec)
         except JobwheelError as exc:
-            return self.reject(
-                cmd.job_id, f"invalid spec: {exc}", now_ms, event_id=f"{cmd.command_id}:REJECTED"
-            )
+            reason = f"invalid spec: {exc}"
+            out = self.reject(cmd.job_id, reason, now_ms, event_id=f"{cmd.command_id}:REJECTED")
+            out.rejected = reason
+            return out
         job = self.load(cmd.job_id)
         if job is not None:
             if cmd.command_id in job.recent_commands:
@@ -233,17 +239,14 @@ class SchedulerProcessor:
                 job.remember(cmd.command_id)
                 self.save(job)
                 return Output()
-            if job.next_fire_ms is not None and job.status is JobStatus.ACTIVE:
-                self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
             job.spec = spec
             job.issued_at_ms = cmd.issued_at_ms
             job.status = JobStatus.ACTIVE
+            job.expires_at_ms = None
         else:
             job = JobRecord(job_id=cmd.job_id, spec=spec, issued_at_ms=cmd.issued_at_ms)
         job.remember(cmd.command_id)
-        first = triggers.first_fire_ms(spec.trigger, cmd.issued_at_ms)
-        job.next_fire_ms = first
-        self.wheel.schedule(first, job.job_id, FIRE)
+        job.next_fire_ms = triggers.first_fire_ms(spec.trigger, cmd.issued_at_ms)
         out = Output()
         out.status.append(self._event(job, job.job_id, State.SCHEDULED, now_ms))
         self.save(job)
@@ -257,8 +260,6 @@ class SchedulerProcessor:
                 )
             )
             return
-        if job.next_fire_ms is not None and job.status is JobStatus.ACTIVE:
-            self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
         job.status = JobStatus.CANCELLED
         job.next_fire_ms = None
         self._retire(job, now_ms)
@@ -269,8 +270,6 @@ class SchedulerProcessor:
             reason = f"cannot pause: job is {job.status.value}"
             out.status.append(self._event(job, job.job_id, State.REJECTED, now_ms, reason=reason))
             return
-        if job.next_fire_ms is not None:
-            self.wheel.cancel(job.next_fire_ms, job.job_id, FIRE)
         job.status = JobStatus.PAUSED
         out.status.append(self._event(job, job.job_id, State.PAUSED, now_ms, reason=body.reason))
 
@@ -280,8 +279,6 @@ class SchedulerProcessor:
             out.status.append(self._event(job, job.job_id, State.REJECTED, now_ms, reason=reason))
             return
         job.status = JobStatus.ACTIVE
-        if job.next_fire_ms is not None:
-            self.wheel.schedule(job.next_fire_ms, job.job_id, FIRE)
         out.status.append(self._event(job, job.job_id, State.RESUMED, now_ms, reason=body.reason))
 
     def _trigger(
@@ -313,7 +310,7 @@ class SchedulerProcessor:
             max_attempts=spec.max_attempts + active.handbacks,
             timeout_ms=spec.timeout_ms,
             visibility_timeout_ms=spec.visibility_timeout_ms,
-            deadline_ms=active.deadline_ms,
+            deadline_ms=active.due_ms,
             partition=self.partition,
             fencing_token=self.fencing_token,
         )
@@ -337,14 +334,10 @@ class SchedulerProcessor:
             attempt=attempt,
             seq=seq,
             phase=RunPhase.DISPATCHED,
-            deadline_ms=deadline,
-            wheel_due_ms=deadline,
+            due_ms=deadline,
             handbacks=handbacks,
         )
-        if attempt == 1:
-            job.run_count += 1
         job.active[run_id] = active
-        self.wheel.schedule(deadline, job.job_id, _tag(VISIBILITY, run_id, attempt))
         out.runs.append(self._make_run(job, active, now_ms))
         out.status.append(
             self._event(
@@ -363,60 +356,87 @@ class SchedulerProcessor:
     def _finish(self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output) -> None:
         """Forget a finished run; a one-shot job with nothing left to do is COMPLETED."""
         job.active.pop(run.run_id, None)
-        self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
-        if job.status is JobStatus.ACTIVE and job.next_fire_ms is None and not job.active:
-            job.status = JobStatus.COMPLETED
-            self._retire(job, now_ms)
-            out.status.append(self._event(job, job.job_id, State.COMPLETED, now_ms))
+        self._complete_if_done(job, now_ms, out)
 
     def _retire(self, job: JobRecord, now_ms: int) -> None:
         """A finished job's record is kept ``retention_ms`` (so late or redelivered commands
         for it are still recognised), then deleted: finished jobs must not cost disk forever."""
-        self.wheel.schedule(now_ms + self.retention_ms, job.job_id, EXPIRE)
-
-    @staticmethod
-    def _run_tag(run: ActiveRun) -> str:
-        if run.phase is RunPhase.RETRY_WAIT:
-            return _tag(RETRY, run.run_id, run.attempt + 1)
-        return _tag(VISIBILITY, run.run_id, run.attempt)
+        job.expires_at_ms = now_ms + self.retention_ms
 
     # --- punctuation ------------------------------------------------------------------------
 
-    def punctuate(self, now_ms: int, limit: int) -> tuple[Output, int]:
-        """Handle up to ``limit`` due wheel entries; returns the output and how many were due."""
+    def punctuate(
+        self, now_ms: int, limit: int, deadline_watermark: int | None = None
+    ) -> tuple[Output, int]:
+        """Handle up to ``limit`` due timers; returns the output and how many were handled.
+
+        Fires, retries and expiries are due at ``now_ms``; visibility deadlines only up to
+        ``deadline_watermark`` (how far the acknowledgements have been read; ``now_ms`` when
+        None), so no attempt is given up while its verdict may be waiting unread.
+        """
         out = Output()
-        entries = self.wheel.due(now_ms, limit)
+        entries = self.state.timers.due(now_ms, limit)
+        handled = self._handle_due(self.state.timers, TIMERS, entries, now_ms, out)
+        if handled < limit:
+            watermark = now_ms if deadline_watermark is None else min(now_ms, deadline_watermark)
+            entries = self.state.deadlines.due(watermark, limit - handled)
+            handled += self._handle_due(self.state.deadlines, DEADLINES, entries, now_ms, out)
+        return out, handled
+
+    def next_due_ms(self, deadline_watermark: int | None = None) -> int | None:
+        """When :meth:`punctuate` next has something to do by the wall clock (None: nothing
+        pending). A deadline already passed but above the watermark waits for acks, not time."""
+        due = self.state.timers.next_due_ms()
+        deadline = self.state.deadlines.next_due_ms()
+        if deadline is not None and (deadline_watermark is None or deadline <= deadline_watermark):
+            due = deadline if due is None else min(due, deadline)
+        return due
+
+    def _handle_due(
+        self, wheel: TimingWheel, kind: int, entries: list[WheelEntry], now_ms: int, out: Output
+    ) -> int:
         for entry in entries:
-            self.wheel.remove(entry)
             try:
                 self._on_due(entry, now_ms, out)
             except StateError:
                 log.exception(
-                    "dropping a wheel entry whose job state is unreadable",
+                    "dropping a timer whose job state is unreadable",
                     extra={"job_id": entry.job_id, "partition": self.partition},
                 )
-        return out, len(entries)
+            # Handling a timer changes the record that derives it. One that is still derived
+            # (a record that could not be read, or did not move) is dropped from the index, so
+            # that it cannot come back on every punctuation; so is an entry without a record.
+            raw = self.state.get(entry.job_id.encode())
+            if raw is None or (kind, entry.due_ms, entry.tag.encode()) in peek_timers(raw):
+                if raw is not None:
+                    log.error(
+                        "timer handled but still pending; dropped",
+                        extra={"job_id": entry.job_id, "tag": entry.tag, "due_ms": entry.due_ms},
+                    )
+                wheel.remove(entry)
+        return len(entries)
 
     def _on_due(self, entry: WheelEntry, now_ms: int, out: Output) -> None:
         job = self.load(entry.job_id)
         if job is None:
             return
         if entry.tag == EXPIRE:
-            if job.status in (JobStatus.COMPLETED, JobStatus.CANCELLED):
+            if job.expires_at_ms == entry.due_ms:
                 if job.active:  # a cancelled job's last run is still out: look again later
                     self._retire(job, now_ms)
+                    self.save(job)
                 else:
-                    self.jobs.delete(job.job_id.encode())
+                    self.state.delete(job.job_id.encode())
             return
-        kind, attempt, run_id = _parse_tag(entry.tag)
+        kind, attempt, run_id = parse_tag(entry.tag)
         if kind == FIRE:
             if job.status is JobStatus.ACTIVE and job.next_fire_ms == entry.due_ms:
                 self._fire(job, entry.due_ms, now_ms, out)
                 self.save(job)
             return
         run = job.active.get(run_id)
-        if run is None or run.wheel_due_ms != entry.due_ms:
-            return  # finished, replaced, or moved by a heartbeat: a stale entry
+        if run is None or run.due_ms != entry.due_ms:
+            return
         if kind == VISIBILITY and run.phase is RunPhase.DISPATCHED and run.attempt == attempt:
             self._on_visibility_deadline(job, run, now_ms, out)
         elif kind == RETRY and run.phase is RunPhase.RETRY_WAIT and run.attempt + 1 == attempt:
@@ -439,8 +459,6 @@ class SchedulerProcessor:
                     nxt = triggers.next_fire_ms(spec.trigger, last)
                 break
         job.next_fire_ms = nxt
-        if nxt is not None:
-            self.wheel.schedule(nxt, job.job_id, FIRE)
         latest = due[-1]
         missed = due[:-1]
         for t in missed[:MAX_MISSED_EVENTS]:
@@ -493,7 +511,6 @@ class SchedulerProcessor:
         if running and spec.concurrency_policy is ConcurrencyPolicy.REPLACE:
             for run in running:
                 job.active.pop(run.run_id, None)
-                self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
                 out.status.append(
                     self._event(
                         job,
@@ -528,10 +545,6 @@ class SchedulerProcessor:
     def _on_visibility_deadline(
         self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output
     ) -> None:
-        if run.deadline_ms > now_ms:  # a heartbeat moved it: wait for the new deadline
-            run.wheel_due_ms = run.deadline_ms
-            self.wheel.schedule(run.deadline_ms, job.job_id, self._run_tag(run))
-            return
         if job.status is JobStatus.CANCELLED:
             self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
             return
@@ -583,7 +596,6 @@ class SchedulerProcessor:
         self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output, state: State, reason: str
     ) -> None:
         job.active.pop(run.run_id, None)
-        self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
         if state is State.DEAD:
             job.last_error = reason
             out.dead_runs.append((self._make_run(job, run, now_ms), reason))
@@ -602,7 +614,10 @@ class SchedulerProcessor:
 
     # --- acknowledgements from workers ------------------------------------------------------
 
-    def on_ack(self, ev: StatusEvent, now_ms: int) -> Output:
+    def on_ack(self, ev: StatusEvent, now_ms: int, ack_time_ms: int | None = None) -> Output:
+        """A worker's event about a run. ``ack_time_ms`` is when it was appended to the acks
+        topic (broker time; ``now_ms`` when unknown): a heartbeat extends the deadline from
+        then, on the scheduler's side of the clock, not by what the worker claims."""
         out = Output()
         if ev.run_id is None:
             return out
@@ -624,9 +639,10 @@ class SchedulerProcessor:
         # STARTED changes nothing the scheduler decides on (the visibility deadline runs from
         # dispatch, as in SQS), so it costs no state write.
         if ev.state is State.HEARTBEAT:
-            extended = ev.deadline_ms or now_ms + job.spec.visibility_timeout_ms
-            if extended > run.deadline_ms:
-                run.deadline_ms = extended
+            at = now_ms if ack_time_ms is None else ack_time_ms
+            extended = at + job.spec.visibility_timeout_ms
+            if extended > run.due_ms:
+                run.due_ms = extended
                 self.save(job)
         elif ev.state is State.FAILED:
             self._on_failed(job, run, ev, now_ms, out)
@@ -638,7 +654,6 @@ class SchedulerProcessor:
     ) -> None:
         if ev.reason == HANDBACK_REASON and job.status is not JobStatus.CANCELLED:
             if run.handbacks < MAX_HANDBACKS:
-                self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
                 self._redispatch(
                     job, run, run.attempt + 1, now_ms, out, reason=HANDBACK_REASON, handback=True
                 )
@@ -647,10 +662,8 @@ class SchedulerProcessor:
         retryable = ev.retry_delay_ms is not None and job.status is not JobStatus.CANCELLED
         if retryable and run.attempt < job.spec.max_attempts + run.handbacks:
             delay = max(0, ev.retry_delay_ms or 0)
-            self.wheel.cancel(run.wheel_due_ms, job.job_id, self._run_tag(run))
             run.phase = RunPhase.RETRY_WAIT
-            run.wheel_due_ms = now_ms + delay
-            self.wheel.schedule(run.wheel_due_ms, job.job_id, self._run_tag(run))
+            run.due_ms = now_ms + delay
             out.status.append(
                 self._event(
                     job,
@@ -674,4 +687,4 @@ class SchedulerProcessor:
         self._give_up(job, run, now_ms, out, State.DEAD, reason)
 
 
-__all__ = ["FIRE", "RETRY", "VISIBILITY", "Output", "SchedulerProcessor", "validate_spec"]
+__all__ = ["Output", "SchedulerProcessor", "validate_spec"]

@@ -109,7 +109,6 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
         partitions=4,
         data_dir=tmp_path / "data",
         log_format="text",
-        tick_interval_ms=50,
         scheduler_app_id=f"{prefix}-scheduler",
         worker_group=f"{prefix}-workers",
         status_group=f"{prefix}-status",

@@ -27,6 +27,9 @@ class MemoryKeyValueStore(KeyValueStore):
     def __len__(self) -> int:
         return len(self._data)
 
+    def clear(self) -> None:
+        self._data.clear()
+
 
 class MemoryWheelStore(WheelStore):
     """A sorted key list (bisect) beside a dict: O(log n) seek, O(n) insert, fine for tests."""
@@ -64,3 +67,7 @@ class MemoryWheelStore(WheelStore):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._values.clear()

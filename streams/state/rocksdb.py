@@ -1,23 +1,22 @@
-"""Stores over a raw ``rocksdict.Rdict``: the per-partition database faust's RocksDB store keeps.
+"""Stores over RocksDB (rocksdict, raw mode: bytes in, bytes out, byte-ordered keys).
 
-faust-streaming opens one ``Rdict`` per table partition (``table.data._dbs[p]``, raw mode: bytes
-in, bytes out, byte-ordered keys). These classes read AND write that object directly; the
-scheduler's faust glue subclasses them so that ``put``/``delete`` go through the table (and so
-reach the changelog) while ``get``/``scan``/``first`` keep reading the Rdict.
+Each owned partition has one database with a column family per concern (see
+:mod:`streams.state.partition`); these classes read and write one column family.
 
-Memory: RocksDB's defaults (and faust's) are a 2 GiB block cache per database plus 3 x 64 MiB
-write buffers; with a database per partition per table that is gigabytes of address space per
-process. :class:`RocksDBLimits` is the one place the bounds are chosen; use
-:meth:`RocksDBLimits.faust_options` for a faust table's ``options=`` and
-:meth:`RocksDBLimits.open` (tests, tools) for a standalone database with the same bounds.
+Memory: RocksDB's defaults are a 2 GiB block cache per database plus 3 x 64 MiB memtables per
+column family; with a database per partition that is gigabytes of address space per process and
+an RSS that grows with the number of partitions and jobs. :class:`RocksDBLimits` is the one place
+the bounds are chosen, and :class:`RocksDBResources` shares ONE block cache and ONE memtable
+budget (a write buffer manager charged to that cache) between every database of the process, so
+memory stays flat whatever the number of partitions or pending jobs.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import rocksdict
 
@@ -26,39 +25,53 @@ from streams.state.base import KeyValueStore, WheelStore
 
 @dataclass(frozen=True)
 class RocksDBLimits:
-    """Memory bounds for one partition database.
+    """Memory bounds for the scheduler's local state, per process.
 
-    ``block_cache_bytes`` caps the LRU cache of uncompressed data blocks (reads);
-    ``write_buffer_bytes`` is the size of one memtable and ``max_write_buffers`` how many may
-    exist before writes stall on a flush, so memtables use at most their product.
+    ``block_cache_bytes`` caps the LRU cache of uncompressed data blocks (reads) shared by every
+    partition database; memtables are charged to the same cache and capped in total by
+    ``total_write_buffer_bytes``; ``write_buffer_bytes`` is one memtable and
+    ``max_write_buffers`` how many one column family may hold before writes wait for a flush.
     """
 
-    block_cache_bytes: int = 8 * 1024 * 1024
+    block_cache_bytes: int = 64 * 1024 * 1024
     write_buffer_bytes: int = 4 * 1024 * 1024
     max_write_buffers: int = 2
+    total_write_buffer_bytes: int = 32 * 1024 * 1024
 
-    def rdict_options(self) -> rocksdict.Options:
-        """Options equivalent to faust's (raw mode, block-based table) with these bounds."""
+    def resources(self) -> RocksDBResources:
+        return RocksDBResources(self)
+
+    def open(self, path: Path | str) -> rocksdict.Rdict:
+        """A standalone raw-mode database with these bounds (tests, tools)."""
+        return self.resources().open(path)
+
+
+class RocksDBResources:
+    """The block cache and memtable budget every database of a process shares."""
+
+    def __init__(self, limits: RocksDBLimits) -> None:
+        self.limits = limits
+        self.cache = rocksdict.Cache(limits.block_cache_bytes)
+        self.write_buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            limits.total_write_buffer_bytes, False, self.cache
+        )
+
+    def options(self) -> rocksdict.Options:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
-        options.set_write_buffer_size(self.write_buffer_bytes)
-        options.set_max_write_buffer_number(self.max_write_buffers)
+        options.create_missing_column_families(True)
+        options.set_write_buffer_size(self.limits.write_buffer_bytes)
+        options.set_max_write_buffer_number(self.limits.max_write_buffers)
+        options.set_write_buffer_manager(self.write_buffers)
         table = rocksdict.BlockBasedOptions()
-        table.set_block_cache(rocksdict.Cache(self.block_cache_bytes))
+        table.set_block_cache(self.cache)
         options.set_block_based_table_factory(table)
         return options
 
-    def faust_options(self) -> dict[str, Any]:
-        """Keyword options for a faust table (``app.Table(..., options=...)``)."""
-        return {
-            "block_cache_size": self.block_cache_bytes,
-            "write_buffer_size": self.write_buffer_bytes,
-            "max_write_buffer_number": self.max_write_buffers,
-        }
-
-    def open(self, path: Path | str) -> rocksdict.Rdict:
-        """Open (creating if needed) a raw-mode database at ``path`` with these bounds."""
-        return rocksdict.Rdict(str(path), options=self.rdict_options())
+    def open(self, path: Path | str, column_families: Iterable[str] = ()) -> rocksdict.Rdict:
+        """Open (creating if needed) a database and its column families."""
+        families = {name: self.options() for name in column_families}
+        return rocksdict.Rdict(str(path), options=self.options(), column_families=families or None)
 
 
 class RocksDBKeyValueStore(KeyValueStore):

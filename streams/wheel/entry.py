@@ -46,6 +46,12 @@ def encode_key(due_ms: int, job_id: str, tag: str) -> bytes:
     return due_prefix(due_ms) + job_id.encode() + b"\x00" + tag.encode()
 
 
+def entry_key(due_ms: int, job_key: bytes, tag: bytes) -> bytes:
+    """:func:`encode_key` for a job id and tag that are already UTF-8 bytes (the state layer
+    indexes records by their raw keys; checking them again here would cost every write)."""
+    return due_ms.to_bytes(_DUE_BYTES, "big") + job_key + b"\x00" + tag
+
+
 def encode_value(payload: bytes) -> bytes:
     return bytes((ENTRY_VERSION,)) + payload
 

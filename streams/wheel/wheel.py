@@ -1,15 +1,15 @@
 """The timing wheel: a time-ordered index of upcoming fires kept in a :class:`WheelStore`.
 
 "Wheel" in the Kafka Streams / Netty sense of "what is due next", but stored as one sorted
-key range on disk instead of in-memory slots: a job due in a year costs a RocksDB key, not RAM,
-and after a crash or a rebalance the index is simply whatever the changelog restored.
+key range on disk instead of in-memory slots: a job due in a year costs a RocksDB key, not RAM.
+The scheduler keeps it as an index derived from its job records (see
+:mod:`streams.state.partition`), rebuilt from them after a restore.
 
-Pure: no clock, no faust, no Kafka. The punctuator passes ``now_ms`` in (wall-clock punctuation),
+Pure: no clock, no Kafka. The punctuator passes ``now_ms`` in (wall-clock punctuation),
 so tests drive it with :class:`jobwheel.clock.ManualClock`.
 
-At-least-once: :meth:`TimingWheel.due` only reads. The caller dispatches each entry and then
-calls :meth:`TimingWheel.remove`; a crash in between leaves the entry in the wheel and the next
-owner fires it again (dispatch is idempotent on the run id, see ARCHITECTURE.md).
+:meth:`TimingWheel.due` only reads; entries leave the wheel when the caller removes them (or,
+in the scheduler, when the record that derives them changes).
 """
 
 from __future__ import annotations
@@ -50,10 +50,18 @@ class TimingWheel:
     def schedule(self, due_ms: int, job_id: str, tag: str, payload: bytes = b"") -> bytes:
         """Add (or replace) the entry ``(due_ms, job_id, tag)``; returns its key."""
         key = encode_key(due_ms, job_id, tag)
+        self.insert(key, payload)
+        return key
+
+    def insert(self, key: bytes, payload: bytes = b"") -> None:
+        """Add an entry by its encoded key (:func:`~streams.wheel.entry.entry_key`)."""
         self.store.put(key, encode_value(payload))
         if key < self._floor:
             self._floor = key
-        return key
+
+    def discard(self, key: bytes) -> None:
+        """Remove an entry by its encoded key, if present."""
+        self.store.delete(key)
 
     def cancel(self, due_ms: int, job_id: str, tag: str) -> None:
         """Remove the entry if present. The caller must know its due time (keep it in job state)."""

@@ -103,10 +103,7 @@ def start_scheduler(
         wait_until(
             lambda: (
                 proc.poll() is not None
-                or (
-                    log_path.exists()
-                    and "partition claimed" in log_path.read_text(errors="replace")
-                )
+                or (log_path.exists() and "partition ready" in log_path.read_text(errors="replace"))
             ),
             90,
             0.2,

@@ -22,9 +22,7 @@ from schemas.models import (
     TriggerJob,
 )
 from streams.processor import SchedulerProcessor
-from streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
-from streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
-from streams.wheel import TimingWheel
+from streams.state.partition import MemoryBackend, PartitionState
 
 T0 = 1_800_000_000_000  # 2027-01-15, an arbitrary fixed instant
 _ids = itertools.count()
@@ -40,7 +38,7 @@ def spec(trigger, **kw) -> ScheduleJob:
 
 @pytest.fixture
 def proc() -> SchedulerProcessor:
-    return SchedulerProcessor(3, MemoryKeyValueStore(), TimingWheel(MemoryWheelStore()), 7)
+    return SchedulerProcessor(3, PartitionState(MemoryBackend()), 7)
 
 
 def states(out) -> list[State]:
@@ -266,15 +264,12 @@ def test_trigger_runs_now_regardless_of_schedule(proc):
 
 
 def test_discarded_batch_fires_again_with_the_same_run_id():
-    jobs = BufferedKeyValueStore(MemoryKeyValueStore())
-    wheel_store = BufferedWheelStore(MemoryWheelStore())
-    proc = SchedulerProcessor(0, jobs, TimingWheel(wheel_store))
+    state = PartitionState(MemoryBackend())
+    proc = SchedulerProcessor(0, state)
     proc.on_command(cmd("j", spec(Now())), T0)
-    jobs.commit()
-    wheel_store.commit()
+    state.commit(checkpoint=None)
     [first] = proc.punctuate(T0, 10)[0].runs
-    jobs.discard()  # the dispatch failed (fenced, broker error): nothing was recorded
-    wheel_store.discard()
+    state.discard()  # the transaction aborted (fenced, broker error): nothing was recorded
     [again] = proc.punctuate(T0 + 50, 10)[0].runs
     assert again.run_id == first.run_id and again.attempt == 1
 
@@ -323,9 +318,7 @@ def test_a_handed_back_run_is_redispatched_at_once_and_not_counted_as_a_failure(
 
 
 def test_finished_jobs_are_forgotten_after_the_retention():
-    proc = SchedulerProcessor(
-        0, MemoryKeyValueStore(), TimingWheel(MemoryWheelStore()), retention_ms=60_000
-    )
+    proc = SchedulerProcessor(0, PartitionState(MemoryBackend()), retention_ms=60_000)
     c = cmd("j", spec(Now()))
     proc.on_command(c, T0)
     [run] = proc.punctuate(T0, 10)[0].runs
@@ -335,7 +328,7 @@ def test_finished_jobs_are_forgotten_after_the_retention():
     assert proc.on_command(c, T0 + 59_000).status == []
     proc.punctuate(T0 + 60_005, 10)
     assert proc.load("j") is None
-    assert proc.wheel.next_due_ms() is None  # nothing left behind in the wheel either
+    assert proc.next_due_ms() is None  # nothing left behind in the wheels either
 
 
 def test_a_rescheduled_job_is_not_forgotten(proc):

@@ -109,11 +109,3 @@ def test_rocksdb_store_is_durable_across_reopen(tmp_path: Path) -> None:
     assert RocksDBWheelStore(db).first() == (b"\x00\x01", b"kept")
     assert RocksDBKeyValueStore(db).get(b"job") == b"state"
     db.close()
-
-
-def test_limits_map_to_faust_table_options() -> None:
-    assert LIMITS.faust_options() == {
-        "block_cache_size": 1 << 20,
-        "write_buffer_size": 1 << 20,
-        "max_write_buffer_number": 2,
-    }

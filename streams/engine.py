@@ -1,0 +1,775 @@
+"""The scheduler engine: an exactly-once stream processor on Kafka transactions.
+
+Kafka Streams' model (EOS v2, KIP-447), in one thread per process:
+
+1. **Poll** a batch from the requests topic (the group decides which partitions this process
+   owns) and from the acks partitions of the owned partitions.
+2. **Process** each record with the partition's pure :class:`SchedulerProcessor`; its state
+   changes stay in the partition's write buffer.
+3. **Punctuate** every ready partition with the wall clock: due fires, retries and expiries,
+   and visibility deadlines up to the acks watermark (see below).
+4. **Commit** everything the iteration caused in ONE transaction: runs, status events, dead
+   letters, one changelog record per changed job, and the consumed offsets of every owned
+   partition (``send_offsets_to_transaction``, with the group's metadata and a progress note
+   for ``jobwheel health``). Then write the buffered changes to the local RocksDB with the new
+   changelog checkpoint. Nothing waits in memory across transactions.
+
+If the transaction aborts, the buffers are discarded and the inputs are rewound to the last
+commit, so the batch is processed again from committed state (run ids and event ids are
+deterministic, and the aborted outputs are never visible to ``read_committed`` readers). If the
+producer is fenced or hits a fatal error, every partition is dropped and the group rejoined.
+A process that was fenced out of the group (a SIGSTOPped owner that wakes up) cannot commit:
+the transaction's offset commit carries its stale group generation and the broker refuses it.
+
+**The acks watermark.** A visibility deadline expires only when the acks partition has been read
+past it: up to the broker append time of the last ack read, or, once caught up with the
+partition's end, up to ``now - ACK_SLACK_MS``. So a scheduler that lags never re-dispatches a
+run whose SUCCEEDED or HEARTBEAT is already on the topic.
+
+**Partitions** arrive paused; their state is restored from the changelog (from the local
+checkpoint, so a restart on the same disk replays only the tail) in slices between iterations,
+then their inputs resume and they are *ready*. The ownership epoch (fencing token on runs) is
+bumped and changelogged on every claim.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from jobwheel.clock import Clock, SystemClock
+from jobwheel.errors import (
+    BrokerError,
+    DeliveryError,
+    FencedError,
+    JobwheelError,
+    SchemaDecodeError,
+)
+from jobwheel.settings import Settings
+from schemas.codec import Codec
+from schemas.models import JobCommand, StatusEvent
+from schemas.partitioning import partition_for
+from schemas.progress import Progress
+from schemas.topics import (
+    DEAD_RUN_KIND,
+    ERROR_HEADER,
+    KIND_HEADER,
+    SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER,
+    SOURCE_TOPIC_HEADER,
+    STATE_HEADER,
+)
+from streams.kafka import (
+    NO_OFFSET,
+    AcksConsumer,
+    ChangelogReader,
+    InputConsumer,
+    Record,
+    TransactionalProducer,
+)
+from streams.processor import Output, SchedulerProcessor
+from streams.state.directory import StateDirectory
+from streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
+from streams.state.recovery import apply_batch, plan_restore
+from streams.state.rocksdb import RocksDBLimits
+
+log = logging.getLogger(__name__)
+
+#: How far behind ``now`` the acks watermark stays when the acks partition looks read to its
+#: end: the end offset is as of the last fetch response, so an ack appended since then may not
+#: be known yet.
+ACK_SLACK_MS = 1000
+#: Longest poll when nothing is due: acks are read at least this often.
+IDLE_WAIT_S = 0.1
+#: Time given to restoring per iteration while other partitions are ready.
+RESTORE_SLICE_S = 0.2
+#: Acks whose state changes nothing the scheduler decides on; skipped by header, not decoded.
+SKIPPED_ACKS = {b"STARTED", b"STALE"}
+#: A dead-letter copy of a record larger than this carries a reference instead of the bytes.
+MAX_DEAD_LETTER_VALUE = 512 * 1024
+STATUS_LOG_INTERVAL_S = 60.0
+_EPOCH = struct.Struct(">q")
+
+
+class Phase(enum.StrEnum):
+    RESTORING = "restoring"
+    READY = "ready"
+
+
+@dataclass
+class PartitionTask:
+    """This process's hold on one partition."""
+
+    partition: int
+    backend: RocksDBBackend
+    state: PartitionState
+    phase: Phase = Phase.RESTORING
+    processor: SchedulerProcessor | None = None
+    restore_started: float = field(default_factory=time.monotonic)
+    restore_end: int = -1
+    restore_reading: bool = False
+    restored: int = 0
+    # Input positions: next offset to read, as processed (uncommitted) and as committed.
+    requests_next: int | None = None
+    acks_next: int | None = None
+    requests_committed: int | None = None
+    acks_committed: int | None = None
+    acks_seen_ms: int = 0
+    behind: bool = False  # punctuation left due timers for the next iteration
+    epoch: int = 0
+    epoch_committed: bool = False
+
+
+@dataclass
+class _Out:
+    """One record of the transaction being built."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters since start (read by the status log line and, later, metrics)."""
+
+    commands: int = 0
+    acks: int = 0
+    fired: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    transactions: int = 0
+    aborts: int = 0
+    resets: int = 0
+    last_commit_ms: int = 0
+
+
+class SchedulerEngine:
+    """One scheduler process's consume-process-produce loop (see the module doc)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        codec: Codec | None = None,
+        directory: StateDirectory | None = None,
+    ) -> None:
+        self.settings = settings
+        self.topics = settings.topics
+        self.clock = clock or SystemClock()
+        self.codec = codec or Codec(settings.schema_registry_url)
+        self.directory = directory or StateDirectory(
+            settings.data_dir / "scheduler" / settings.scheduler_app_id
+        )
+        self.resources = RocksDBLimits(
+            block_cache_bytes=settings.rocksdb_block_cache_bytes
+        ).resources()
+        self.changelog_topic = self.topics.changelog(settings.scheduler_app_id)
+        self.stats = EngineStats()
+        self.tasks: dict[int, PartitionTask] = {}
+        self._stop = threading.Event()
+        self._instance = ""
+        self._backoff_s = 0.0
+        self._last_status_log = 0.0
+        self.producer: TransactionalProducer | None = None
+        self.input: InputConsumer | None = None
+        self.acks: AcksConsumer | None = None
+        self.changelog: ChangelogReader | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the current iteration (committed), leave the group and return from run()."""
+        self._stop.set()
+
+    def run(self, on_iteration: Callable[[], None] | None = None) -> None:
+        self.directory.lock()
+        try:
+            self._instance = self.directory.instance_id()
+            self._connect()
+            log.info(
+                "scheduler started",
+                extra={
+                    "instance": self._instance,
+                    "group": self.settings.scheduler_app_id,
+                    "protocol": self.settings.scheduler_group_protocol,
+                    "state_dir": str(self.directory.root),
+                },
+            )
+            while not self._stop.is_set():
+                self.step()
+                if on_iteration is not None:
+                    on_iteration()
+        finally:
+            self._disconnect()
+            self.directory.unlock()
+            log.info("scheduler stopped", extra={"instance": self._instance})
+
+    def _connect(self) -> None:
+        client = f"{self.settings.scheduler_app_id}-{self._instance}"
+        self.producer = TransactionalProducer(self.settings, client, self.changelog_topic)
+        while True:
+            try:
+                self.producer.init()
+                break
+            except BrokerError as exc:
+                log.error(
+                    "cannot register the transactional producer; retrying",
+                    extra={"error": str(exc)},
+                )
+                if self._stop.wait(2.0):
+                    return
+        self.input = InputConsumer(self.settings, client)
+        self.acks = AcksConsumer(self.settings, client + "-acks")
+        self.changelog = ChangelogReader(self.settings, client + "-restore")
+        self.input.subscribe(self._on_assign, self._on_revoke, self._on_lost)
+
+    def _disconnect(self) -> None:
+        if self.input is not None:
+            self.input.close()  # runs the revoke callback: partitions are closed there
+        for task in list(self.tasks.values()):
+            self._close_task(task, "stopped")
+        for client in (self.acks, self.changelog, self.producer):
+            if client is not None:
+                client.close()
+        self.input = self.acks = self.changelog = self.producer = None
+
+    def _reset(self, reason: str) -> None:
+        """Fatal producer error or fenced: drop every partition's uncommitted state, replace
+        the clients and rejoin the group (partitions come back through a restore from the
+        local checkpoint)."""
+        self.stats.resets += 1
+        log.error("dropping all partitions and rejoining the group", extra={"reason": reason})
+        for task in list(self.tasks.values()):
+            task.state.discard()
+        self._disconnect()
+        if not self._stop.is_set():
+            self._connect()
+
+    # --- rebalance callbacks (run inside the input consumer's poll) -------------------------
+
+    def _on_assign(self, partitions: list[int]) -> None:
+        if not partitions:
+            return
+        for p in partitions:
+            if p in self.tasks:
+                continue
+            backend = RocksDBBackend(self.directory.partition(p), self.resources)
+            self.tasks[p] = PartitionTask(p, backend, PartitionState(backend))
+        log.info("partitions assigned; restoring", extra={"partitions": sorted(partitions)})
+
+    def _on_revoke(self, partitions: list[int]) -> None:
+        for p in partitions:
+            task = self.tasks.get(p)
+            if task is not None:
+                self._close_task(task, "revoked")
+
+    def _on_lost(self, partitions: list[int]) -> None:
+        for p in partitions:
+            task = self.tasks.get(p)
+            if task is not None:
+                task.state.discard()
+                self._close_task(task, "lost")
+
+    def _close_task(self, task: PartitionTask, why: str) -> None:
+        """Give a partition up. Nothing is uncommitted here: every iteration commits before
+        the next poll, and an aborted iteration has discarded its changes."""
+        self.tasks.pop(task.partition, None)
+        if self.acks is not None:
+            self.acks.unassign(task.partition)
+        if self.changelog is not None:
+            self.changelog.unassign(task.partition)
+        task.state.discard()
+        task.backend.close()
+        level = logging.WARNING if why == "lost" else logging.INFO
+        log.log(level, f"partition {why}", extra={"partition": task.partition})
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One iteration: poll, process, punctuate, commit (see the module doc)."""
+        assert self.input is not None and self.acks is not None
+        try:
+            requests = self.input.poll(self.settings.scheduler_max_batch, self._wait_s())
+            acks = self.acks.poll(self.settings.scheduler_max_batch, 0)
+        except FencedError as exc:
+            self._reset(str(exc))
+            return
+        except BrokerError as exc:
+            log.error("polling failed", extra={"error": str(exc)})
+            self._stop.wait(1.0)
+            return
+        if self.settings.scheduler_fault_delay_ms:
+            time.sleep(self.settings.scheduler_fault_delay_ms / 1000)
+        self._restore(
+            RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
+        )
+        now = self.clock.now_ms()
+        out: list[_Out] = []
+        touched: set[int] = set()
+        for record in requests:
+            self._on_request(record, now, out, touched)
+        for record in acks:
+            self._on_ack(record, now, out, touched)
+        for task in self.tasks.values():
+            if task.phase is Phase.READY:
+                self._punctuate(task, now, out, touched)
+        if touched or out:
+            self._commit(out, touched)
+        else:
+            self._backoff_s = 0.0
+        self._maybe_log_status()
+
+    def _wait_s(self) -> float:
+        """How long the next poll may block: not at all while there is work to do, else until
+        the next timer, at most :data:`IDLE_WAIT_S`."""
+        if self._backoff_s:
+            return self._backoff_s
+        ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
+        if any(t.phase is Phase.RESTORING for t in self.tasks.values()) or any(
+            t.behind for t in ready
+        ):
+            return 0.0
+        now = self.clock.now_ms()
+        wait = IDLE_WAIT_S
+        for task in ready:
+            assert task.processor is not None
+            due = task.processor.next_due_ms(self._acks_watermark(task, now))
+            if due is not None:
+                wait = min(wait, max(0.0, (due - now) / 1000))
+        return wait
+
+    # --- input ------------------------------------------------------------------------------
+
+    def _ready(self, record: Record) -> PartitionTask | None:
+        task = self.tasks.get(record.partition)
+        return task if task is not None and task.phase is Phase.READY else None
+
+    def _on_request(self, record: Record, now: int, out: list[_Out], touched: set[int]) -> None:
+        task = self._ready(record)
+        if task is None:
+            return
+        task.requests_next = record.offset + 1
+        touched.add(task.partition)
+        processor = task.processor
+        assert processor is not None
+        key = record.key
+        job_id = (key or b"").decode("utf-8", "replace")
+        try:
+            try:
+                cmd = self.codec.decode(record.value or b"")
+            except SchemaDecodeError as exc:
+                self._reject(task, record, f"undecodable record: {exc}", job_id, now, out)
+                return
+            if not isinstance(cmd, JobCommand):
+                reason = f"a {type(cmd).__name__} is not a JobCommand"
+                self._reject(task, record, reason, job_id, now, out)
+                return
+            if key is None or key != cmd.job_id.encode("utf-8", "surrogatepass"):
+                reason = (
+                    f"record key {_cut(job_id)!r} is not the job id {_cut(cmd.job_id)!r}: key "
+                    "every command with its job id as raw UTF-8 bytes"
+                )
+                self._reject(task, record, reason, cmd.job_id, now, out)
+                return
+            expected = partition_for(cmd.job_id, self.settings.partitions)
+            if expected != task.partition:
+                reason = (
+                    f"job {_cut(cmd.job_id)!r} belongs to partition {expected}, not "
+                    f"{task.partition}: use the murmur2 partitioner on the raw UTF-8 job id"
+                )
+                self._reject(task, record, reason, cmd.job_id, now, out)
+                return
+            self.stats.commands += 1
+            result = processor.on_command(cmd, now)
+            self._emit(task, result, out)
+            if result.rejected is not None:
+                self._dead_letter(task, record, result.rejected, out)
+        except JobwheelError as exc:
+            self._reject(task, record, f"scheduler error: {exc}", job_id, now, out)
+        except Exception as exc:  # a bug must not stop the partition: dead-letter the record
+            log.exception(
+                "command failed; dead-lettered",
+                extra={"partition": record.partition, "offset": record.offset},
+            )
+            self._reject(task, record, f"scheduler error: {exc!r}", job_id, now, out)
+
+    def _on_ack(self, record: Record, now: int, out: list[_Out], touched: set[int]) -> None:
+        task = self._ready(record)
+        if task is None:
+            return
+        task.acks_next = record.offset + 1
+        task.acks_seen_ms = max(task.acks_seen_ms, record.timestamp_ms)
+        touched.add(task.partition)
+        for name, value in record.headers or ():
+            if name == STATE_HEADER and value in SKIPPED_ACKS:
+                return
+        processor = task.processor
+        assert processor is not None
+        try:
+            ev = self.codec.decode(record.value or b"")
+            if not isinstance(ev, StatusEvent):
+                raise SchemaDecodeError(f"a {type(ev).__name__} is not a StatusEvent")
+        except SchemaDecodeError as exc:
+            self.stats.rejected += 1
+            log.warning(
+                "undecodable ack dead-lettered",
+                extra={"partition": record.partition, "offset": record.offset, "error": str(exc)},
+            )
+            self._dead_letter(task, record, f"undecodable ack: {exc}", out)
+            return
+        self.stats.acks += 1
+        try:
+            self._emit(task, processor.on_ack(ev, now, record.timestamp_ms), out)
+        except Exception as exc:
+            log.exception(
+                "ack failed; dead-lettered",
+                extra={"partition": record.partition, "offset": record.offset},
+            )
+            self._dead_letter(task, record, f"scheduler error: {exc!r}", out)
+
+    def _acks_watermark(self, task: PartitionTask, now: int) -> int:
+        """How far (broker time) this partition's acks are known to be read."""
+        assert self.acks is not None
+        end = self.acks.cached_end(task.partition)
+        position = task.acks_next
+        if position is None:
+            position = self.acks.position(task.partition)
+        if end is not None and position is not None and position >= end:
+            return max(task.acks_seen_ms, now - ACK_SLACK_MS)
+        return task.acks_seen_ms
+
+    def _punctuate(self, task: PartitionTask, now: int, out: list[_Out], touched: set[int]) -> None:
+        assert task.processor is not None
+        limit = self.settings.dispatch_batch_limit
+        result, handled = task.processor.punctuate(now, limit, self._acks_watermark(task, now))
+        task.behind = handled >= limit
+        if handled or task.state.dirty:
+            touched.add(task.partition)
+            self.stats.fired += len(result.runs)
+            self._emit(task, result, out)
+
+    # --- output -----------------------------------------------------------------------------
+
+    def _emit(self, task: PartitionTask, result: Output, out: list[_Out]) -> None:
+        if not result:
+            return
+        t = self.topics
+        enc = self.codec.encode
+        p = task.partition
+        for run in result.runs:
+            out.append(_Out(t.runs, p, run.job_id.encode(), enc(run)))
+        for event in result.status:
+            out.append(_Out(t.status, p, event.job_id.encode(), enc(event)))
+        for run, reason in result.dead_runs:
+            self.stats.dead_lettered += 1
+            headers = [(ERROR_HEADER, _cut(reason, 2000).encode()), (KIND_HEADER, DEAD_RUN_KIND)]
+            out.append(_Out(t.dead_letter, p, run.job_id.encode(), enc(run), headers))
+
+    def _reject(
+        self,
+        task: PartitionTask,
+        record: Record,
+        reason: str,
+        job_id: str,
+        now: int,
+        out: list[_Out],
+    ) -> None:
+        """A command that cannot be applied: a REJECTED event and the record dead-lettered."""
+        assert task.processor is not None
+        self.stats.rejected += 1
+        event_id = f"{record.topic}:{record.partition}:{record.offset}:REJECTED"
+        try:
+            self._emit(task, task.processor.reject(_cut(job_id), reason, now, event_id), out)
+        except Exception:
+            log.exception("could not build the REJECTED event", extra={"offset": record.offset})
+        self._dead_letter(task, record, reason, out)
+        log.warning(
+            "request rejected",
+            extra={"partition": record.partition, "offset": record.offset, "reason": reason},
+        )
+
+    def _dead_letter(
+        self, task: PartitionTask, record: Record, reason: str, out: list[_Out]
+    ) -> None:
+        self.stats.dead_lettered += 1
+        headers = [
+            (ERROR_HEADER, _cut(reason, 2000).encode()),
+            (SOURCE_TOPIC_HEADER, record.topic.encode()),
+            (SOURCE_PARTITION_HEADER, str(record.partition).encode()),
+            (SOURCE_OFFSET_HEADER, str(record.offset).encode()),
+        ]
+        value = record.value
+        if value is not None and len(value) > MAX_DEAD_LETTER_VALUE:
+            out.append(self._reference(record.topic, task.partition, record.key, value, headers))
+            return
+        out.append(_Out(self.topics.dead_letter, task.partition, record.key, value, headers))
+
+    def _reference(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> _Out:
+        """A small dead-letter record standing for one too large to copy."""
+        return _Out(
+            self.topics.dead_letter,
+            partition,
+            None if key is None else key[:256],
+            None,
+            [
+                *headers,
+                (KIND_HEADER, b"too-large"),
+                ("jobwheel.size", str(len(value)).encode()),
+                ("jobwheel.topic", topic.encode()),
+            ],
+        )
+
+    # --- the transaction --------------------------------------------------------------------
+
+    def _commit(self, out: list[_Out], touched: set[int]) -> None:
+        assert self.producer is not None and self.input is not None
+        producer = self.producer
+        now = self.clock.now_ms()
+        try:
+            producer.begin()
+            for record in out:
+                self._produce(record)
+            for p in touched:
+                task = self.tasks.get(p)
+                if task is None:
+                    continue
+                for key, value in task.state.changes().items():
+                    self._produce(_Out(self.changelog_topic, p, key, value))
+            producer.commit(self._offsets(now), self.input.group_metadata())
+        except FencedError as exc:
+            self._reset(str(exc))
+            return
+        except BrokerError as exc:
+            self._abort(exc)
+            return
+        self.stats.transactions += 1
+        self.stats.last_commit_ms = now
+        self._backoff_s = 0.0
+        for task in self.tasks.values():
+            if task.phase is not Phase.READY:
+                continue
+            if task.partition in touched:
+                offset = producer.changelog_offsets.get(task.partition)
+                task.state.commit(None if offset is None else offset + 1)
+                task.epoch_committed = True
+            if task.requests_next is not None:
+                task.requests_committed = task.requests_next
+            if task.acks_next is not None:
+                task.acks_committed = task.acks_next
+
+    def _produce(self, record: _Out) -> None:
+        assert self.producer is not None
+        try:
+            self.producer.produce(
+                record.topic, record.partition, record.key, record.value, record.headers
+            )
+        except DeliveryError as exc:  # too large: a reference to it goes to the dead letters
+            log.error(
+                "record too large to produce; a reference is dead-lettered",
+                extra={"topic": record.topic, "partition": record.partition, "error": str(exc)},
+            )
+            self.stats.dead_lettered += 1
+            self.producer.produce(
+                *_fields(
+                    self._reference(
+                        record.topic,
+                        record.partition,
+                        record.key,
+                        record.value or b"",
+                        [(ERROR_HEADER, _cut(str(exc), 2000).encode())],
+                    )
+                )
+            )
+
+    def _offsets(self, now: int) -> list[tuple[str, int, int, str]]:
+        """The consumed offsets of every ready partition, each with a progress note. Sent in
+        every transaction, also unchanged ones: the group then checks this member's
+        generation on every commit, which is what fences a member that has been replaced."""
+        offsets: list[tuple[str, int, int, str]] = []
+        for task in self.tasks.values():
+            if task.phase is not Phase.READY:
+                continue
+            assert task.processor is not None
+            note = Progress(now, task.processor.next_due_ms(), self._instance).encode()
+            p = task.partition
+            requests = task.requests_next if task.requests_next is not None else None
+            if requests is None:
+                requests = task.requests_committed
+            acks = task.acks_next if task.acks_next is not None else task.acks_committed
+            if requests is not None:
+                offsets.append((self.topics.requests, p, requests, note))
+            if acks is not None:
+                offsets.append((self.topics.acks, p, acks, note))
+        return offsets
+
+    def _abort(self, cause: BrokerError) -> None:
+        """The transaction cannot commit: abort it, forget its changes, read its input again."""
+        assert self.producer is not None and self.input is not None and self.acks is not None
+        self.stats.aborts += 1
+        self._backoff_s = min(max(self._backoff_s * 2, 0.1), 5.0)
+        log.warning(
+            "transaction aborted; processing the batch again",
+            extra={"error": str(cause), "retry_in_s": self._backoff_s},
+        )
+        try:
+            self.producer.abort()
+        except FencedError as exc:
+            self._reset(str(exc))
+            return
+        except BrokerError as exc:
+            self._reset(f"abort failed: {exc}")
+            return
+        for task in self.tasks.values():
+            if task.phase is not Phase.READY:
+                continue
+            task.state.discard()
+            if not task.epoch_committed:  # the claim itself must still reach the changelog
+                task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))
+            if task.requests_next is not None:
+                self.input.seek(task.partition, _start(task.requests_committed))
+                task.requests_next = None
+            if task.acks_next is not None:
+                self.acks.seek(task.partition, _start(task.acks_committed))
+                task.acks_next = None
+
+    # --- restore ----------------------------------------------------------------------------
+
+    def _restore(self, budget_s: float) -> None:
+        restoring = [t for t in self.tasks.values() if t.phase is Phase.RESTORING]
+        if not restoring:
+            return
+        assert self.changelog is not None
+        for task in restoring:
+            if not task.restore_reading:
+                self._start_restore(task)
+        deadline = time.monotonic() + budget_s
+        while True:
+            reading = {
+                t.partition: t
+                for t in self.tasks.values()
+                if t.phase is Phase.RESTORING and t.restore_reading
+            }
+            for task in list(reading.values()):
+                position = self.changelog.position(task.partition)
+                if position is not None and position >= task.restore_end:
+                    self._finish_restore(task)
+                    reading.pop(task.partition)
+            if not reading or time.monotonic() >= deadline:
+                return
+            records = self.changelog.poll(20_000, 0.05)
+            by_partition: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
+            for r in records:
+                if r.partition in reading and r.key is not None:
+                    by_partition.setdefault(r.partition, []).append((r.offset, r.key, r.value))
+            for p, batch in by_partition.items():
+                task = reading[p]
+                task.restored += apply_batch(task.backend, batch, batch[-1][0] + 1)
+
+    def _start_restore(self, task: PartitionTask) -> None:
+        assert self.changelog is not None
+        try:
+            low, high = self.changelog.watermarks(task.partition)
+        except BrokerError as exc:
+            log.warning("cannot read the changelog's offsets yet", extra={"error": str(exc)})
+            return
+        plan = plan_restore(task.backend, low, high)
+        task.restore_end = plan.end
+        task.restore_reading = True
+        task.restore_started = time.monotonic()
+        if plan.start < plan.end:
+            self.changelog.assign(task.partition, plan.start)
+        else:
+            self._finish_restore(task)
+
+    def _finish_restore(self, task: PartitionTask) -> None:
+        assert self.changelog is not None and self.input is not None and self.acks is not None
+        self.changelog.unassign(task.partition)
+        p = task.partition
+        raw = task.backend.jobs.get(EPOCH_KEY)
+        task.epoch = (_EPOCH.unpack(raw)[0] if raw else 0) + 1
+        task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))  # changelogged by the next commit
+        task.processor = SchedulerProcessor(
+            p, task.state, fencing_token=task.epoch, retention_ms=self.settings.job_retention_ms
+        )
+        try:
+            requests = self.input.committed(self.topics.requests, [p])[p]
+            acks = self.input.committed(self.topics.acks, [p])[p]
+        except BrokerError as exc:
+            log.warning("cannot read committed offsets yet", extra={"error": str(exc)})
+            task.state.discard()
+            task.processor = None
+            task.restore_reading = False  # try again on the next iteration
+            return
+        task.requests_committed = requests if requests >= 0 else None
+        task.acks_committed = acks if acks >= 0 else None
+        self.acks.assign(p, acks if acks >= 0 else NO_OFFSET)
+        self.input.resume(p)
+        task.phase = Phase.READY
+        log.info(
+            "partition ready",
+            extra={
+                "partition": p,
+                "fencing_token": task.epoch,
+                "restored_records": task.restored,
+                "restore_s": round(time.monotonic() - task.restore_started, 3),
+                "next_due_ms": task.processor.next_due_ms(),
+            },
+        )
+
+    # --- visibility -------------------------------------------------------------------------
+
+    def owned(self) -> dict[int, str]:
+        return {p: t.phase.value for p, t in sorted(self.tasks.items())}
+
+    def _maybe_log_status(self) -> None:
+        now = time.monotonic()
+        if now - self._last_status_log < STATUS_LOG_INTERVAL_S:
+            return
+        self._last_status_log = now
+        lag: dict[int, int] = {}
+        assert self.acks is not None
+        for task in self.tasks.values():
+            end = self.acks.cached_end(task.partition)
+            pos = task.acks_next if task.acks_next is not None else task.acks_committed
+            if end is not None and pos is not None and end > pos:
+                lag[task.partition] = end - pos
+        log.info(
+            "scheduler status",
+            extra={
+                "partitions": self.owned(),
+                "acks_lag": lag,
+                "commands": self.stats.commands,
+                "fired": self.stats.fired,
+                "acks": self.stats.acks,
+                "transactions": self.stats.transactions,
+                "aborts": self.stats.aborts,
+            },
+        )
+
+
+def _start(offset: int | None) -> int:
+    return offset if offset is not None else NO_OFFSET
+
+
+def _cut(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _fields(record: _Out) -> tuple[str, int, bytes | None, bytes | None, list | None]:
+    return record.topic, record.partition, record.key, record.value, record.headers

@@ -1,0 +1,482 @@
+"""The scheduler's only room with Kafka in it: thin confluent-kafka wrappers that speak partition
+numbers, :class:`Record` values and :mod:`jobwheel.errors`.
+
+Four clients per scheduler process, all driven from the engine's one thread:
+
+- :class:`InputConsumer`: the consumer group member. It subscribes to the requests topic; the
+  group (cooperative: KIP-848's ``consumer`` protocol by default, or classic
+  ``cooperative-sticky``) decides which partitions this process owns. New partitions arrive
+  *paused*: the engine resumes them once their state is restored.
+- :class:`AcksConsumer`: reads the acks partitions of the partitions this process owns
+  (assigned by hand, mirroring the group's assignment, so acks partition ``p`` always goes with
+  requests partition ``p`` whatever the group protocol's assignor does). Its offsets are
+  committed in the scheduler's group with the others.
+- :class:`ChangelogReader`: reads changelog partitions (``read_committed``) to restore state.
+- :class:`TransactionalProducer`: one per process (Kafka's exactly-once v2, KIP-447). Each
+  engine iteration is one transaction: outputs, changelog records and the consumed offsets
+  (``send_offsets_to_transaction`` with the group's metadata, so a member that has been fenced
+  out of the group cannot commit) commit together or not at all.
+
+Errors follow librdkafka's transactional API: a retriable error is retried by calling the same
+method again (a timed-out commit or abort must be *resumed*, never replaced by another call);
+:class:`TransactionAbortedError` means abort and redo the batch; :class:`FencedError` means this
+producer is unusable (fenced by a newer one, or a fatal error): the engine drops its partitions,
+makes a new producer and rejoins.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
+from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+_client_log = logging.getLogger("streams.librdkafka")
+
+#: librdkafka's "no offset" value for a partition without a committed offset.
+NO_OFFSET = -1001
+_RETRY_PAUSE_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A consumed record. ``timestamp_ms`` is the record's timestamp (the broker's append time
+    on the acks topic)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    timestamp_ms: int
+
+
+def _code(exc: BaseException) -> KafkaError | None:
+    err = exc.args[0] if exc.args else None
+    return err if isinstance(err, KafkaError) else None
+
+
+def broker_error(exc: KafkaException, what: str) -> BrokerError:
+    """The jobwheel error for a failed transactional or consumer call."""
+    err = _code(exc)
+    if err is None:
+        return BrokerError(f"{what}: {exc}")
+    message = f"{what}: {err.str()} ({err.name()})"
+    if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+        return FencedError(
+            message + "; this producer can no longer commit (a newer scheduler instance took "
+            "over or the error is fatal): partitions are dropped and the group rejoined",
+            code=err.name(),
+        )
+    if err.txn_requires_abort():
+        return TransactionAbortedError(message, code=err.name())
+    return BrokerError(message, code=err.name())
+
+
+def _log_client_error(err: KafkaError) -> None:
+    """Client-level trouble (broker unreachable, auth failure): librdkafka keeps retrying."""
+    log.warning("kafka client error", extra={"code": err.name(), "error": err.str()})
+
+
+def _client(factory: Callable[[dict[str, Any]], Any], config: dict[str, Any], what: str) -> Any:
+    config.setdefault("error_cb", _log_client_error)
+    config.setdefault("logger", _client_log)
+    try:
+        return factory(config)
+    except KafkaException as exc:
+        raise BrokerError(f"could not create the {what}: {exc}; check kafka_config") from exc
+
+
+def _records(messages: list[Any]) -> list[Record]:
+    out: list[Record] = []
+    for msg in messages:
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise BrokerError(f"consuming failed: {err.str()}", code=err.name())
+            log.warning("consumer error", extra={"code": err.name(), "error": err.str()})
+            continue
+        out.append(
+            Record(
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                msg.key(),
+                msg.value(),
+                msg.headers(),
+                msg.timestamp()[1],
+            )
+        )
+    return out
+
+
+PartitionsCallback = Callable[[list[int]], None]
+
+
+class InputConsumer:
+    """The scheduler group's member, subscribed to the requests topic."""
+
+    def __init__(self, settings: Settings, client_id: str) -> None:
+        self.topic = settings.topics.requests
+        protocol = settings.scheduler_group_protocol
+        timing: dict[str, Any] = (
+            {}  # KIP-848: assignment, session and heartbeat live on the broker
+            if protocol == "consumer"
+            else {
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 2_000,
+            }
+        )
+        config = {
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 20,
+            **timing,
+            **settings.librdkafka(
+                **{
+                    "group.id": settings.scheduler_app_id,
+                    "group.protocol": protocol,
+                    "client.id": client_id,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "isolation.level": "read_committed",
+                }
+            ),
+        }
+        self._consumer = _client(Consumer, config, "scheduler consumer")
+
+    def subscribe(
+        self,
+        on_assign: PartitionsCallback,
+        on_revoke: PartitionsCallback,
+        on_lost: PartitionsCallback,
+    ) -> None:
+        """Join the group. Assigned partitions start paused (see the module doc)."""
+
+        def assigned(consumer: Any, tps: list[TopicPartition]) -> None:
+            consumer.incremental_assign(tps)
+            if tps:
+                consumer.pause(tps)
+            on_assign([tp.partition for tp in tps])
+
+        self._consumer.subscribe(
+            [self.topic],
+            on_assign=assigned,
+            on_revoke=lambda _c, tps: on_revoke([tp.partition for tp in tps]),
+            on_lost=lambda _c, tps: on_lost([tp.partition for tp in tps]),
+        )
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        try:
+            return _records(self._consumer.consume(max_records, timeout_s))
+        except KafkaException as exc:
+            raise broker_error(exc, "consuming requests failed") from exc
+
+    def resume(self, partition: int) -> None:
+        self._consumer.resume([TopicPartition(self.topic, partition)])
+
+    def pause(self, partition: int) -> None:
+        self._consumer.pause([TopicPartition(self.topic, partition)])
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Read ``partition`` again from ``offset`` (after an aborted transaction); a negative
+        offset means from the start (nothing was committed yet)."""
+        start = offset if offset >= 0 else OFFSET_BEGINNING
+        self._consumer.seek(TopicPartition(self.topic, partition, start))
+
+    def committed(self, topic: str, partitions: Sequence[int], timeout_s: float = 10.0) -> dict:
+        """The group's committed offsets of ``topic`` (``NO_OFFSET`` where there is none)."""
+        tps = [TopicPartition(topic, p) for p in partitions]
+        try:
+            found = self._consumer.committed(tps, timeout=timeout_s)
+        except KafkaException as exc:
+            raise broker_error(exc, f"reading the committed offsets of {topic} failed") from exc
+        return {tp.partition: tp.offset for tp in found}
+
+    def group_metadata(self) -> Any:
+        return self._consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        """Leave the group (the revoke callback runs first)."""
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the scheduler consumer failed", extra={"error": str(exc)})
+
+
+class _AssignedConsumer:
+    """A consumer that is assigned partitions of one topic by hand (no group membership)."""
+
+    def __init__(self, topic: str, config: dict[str, Any], what: str) -> None:
+        self.topic = topic
+        self._what = what
+        self._consumer = _client(Consumer, config, what)
+        self.assigned: set[int] = set()
+
+    def assign(self, partition: int, offset: int) -> None:
+        start = offset if offset >= 0 else OFFSET_BEGINNING
+        self._consumer.incremental_assign([TopicPartition(self.topic, partition, start)])
+        self.assigned.add(partition)
+
+    def unassign(self, partition: int) -> None:
+        if partition in self.assigned:
+            self.assigned.discard(partition)
+            self._consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+
+    def seek(self, partition: int, offset: int) -> None:
+        start = offset if offset >= 0 else OFFSET_BEGINNING
+        self._consumer.seek(TopicPartition(self.topic, partition, start))
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Record]:
+        if not self.assigned:
+            if timeout_s > 0:
+                time.sleep(timeout_s)
+            return []
+        try:
+            return _records(self._consumer.consume(max_records, timeout_s))
+        except KafkaException as exc:
+            raise broker_error(exc, f"consuming {self._what} failed") from exc
+
+    def cached_end(self, partition: int) -> int | None:
+        """The partition's end offset as of the last fetch response (no request), or None."""
+        try:
+            _low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), cached=True
+            )
+        except KafkaException:
+            return None
+        return high if high >= 0 else None
+
+    def watermarks(self, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
+        """``(first offset, end offset)`` of the partition, asked of the broker."""
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=timeout_s
+            )
+        except KafkaException as exc:
+            raise broker_error(exc, f"reading the offsets of {self.topic}/{partition}") from exc
+        return int(low), int(high)
+
+    def position(self, partition: int) -> int | None:
+        """The next offset the consumer will fetch (past transaction markers), or None."""
+        [tp] = self._consumer.position([TopicPartition(self.topic, partition)])
+        return tp.offset if tp.offset >= 0 else None
+
+    def close(self) -> None:
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning(f"closing the {self._what} consumer failed", extra={"error": str(exc)})
+
+
+class AcksConsumer(_AssignedConsumer):
+    """The acks partitions of the owned partitions (see the module doc)."""
+
+    def __init__(self, settings: Settings, client_id: str) -> None:
+        config = {
+            "fetch.wait.max.ms": 20,
+            **settings.librdkafka(
+                **{
+                    # Never subscribes or commits: offsets go through the transaction.
+                    "group.id": settings.scheduler_app_id,
+                    "client.id": client_id,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                }
+            ),
+        }
+        super().__init__(settings.topics.acks, config, "acks")
+
+
+class ChangelogReader(_AssignedConsumer):
+    """Reads the job store's changelog to restore partitions (``read_committed``)."""
+
+    def __init__(self, settings: Settings, client_id: str) -> None:
+        config = {
+            "fetch.wait.max.ms": 50,
+            "max.partition.fetch.bytes": 8 * 1024 * 1024,
+            **settings.librdkafka(
+                **{
+                    "group.id": f"{settings.scheduler_app_id}-restore",
+                    "client.id": client_id,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                }
+            ),
+        }
+        super().__init__(settings.topics.changelog(settings.scheduler_app_id), config, "changelog")
+
+
+class TransactionalProducer:
+    """One transactional producer; every call blocks the engine's thread (see the module doc).
+
+    ``changelog_offsets`` collects, per partition, the highest changelog offset delivered in the
+    current transaction: after a commit it is where the local state's checkpoint goes.
+    """
+
+    def __init__(self, settings: Settings, transactional_id: str, changelog_topic: str) -> None:
+        self.transactional_id = transactional_id
+        self.changelog_topic = changelog_topic
+        config = {
+            "acks": "all",
+            "enable.idempotence": True,
+            # Short: a scheduler that dies mid-transaction holds back every read_committed
+            # reader of the partitions it wrote (workers, a restoring scheduler) until the
+            # broker aborts it. A transaction normally lasts milliseconds (one loop iteration).
+            "transaction.timeout.ms": settings.scheduler_transaction_timeout_ms,
+            "linger.ms": 5,
+            **settings.librdkafka(
+                **{
+                    "transactional.id": transactional_id,
+                    "client.id": transactional_id,
+                }
+            ),
+        }
+        self.timeout_s = max(5.0, settings.scheduler_transaction_timeout_ms / 1000)
+        self._producer = _client(Producer, config, "transactional producer")
+        self.changelog_offsets: dict[int, int] = {}
+        self.in_transaction = False
+
+    def _on_changelog(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            p = msg.partition()
+            offset = msg.offset()
+            if offset > self.changelog_offsets.get(p, -1):
+                self.changelog_offsets[p] = offset
+
+    def _resume(self, call: Callable[[], Any], what: str, give_up_s: float) -> None:
+        """Call until it succeeds; a retriable failure (a timeout) is resumed by calling the
+        same method again, as librdkafka requires."""
+        deadline = time.monotonic() + give_up_s
+        while True:
+            try:
+                call()
+                return
+            except KafkaException as exc:
+                err = _code(exc)
+                retriable = (
+                    err is not None
+                    and err.retriable()
+                    and not err.fatal()
+                    and not err.txn_requires_abort()
+                )
+                if not retriable or time.monotonic() >= deadline:
+                    if retriable:  # still timing out: nothing left to resume safely
+                        raise FencedError(
+                            f"{what} did not complete within {give_up_s:.0f}s "
+                            f"({err.str() if err else exc}); the producer is replaced",
+                            code=err.name() if err else None,
+                        ) from exc
+                    raise broker_error(exc, what) from exc
+                log.warning(
+                    "transaction call timed out; resuming it",
+                    extra={"call": what, "error": err.str() if err else str(exc)},
+                )
+                time.sleep(_RETRY_PAUSE_S)
+
+    def init(self, give_up_s: float = 60.0) -> None:
+        """Register the transactional id: fences a previous producer with the same id and
+        aborts its open transaction."""
+        self._resume(
+            lambda: self._producer.init_transactions(self.timeout_s),
+            "init_transactions",
+            give_up_s,
+        )
+
+    def begin(self) -> None:
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise broker_error(exc, "begin_transaction") from exc
+        self.in_transaction = True
+        self.changelog_offsets = {}
+
+    def produce(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Queue a record in the open transaction.
+
+        Raises :class:`DeliveryError` with code ``MSG_SIZE_TOO_LARGE`` (the transaction stays
+        usable: the caller replaces the record) and :class:`BrokerError`/:class:`FencedError`
+        for anything that breaks the transaction.
+        """
+        callback = self._on_changelog if topic == self.changelog_topic else None
+        while True:
+            try:
+                self._producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    partition=partition,
+                    headers=headers,
+                    on_delivery=callback,
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.01)
+            except KafkaException as exc:
+                err = _code(exc)
+                if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise DeliveryError(
+                        f"a {len(value or b'')}-byte record for {topic} is over the size limit",
+                        code=err.name(),
+                    ) from exc
+                raise broker_error(exc, f"producing to {topic}") from exc
+
+    def commit(self, offsets: Sequence[tuple[str, int, int, str]], group_metadata: Any) -> None:
+        """Add the consumed offsets ``(topic, partition, next offset, metadata)`` to the
+        transaction and commit it."""
+        tps = [TopicPartition(t, p, o, metadata=m) for t, p, o, m in offsets]
+        if tps:
+            self._resume(
+                lambda: self._producer.send_offsets_to_transaction(
+                    tps, group_metadata, self.timeout_s
+                ),
+                "send_offsets_to_transaction",
+                self.timeout_s * 2,
+            )
+        self._resume(
+            lambda: self._producer.commit_transaction(self.timeout_s),
+            "commit_transaction",
+            self.timeout_s * 2,
+        )
+        self._producer.poll(0)  # serve any delivery report commit left behind
+        self.in_transaction = False
+
+    def abort(self) -> None:
+        if not self.in_transaction:
+            return
+        self._resume(
+            lambda: self._producer.abort_transaction(self.timeout_s),
+            "abort_transaction",
+            self.timeout_s * 2,
+        )
+        self.in_transaction = False
+
+    def close(self) -> None:
+        try:
+            self._producer.flush(0)
+        except (KafkaException, RuntimeError):
+            pass

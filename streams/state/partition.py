@@ -1,0 +1,258 @@
+"""One partition's scheduler state: the ``jobs`` store, the timing wheels derived from it, and
+the changes of the transaction in progress.
+
+What is stored where (one RocksDB database per owned partition, a column family each):
+
+- ``default``: job id -> encoded job record (:mod:`streams.jobstate`), plus the partition's
+  ownership epoch under :data:`EPOCH_KEY`. This is the state store; every change to it is also a
+  record on the compacted changelog topic, in the same transaction as the outputs it caused.
+- ``timers`` and ``deadlines``: the timing wheels, an index of the instants each record waits for
+  (``jobstate.timers_of``). Derived from the records on every write (:meth:`PartitionState.put`
+  diffs the old and new record's timers), never changelogged, rebuilt by the restore.
+- ``meta``: the changelog offset the database has applied up to (the checkpoint), written in the
+  same atomic batch as the state it describes, so a restart on the same disk replays only the
+  changelog's tail.
+
+The processor reads and writes through a :class:`PartitionState`; the engine commits or discards
+its buffered changes when the Kafka transaction commits or aborts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import rocksdict
+
+from streams.jobstate import DEADLINES, TIMERS, peek_timers
+from streams.state.base import KeyValueStore, WheelStore
+from streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
+from streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
+from streams.state.rocksdb import RocksDBKeyValueStore, RocksDBResources, RocksDBWheelStore
+from streams.wheel import TimingWheel, entry_key
+from streams.wheel.entry import encode_value
+
+#: Not a job id (job ids cannot contain NUL): the partition's ownership epoch, changelogged.
+EPOCH_KEY = b"\x00epoch"
+_WHEEL_VALUE = encode_value(b"")
+_CHECKPOINT = b"changelog.checkpoint"
+_OFFSET = struct.Struct(">q")
+
+#: ``{wheel: {key: value or None}}``: changes to the two wheels, as a batch.
+WheelChanges = dict[int, dict[bytes, bytes | None]]
+
+
+def index_changes(job_key: bytes, old: bytes | None, new: bytes | None, out: WheelChanges) -> None:
+    """Add to ``out`` the wheel entries to delete (None) and to put for a record that changes
+    from ``old`` to ``new`` (either may be None: created, deleted)."""
+    before = set(peek_timers(old))
+    after = set(peek_timers(new))
+    for wheel, due, tag in before - after:
+        out[wheel][entry_key(due, job_key, tag)] = None
+    for wheel, due, tag in after - before:
+        out[wheel][entry_key(due, job_key, tag)] = _WHEEL_VALUE
+
+
+class StateBackend(ABC):
+    """Where a partition's committed state lives: read views and one atomic write."""
+
+    jobs: KeyValueStore
+    timers: WheelStore
+    deadlines: WheelStore
+
+    @abstractmethod
+    def write(
+        self,
+        jobs: dict[bytes, bytes | None],
+        wheels: WheelChanges,
+        checkpoint: int | None,
+    ) -> None:
+        """Apply the changes (None deletes) and the changelog checkpoint, all or nothing."""
+
+    @abstractmethod
+    def checkpoint(self) -> int | None:
+        """The changelog offset the state has applied up to (next offset to read), or None."""
+
+    @abstractmethod
+    def wipe(self) -> None:
+        """Forget everything (the changelog is replayed from its start)."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release the store (files, locks)."""
+
+
+class MemoryBackend(StateBackend):
+    """The same contract in dicts, for unit tests and tools."""
+
+    def __init__(self) -> None:
+        self.jobs = MemoryKeyValueStore()
+        self.timers = MemoryWheelStore()
+        self.deadlines = MemoryWheelStore()
+        self._checkpoint: int | None = None
+
+    def write(
+        self, jobs: dict[bytes, bytes | None], wheels: WheelChanges, checkpoint: int | None
+    ) -> None:
+        for store, changes in (
+            (self.jobs, jobs),
+            (self.timers, wheels[TIMERS]),
+            (self.deadlines, wheels[DEADLINES]),
+        ):
+            for key, value in changes.items():
+                if value is None:
+                    store.delete(key)
+                else:
+                    store.put(key, value)
+        if checkpoint is not None:
+            self._checkpoint = checkpoint
+
+    def checkpoint(self) -> int | None:
+        return self._checkpoint
+
+    def wipe(self) -> None:
+        for store in (self.jobs, self.timers, self.deadlines):
+            store.clear()
+        self._checkpoint = None
+
+
+class RocksDBBackend(StateBackend):
+    """One database per partition with the column families described in the module doc.
+
+    Opening it takes RocksDB's lock on the directory, so two processes can never work on the
+    same partition state at once.
+    """
+
+    FAMILIES = ("timers", "deadlines", "meta")
+
+    def __init__(self, path: Path, resources: RocksDBResources) -> None:
+        self.path = path
+        self.resources = resources
+        self._open()
+        self.jobs = RocksDBKeyValueStore(self.db)
+        self.timers = RocksDBWheelStore(self._cf["timers"])
+        self.deadlines = RocksDBWheelStore(self._cf["deadlines"])
+
+    def _open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        db = self.resources.open(self.path, self.FAMILIES)
+        self.db = db
+        self._cf = {name: db.get_column_family(name) for name in self.FAMILIES}
+        self._handles = {name: db.get_column_family_handle(name) for name in self.FAMILIES}
+
+    def write(
+        self, jobs: dict[bytes, bytes | None], wheels: WheelChanges, checkpoint: int | None
+    ) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for key, value in jobs.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        for wheel, name in ((TIMERS, "timers"), (DEADLINES, "deadlines")):
+            handle = self._handles[name]
+            for key, value in wheels[wheel].items():
+                if value is None:
+                    batch.delete(key, handle)
+                else:
+                    batch.put(key, value, handle)
+        if checkpoint is not None:
+            batch.put(_CHECKPOINT, _OFFSET.pack(checkpoint), self._handles["meta"])
+        if not batch.is_empty():
+            self.db.write(batch)
+
+    def checkpoint(self) -> int | None:
+        raw = self._cf["meta"].get(_CHECKPOINT)
+        return None if raw is None else int(_OFFSET.unpack(raw)[0])
+
+    def wipe(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._open()
+        # The stores handed out stay valid: they now read the new database.
+        self.jobs.db = self.db
+        self.timers.db = self._cf["timers"]
+        self.deadlines.db = self._cf["deadlines"]
+
+    def close(self) -> None:
+        """Close the database; every column family object must be closed too, or RocksDB
+        keeps the directory locked."""
+        for family in self._cf.values():
+            family.close()
+        self._cf.clear()
+        self._handles.clear()
+        self.db.close()
+
+
+class PartitionState:
+    """A partition's state as the processor sees it: committed state plus this transaction's
+    changes. Every job write re-derives the record's wheel entries, so the wheels never
+    disagree with the records."""
+
+    def __init__(self, backend: StateBackend) -> None:
+        self.backend = backend
+        self._jobs = BufferedKeyValueStore(backend.jobs)
+        self._wheel_stores = {
+            TIMERS: BufferedWheelStore(backend.timers),
+            DEADLINES: BufferedWheelStore(backend.deadlines),
+        }
+        #: Fires, retries and expiries: due by the wall clock.
+        self.timers = TimingWheel(self._wheel_stores[TIMERS])
+        #: Visibility deadlines: due once the acknowledgements before them have been read.
+        self.deadlines = TimingWheel(self._wheel_stores[DEADLINES])
+        self._wheels = {TIMERS: self.timers, DEADLINES: self.deadlines}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._jobs.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._reindex(key, self._jobs.get(key), value)
+        self._jobs.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        old = self._jobs.get(key)
+        if old is None:
+            return
+        self._reindex(key, old, None)
+        self._jobs.delete(key)
+
+    def _reindex(self, key: bytes, old: bytes | None, new: bytes | None) -> None:
+        changes: WheelChanges = {TIMERS: {}, DEADLINES: {}}
+        index_changes(key, old, new, changes)
+        for wheel, entries in changes.items():
+            target = self._wheels[wheel]
+            for entry, value in entries.items():
+                if value is None:
+                    target.discard(entry)
+                else:
+                    target.insert(entry)
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._jobs.pending)
+
+    def changes(self) -> dict[bytes, bytes | None]:
+        """The uncommitted record changes: what the changelog must carry (None: tombstone)."""
+        return self._jobs.pending
+
+    def commit(self, checkpoint: int | None) -> None:
+        """The transaction committed: write its changes (and how far the changelog now goes)."""
+        self.backend.write(
+            self._jobs.pending,
+            {wheel: store.pending for wheel, store in self._wheel_stores.items()},
+            checkpoint,
+        )
+        self._clear()
+
+    def discard(self) -> None:
+        """The transaction aborted: forget its changes."""
+        self._clear()
+        # The wheels may have moved their floors past entries whose deletion is now undone.
+        self.timers.reset_floor()
+        self.deadlines.reset_floor()
+
+    def _clear(self) -> None:
+        self._jobs.discard()
+        for store in self._wheel_stores.values():
+            store.discard()

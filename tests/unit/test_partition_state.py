@@ -1,0 +1,173 @@
+"""A partition's state: the wheels are an index derived from the job records, a transaction's
+changes are all-or-nothing, and a restore from the changelog rebuilds exactly what the live path
+built (memory and real RocksDB)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas.models import At, Every, JobCommand, Now, ScheduleJob, State, StatusEvent
+from streams.jobstate import decode_job, encode_job, peek_timers, timers_of
+from streams.processor import SchedulerProcessor
+from streams.state.partition import (
+    MemoryBackend,
+    PartitionState,
+    RocksDBBackend,
+    StateBackend,
+)
+from streams.state.recovery import apply_batch, plan_restore
+from streams.state.rocksdb import RocksDBLimits
+
+T0 = 1_800_000_000_000
+LIMITS = RocksDBLimits(
+    block_cache_bytes=1 << 20, write_buffer_bytes=1 << 20, total_write_buffer_bytes=4 << 20
+)
+
+
+def make_backend(kind: str, path: Path) -> StateBackend:
+    if kind == "memory":
+        return MemoryBackend()
+    return RocksDBBackend(path, LIMITS.resources())
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def backend(kind: str, tmp_path: Path) -> Iterator[StateBackend]:
+    b = make_backend(kind, tmp_path / "p0")
+    yield b
+    b.close()
+
+
+def wheel_keys(state: PartitionState) -> tuple[list[bytes], list[bytes]]:
+    far = 2**62
+    return (
+        [e.key for e in state.timers.due(far, 10_000)],
+        [e.key for e in state.deadlines.due(far, 10_000)],
+    )
+
+
+def cmd(job_id: str, trigger, n: int = 0) -> JobCommand:
+    return JobCommand(f"c-{job_id}-{n}", job_id, T0, ScheduleJob("demo.echo", trigger))
+
+
+def test_record_header_carries_its_timers_and_decodes_back() -> None:
+    from streams.jobstate import JobRecord
+
+    job = JobRecord("j", ScheduleJob("demo.echo", Every(1000)), T0, next_fire_ms=T0 + 1000)
+    data = encode_job(job)
+    assert peek_timers(data) == [(w, d, t.encode()) for w, d, t in timers_of(job)]
+    assert decode_job(data) == job
+    assert peek_timers(b"not a record") == []
+
+
+def test_wheels_follow_the_records(backend: StateBackend) -> None:
+    state = PartitionState(backend)
+    proc = SchedulerProcessor(0, state)
+    proc.on_command(cmd("a", At(T0 + 100)), T0)
+    proc.on_command(cmd("b", Every(1000)), T0)
+    assert [e.job_id for e in state.timers.due(T0 + 10_000, 10)] == ["a", "b"]
+    [run] = proc.punctuate(T0 + 100, 10)[0].runs
+    # a's fire became a's visibility deadline; b still waits for its first fire.
+    assert [(e.job_id, e.tag) for e in state.timers.due(T0 + 10_000, 10)] == [("b", "fire")]
+    assert [(e.job_id, e.due_ms) for e in state.deadlines.due(2**62, 10)] == [
+        ("a", run.deadline_ms)
+    ]
+    ack = StatusEvent("e", "a", State.SUCCEEDED, T0 + 200, "worker", run.run_id, attempt=1)
+    proc.on_ack(ack, T0 + 200)
+    assert state.deadlines.due(2**62, 10) == []
+    assert [e.tag for e in state.timers.due(2**62, 10) if e.job_id == "a"] == ["expire"]
+
+
+def test_discard_forgets_and_commit_keeps_a_transaction(backend: StateBackend) -> None:
+    state = PartitionState(backend)
+    proc = SchedulerProcessor(0, state)
+    proc.on_command(cmd("a", Now()), T0)
+    assert state.dirty and list(state.changes()) == [b"a"]
+    state.discard()
+    assert not state.dirty
+    assert proc.load("a") is None and wheel_keys(state) == ([], [])
+    proc.on_command(cmd("a", Now(), 1), T0)
+    state.commit(checkpoint=7)
+    assert not state.dirty and backend.checkpoint() == 7
+    fresh = PartitionState(backend)  # what a new transaction sees: the committed state
+    assert SchedulerProcessor(0, fresh).load("a") is not None
+    assert wheel_keys(fresh) == wheel_keys(state) != ([], [])
+
+
+def test_rocksdb_state_survives_reopen(tmp_path: Path) -> None:
+    backend = RocksDBBackend(tmp_path / "p3", LIMITS.resources())
+    state = PartitionState(backend)
+    SchedulerProcessor(3, state).on_command(cmd("a", At(T0 + 5)), T0)
+    state.commit(checkpoint=42)
+    before = wheel_keys(state)
+    backend.close()
+    reopened = RocksDBBackend(tmp_path / "p3", LIMITS.resources())
+    try:
+        assert reopened.checkpoint() == 42
+        assert wheel_keys(PartitionState(reopened)) == before
+    finally:
+        reopened.close()
+
+
+def test_a_second_process_cannot_open_the_same_partition(tmp_path: Path) -> None:
+    first = RocksDBBackend(tmp_path / "p1", LIMITS.resources())
+    try:
+        with pytest.raises(Exception, match="(?i)lock"):
+            RocksDBBackend(tmp_path / "p1", LIMITS.resources())
+    finally:
+        first.close()
+
+
+def test_restore_rebuilds_exactly_what_the_live_path_built(kind: str, tmp_path: Path) -> None:
+    """Every committed change goes to the changelog; replaying it (updates, deletes, and the
+    same key many times, as an uncompacted log has it) gives the same records and wheels."""
+    live_backend = make_backend(kind, tmp_path / "live")
+    live = PartitionState(live_backend)
+    proc = SchedulerProcessor(0, live, retention_ms=1000)
+    changelog: list[tuple[int, bytes, bytes | None]] = []
+
+    def commit() -> None:
+        for key, value in live.changes().items():
+            changelog.append((len(changelog), key, value))
+        live.commit(checkpoint=len(changelog))
+
+    for i in range(30):
+        proc.on_command(cmd(f"j{i}", Every(1000) if i % 3 else At(T0 + 10 * i)), T0)
+    commit()
+    for t in range(T0, T0 + 5000, 250):
+        out, _ = proc.punctuate(t, 1000)
+        for run in out.runs[::2]:  # half the runs succeed; their one-off jobs complete
+            ack = StatusEvent("e", run.job_id, State.SUCCEEDED, t, "worker", run.run_id, attempt=1)
+            proc.on_ack(ack, t)
+        commit()
+    assert any(v is None for _, _, v in changelog), "expired jobs were deleted (tombstones)"
+
+    restored = make_backend(kind, tmp_path / "restored")
+    plan = plan_restore(restored, 0, len(changelog))
+    assert (plan.start, plan.end, plan.wiped) == (0, len(changelog), False)
+    for start in range(0, len(changelog), 7):  # in batches, as the engine reads them
+        batch = changelog[start : start + 7]
+        apply_batch(restored, batch, batch[-1][0] + 1)
+    assert restored.checkpoint() == len(changelog)
+    assert wheel_keys(PartitionState(restored)) == wheel_keys(live)
+    jobs = {f"j{i}".encode() for i in range(30)}
+    assert {k: restored.jobs.get(k) for k in jobs} == {k: live_backend.jobs.get(k) for k in jobs}
+    live_backend.close()
+    restored.close()
+
+
+def test_a_checkpoint_that_does_not_fit_the_changelog_is_wiped(backend: StateBackend) -> None:
+    state = PartitionState(backend)
+    SchedulerProcessor(0, state).on_command(cmd("a", Now()), T0)
+    state.commit(checkpoint=500)
+    assert plan_restore(backend, 0, 800).start == 500  # fits: only the tail is read
+    plan = plan_restore(backend, 0, 100)  # the changelog is shorter: it was recreated
+    assert plan.wiped and plan.start == 0
+    assert backend.checkpoint() is None and backend.jobs.get(b"a") is None
