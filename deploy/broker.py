@@ -221,12 +221,14 @@ def server_properties(*, port: int, controller_port: int, log_dirs: Path, host: 
         "group.initial.rebalance.delay.ms": "0",
         # The new consumer group protocol (KIP-848) keeps member timing on the broker: members
         # learn of new assignments in heartbeat responses, so a 1 s heartbeat moves partitions
-        # within about a second (5 s by default), and a dead scheduler's partitions move after
-        # the 10 s session timeout (45 s by default, the minimum allowed too).
+        # within about a second (5 s by default), and a dead member's partitions move after
+        # the 10 s session timeout (45 s by default). The scheduler sets its own group's
+        # timing (JOBWHEEL_SCHEDULER_SESSION_TIMEOUT_MS); the minimums allow it.
         "group.consumer.heartbeat.interval.ms": "1000",
         "group.consumer.min.heartbeat.interval.ms": "500",
         "group.consumer.session.timeout.ms": "10000",
         "group.consumer.min.session.timeout.ms": "3000",
+        "group.min.session.timeout.ms": "3000",
         # A scheduler killed mid-transaction leaves it open until transaction.timeout.ms; the
         # broker looks for such transactions every 10 s by default, which would add up to 10 s
         # before read_committed readers (workers, a restoring scheduler) see past it.

@@ -161,3 +161,54 @@ def _await_leaders(admin, names: list[str], timeout_s: float, bootstrap: str) ->
         if ready or time.monotonic() > deadline:
             return
         time.sleep(0.05)
+
+
+def configure_scheduler_group(settings: Settings, *, timeout_s: float = 30.0) -> bool:
+    """Give the scheduler group its session and heartbeat timing as group configs (KIP-848).
+
+    With the ``consumer`` group protocol these live on the broker, and a stock broker's
+    defaults (45 s session) would leave a dead scheduler's partitions unowned for 45 s. Returns
+    False (and logs what to change) when the broker refuses, e.g. because its
+    ``group.consumer.min.session.timeout.ms`` is above the wanted value; the scheduler then
+    runs with the broker's defaults.
+    """
+    if settings.scheduler_group_protocol != "consumer":
+        return True  # classic: the client sends its own session timeout
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    wanted = {
+        "consumer.session.timeout.ms": str(settings.scheduler_session_timeout_ms),
+        "consumer.heartbeat.interval.ms": str(settings.scheduler_heartbeat_interval_ms),
+    }
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        settings.scheduler_app_id,
+        incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+            for name, value in wanted.items()
+        ],
+    )
+    admin = _admin(settings)
+    try:
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout_s)
+    except KafkaException as exc:
+        log.warning(
+            "the broker refused the scheduler group's timing; using the broker's defaults",
+            extra={
+                "group": settings.scheduler_app_id,
+                "wanted": wanted,
+                "error": str(exc.args[0] if exc.args else exc),
+                "fix": "allow it with the broker's group.consumer.min.session.timeout.ms / "
+                "group.consumer.min.heartbeat.interval.ms, or set JOBWHEEL_SCHEDULER_SESSION_"
+                "TIMEOUT_MS within the broker's bounds",
+            },
+        )
+        return False
+    return True

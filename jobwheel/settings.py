@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     scheduler_app_id: str = "jobwheel-scheduler"
     # "consumer" (KIP-848, partitions move in about a second) or "classic" (cooperative-sticky).
     scheduler_group_protocol: Literal["consumer", "classic"] = "consumer"
+    # A scheduler that stops heartbeating (killed, frozen) loses its partitions after this.
+    # Classic protocol: the client's session timeout; KIP-848: set as the group's own config
+    # (the broker's group.consumer.min/max.session.timeout.ms must allow it).
+    scheduler_session_timeout_ms: int = 6_000
+    scheduler_heartbeat_interval_ms: int = 1_000
+    # Static group membership (classic protocol only): a restarted instance takes its
+    # partitions back at once, but a stopped one holds them until the session times out.
+    scheduler_static_membership: bool = False
     # Upper bound of one transaction's lifetime: a killed scheduler's open transaction holds
     # back read_committed readers of its partitions this long at most.
     scheduler_transaction_timeout_ms: int = 10_000

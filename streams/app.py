@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 
 
 def run_scheduler(settings: Settings) -> int:
-    from deploy.topics import ensure_topics
+    from deploy.topics import configure_scheduler_group, ensure_topics
 
     ensure_topics(settings)
+    configure_scheduler_group(settings)
     engine = SchedulerEngine(settings)
     signals = 0
 

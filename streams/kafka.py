@@ -135,14 +135,16 @@ class InputConsumer:
         self.topic = settings.topics.requests
         protocol = settings.scheduler_group_protocol
         timing: dict[str, Any] = (
-            {}  # KIP-848: assignment, session and heartbeat live on the broker
+            {}  # KIP-848: assignment, session and heartbeat are the group's (broker-side) config
             if protocol == "consumer"
             else {
                 "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": 10_000,
-                "heartbeat.interval.ms": 2_000,
+                "session.timeout.ms": settings.scheduler_session_timeout_ms,
+                "heartbeat.interval.ms": settings.scheduler_heartbeat_interval_ms,
             }
         )
+        if settings.scheduler_static_membership and protocol == "classic":
+            timing["group.instance.id"] = client_id
         config = {
             "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 20,

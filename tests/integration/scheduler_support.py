@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from jobwheel.errors import SchemaDecodeError
 from jobwheel.settings import Settings
 from schemas.codec import default_codec
 from schemas.models import Run, State, StatusEvent
@@ -21,7 +24,9 @@ class TopicTail:
     """Reads the runs, status, acks and dead-letter topics (read_committed) in a background
     thread; ``status`` holds the events of both the scheduler (status) and workers (acks).
 
-    Everything a pipeline test asserts on is what a real consumer would see.
+    Everything a pipeline test asserts on is what a real consumer would see. Records that do
+    not decode (a test's own garbage) are kept in ``garbage``; a failure of the reader itself
+    is raised by every accessor, so a dead reader cannot pass for "nothing was seen".
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -29,6 +34,8 @@ class TopicTail:
         self.runs: list[tuple[Run, int]] = []  # (run, broker timestamp ms)
         self.status: list[StatusEvent] = []
         self.dead: list[Any] = []  # raw confluent messages
+        self.garbage: list[Any] = []
+        self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._codec = default_codec()
@@ -54,30 +61,46 @@ class TopicTail:
 
     def _loop(self) -> None:
         t = self.settings.topics
-        while not self._stop.is_set():
-            msg = self._consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            with self._lock:
-                if msg.topic() == t.dead_letter:
-                    self.dead.append(msg)
-                    continue
-                value = self._codec.decode(msg.value())
-                if msg.topic() == t.runs:
-                    self.runs.append((value, msg.timestamp()[1]))
-                else:
-                    self.status.append(value)
+        try:
+            while not self._stop.is_set():
+                for msg in self._consumer.consume(500, 0.2):
+                    if msg.error():
+                        continue
+                    with self._lock:
+                        if msg.topic() == t.dead_letter:
+                            self.dead.append(msg)
+                            continue
+                        try:
+                            value = self._codec.decode(msg.value() or b"")
+                        except SchemaDecodeError:
+                            self.garbage.append(msg)
+                            continue
+                        if msg.topic() == t.runs:
+                            self.runs.append((value, msg.timestamp()[1]))
+                        else:
+                            self.status.append(value)
+        except BaseException as exc:  # surfaced by the accessors
+            self.error = exc
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise AssertionError(f"the topic reader failed: {self.error!r}")
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self._consumer.close()
 
-    def runs_of(self, job_id: str) -> list[Run]:
+    def all_runs(self) -> list[Run]:
+        self._check()
         with self._lock:
-            return [r for r, _ in self.runs if r.job_id == job_id]
+            return [r for r, _ in self.runs]
+
+    def runs_of(self, job_id: str) -> list[Run]:
+        return [r for r in self.all_runs() if r.job_id == job_id]
 
     def events(self, job_id: str | None = None, state: State | None = None) -> list[StatusEvent]:
+        self._check()
         with self._lock:
             return [
                 e
@@ -85,31 +108,83 @@ class TopicTail:
                 if (job_id is None or e.job_id == job_id) and (state is None or e.state == state)
             ]
 
+    def dead_letters(self) -> list[Any]:
+        self._check()
+        with self._lock:
+            return list(self.dead)
+
+    def duplicate_dispatches(self) -> dict[tuple[str, int], int]:
+        """Committed run records that appear more than once with the same run id and attempt
+        (exactly-once dispatch says: none)."""
+        counts = Counter((r.run_id, r.attempt) for r in self.all_runs())
+        return {key: n for key, n in counts.items() if n > 1}
+
     def wait(self, predicate: Callable[[], Any], timeout_s: float, message: str = "") -> Any:
         return wait_until(predicate, timeout_s, 0.1, message)
 
 
 def scheduler_env(base_env: dict[str, str], data_dir: Path) -> dict[str, str]:
-    return {**base_env, "JOBWHEEL_DATA_DIR": str(data_dir)}
+    return {**base_env, "JOBWHEEL_DATA_DIR": str(data_dir), "JOBWHEEL_LOG_FORMAT": "json"}
+
+
+def log_events(log_path: Path, msg: str) -> list[dict[str, Any]]:
+    """The JSON log lines of a process whose ``msg`` is ``msg``."""
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and f'"msg": "{msg}"' in line:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def ready_partitions(log_path: Path) -> dict[int, dict[str, Any]]:
+    """Partition -> the last "partition ready" log event of a scheduler process."""
+    return {e["partition"]: e for e in log_events(log_path, "partition ready")}
+
+
+def wait_owns_all(proc: Any, partitions: int, timeout_s: float = 60) -> dict[int, dict[str, Any]]:
+    """Wait until a scheduler has made every partition ready (after its rebalances)."""
+    return wait_until(
+        lambda: (
+            (ready := ready_partitions(proc.log_path)).keys() == set(range(partitions)) and ready
+        ),
+        timeout_s,
+        0.2,
+        f"the scheduler did not come to own all {partitions} partitions:\n"
+        f"{log_tail(proc.log_path)}",
+    )
 
 
 def start_scheduler(
-    procs: Procs, base_env: dict[str, str], data_dir: Path, *, wait: bool = True
+    procs: Procs,
+    base_env: dict[str, str],
+    data_dir: Path,
+    *,
+    wait: bool = True,
+    log_name: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Any:
-    """Start ``jobwheel scheduler`` with its own data dir; wait until it owns partitions."""
-    log_path = data_dir.parent / f"{data_dir.name}.log"
-    proc = procs.spawn(["jobwheel", "scheduler"], scheduler_env(base_env, data_dir), log_path)
+    """Start ``jobwheel scheduler`` with its own data dir; with ``wait``, return once it has
+    a ready partition. ``proc.log_path`` is its (JSON) log."""
+    log_path = data_dir.parent / f"{log_name or data_dir.name}.log"
+    env = {**scheduler_env(base_env, data_dir), **(extra_env or {})}
+    proc = procs.spawn(["jobwheel", "scheduler"], env, log_path)
+    proc.log_path = log_path  # type: ignore[attr-defined]
     if wait:
         wait_until(
-            lambda: (
-                proc.poll() is not None
-                or (log_path.exists() and "partition ready" in log_path.read_text(errors="replace"))
-            ),
+            lambda: proc.poll() is not None or log_events(log_path, "partition ready"),
             90,
             0.2,
-            f"scheduler did not claim partitions:\n{log_tail(log_path)}",
+            f"scheduler did not get ready:\n{log_tail(log_path)}",
         )
         assert proc.poll() is None, f"scheduler exited:\n{log_tail(log_path)}"
+    return proc
+
+
+def start_worker(procs: Procs, base_env: dict[str, str], log_path: Path) -> Any:
+    proc = procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], base_env, log_path)
     proc.log_path = log_path  # type: ignore[attr-defined]
     return proc
 
