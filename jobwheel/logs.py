@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from typing import Any
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
@@ -44,3 +45,31 @@ def configure(level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class Throttle(logging.Filter):
+    """Lets one record of a kind through per ``interval_s`` and counts the rest.
+
+    A kind is the logger, the message template and its first arguments (librdkafka's facility
+    and client name) or its ``code`` field: a broker outage then costs one line per client and
+    error every half minute, not one per reconnect attempt. The next line of a kind that gets
+    through carries ``suppressed`` = how many were dropped since the last one.
+    """
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._seen: dict[tuple[Any, ...], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        key = (record.name, record.msg, args[:2], getattr(record, "code", None))
+        now = time.monotonic()
+        last, dropped = self._seen.get(key, (-self.interval_s, 0))
+        if now - last < self.interval_s:
+            self._seen[key] = (last, dropped + 1)
+            return False
+        if dropped:
+            record.suppressed = dropped
+        self._seen[key] = (now, 0)
+        return True

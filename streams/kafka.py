@@ -42,10 +42,15 @@ from confluent_kafka import (
 )
 
 from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
+from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 _client_log = logging.getLogger("streams.librdkafka")
+# A broker outage makes every client report every reconnect attempt: one line per kind per
+# half minute is enough to tell what is going on.
+log.addFilter(Throttle())
+_client_log.addFilter(Throttle())
 
 #: librdkafka's "no offset" value for a partition without a committed offset.
 NO_OFFSET = -1001
@@ -395,12 +400,9 @@ class TransactionalProducer:
 
     def init(self, give_up_s: float = 60.0) -> None:
         """Register the transactional id: fences a previous producer with the same id and
-        aborts its open transaction."""
-        self._resume(
-            lambda: self._producer.init_transactions(self.timeout_s),
-            "init_transactions",
-            give_up_s,
-        )
+        aborts its open transaction. Asked in short steps, so a broker that comes back is
+        noticed within seconds."""
+        self._resume(lambda: self._producer.init_transactions(2.0), "init_transactions", give_up_s)
 
     def begin(self) -> None:
         try:

@@ -126,8 +126,7 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-@pytest.fixture
-def jobwheel_env(settings: Any) -> dict[str, str]:
+def settings_env(settings: Any) -> dict[str, str]:
     """os.environ plus the JOBWHEEL_* variables that reproduce ``settings`` in a subprocess."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
     for name in type(settings).model_fields:
@@ -136,6 +135,11 @@ def jobwheel_env(settings: Any) -> dict[str, str]:
             env[f"JOBWHEEL_{name.upper()}"] = _env_value(value)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@pytest.fixture
+def jobwheel_env(settings: Any) -> dict[str, str]:
+    return settings_env(settings)
 
 
 @pytest.fixture
