@@ -302,6 +302,48 @@ def wait_for_log(
     return wait_until(seen, timeout_s, message=f"{text!r} not in {path}:\n{log_tail(path)}")
 
 
+def group_assignment(settings: Settings, group: str, topic: str) -> dict[str, set[int]]:
+    """Which partitions of ``topic`` each member (client id) of consumer group ``group`` owns
+    now, as the broker's group coordinator says: readiness without reading anyone's logs."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.librdkafka())
+    description = kafka_call(
+        lambda: admin.describe_consumer_groups([group], request_timeout=10)[group].result(30),
+        f"describing consumer group {group!r}",
+    )
+    if description.state is not ConsumerGroupState.STABLE:
+        return {}
+    return {
+        f"{m.client_id}/{m.member_id}": {
+            tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic
+        }
+        for m in description.members
+    }
+
+
+def wait_for_group(
+    settings: Settings, group: str, topic: str, timeout_s: float = 60.0, *, members: int = 1
+) -> dict[str, set[int]]:
+    """Wait until ``members`` members of ``group`` are stable and own every partition of
+    ``topic`` between them (e.g. a worker that can receive runs the moment they are sent)."""
+    wanted = set(range(settings.partitions))
+
+    def ready() -> dict[str, set[int]] | None:
+        owned = group_assignment(settings, group, topic)
+        if len(owned) >= members and set().union(*owned.values()) == wanted:
+            return owned
+        return None
+
+    return wait_until(
+        ready,
+        timeout_s,
+        interval_s=0.3,
+        message=f"group {group!r} never owned all of {topic!r} with {members} member(s)",
+    )
+
+
 def jobwheel_argv(args: list[str]) -> list[str]:
     """``["jobwheel", ...]`` runs this interpreter's CLI (no PATH lookup, same venv)."""
     if args and args[0] == "jobwheel":
