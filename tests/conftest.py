@@ -6,6 +6,10 @@ a temporary directory (:class:`deploy.broker.LocalBroker`). Every test gets its 
 prefix and consumer-group names, so tests sharing the session broker never see each other's
 records. ``JOBWHEEL_TEST_BOOTSTRAP=host:port`` uses an already running broker instead (handy
 when iterating on one test: `jobwheel broker start` once, then run pytest repeatedly).
+
+Every test's timeout (the ``timeout`` of pyproject.toml, or a test's own
+``@pytest.mark.timeout(seconds)``) is multiplied by ``JOBWHEEL_TEST_TIME_SCALE``, the same
+factor :func:`tests.support.scaled` applies to the waits inside the tests.
 """
 
 from __future__ import annotations
@@ -19,18 +23,37 @@ from typing import Any
 
 import pytest
 
-from tests.support import Procs, docker_engine
+from tests.support import TIME_SCALE, Procs, docker_engine, scaled
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that needs the broker (or lives in tests/integration) as integration."""
+    """Mark every test that needs the broker (or lives in tests/integration) as integration;
+    scale every test's timeout by JOBWHEEL_TEST_TIME_SCALE."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         in_integration = INTEGRATION_DIR in Path(str(item.fspath)).parents
         if in_integration or "kafka_bootstrap" in fixtures:
             item.add_marker(pytest.mark.integration)
+        if TIME_SCALE != 1:
+            _scale_timeout(config, item)
+
+
+def _scale_timeout(config: pytest.Config, item: pytest.Item) -> None:
+    """Put a scaled copy of the test's timeout in front of its markers (pytest-timeout reads
+    the closest one); the nominal value is the test's own marker, else the configured one."""
+    marker = item.get_closest_marker("timeout")
+    kwargs = dict(marker.kwargs) if marker is not None else {}
+    if marker is not None and marker.args:
+        nominal = marker.args[0]
+    elif "timeout" in kwargs:
+        nominal = kwargs.pop("timeout")
+    else:
+        nominal = config.getvalue("timeout") or config.getini("timeout")
+    if nominal:
+        item.add_marker(pytest.mark.timeout(scaled(float(nominal)), **kwargs), append=False)
 
 
 @pytest.fixture(scope="session")
@@ -134,6 +157,8 @@ def settings_env(settings: Any) -> dict[str, str]:
         if value is not None:
             env[f"JOBWHEEL_{name.upper()}"] = _env_value(value)
     env["PYTHONUNBUFFERED"] = "1"
+    # `jobwheel worker --tasks tests.tasks` imports the test tasks from the checkout.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
 
 

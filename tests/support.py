@@ -7,11 +7,24 @@ Use with the fixtures of ``tests/conftest.py`` (``kafka_bootstrap``, ``settings`
                        tmp_path / "worker.log")
     msgs = consume(settings, settings.topics.acks, min_count=3)
     wait_until(lambda: proc.poll() is None, 5, message="worker died")
+    assert read_all(settings, settings.topics.requests) == []  # provably nothing there
+
+Time: every timeout these helpers take is *nominal* seconds, multiplied by the one factor
+``JOBWHEEL_TEST_TIME_SCALE`` (default 1), so a slow machine widens every deadline in one place
+(``JOBWHEEL_TEST_TIME_SCALE=3 pytest ...``). Deadlines a test sets itself (``proc.wait``,
+``subprocess.run``, ``@pytest.mark.timeout``) go through :func:`scaled`; the per-test timeout
+is scaled by ``tests/conftest.py``. A timeout is only ever a limit on waiting for a condition,
+never a measurement: the tests make no claim about how fast anything is.
+
+Helpers raise :class:`HarnessError` when they themselves fail (a topic that does not exist,
+a consumer error), so a check such as "nothing was sent" can never pass because the reader
+was broken.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -29,6 +42,80 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+TIME_SCALE_ENV = "JOBWHEEL_TEST_TIME_SCALE"
+#: Header of the records :func:`read_all` writes to prove it has read everything.
+MARKER_HEADER = "jobwheel.test.marker"
+
+
+class HarnessError(RuntimeError):
+    """A test helper could not do its own job (as opposed to the code under test failing)."""
+
+
+def _time_scale() -> float:
+    raw = os.environ.get(TIME_SCALE_ENV, "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise HarnessError(
+            f"{TIME_SCALE_ENV}={raw!r} is not a positive number; set a factor such as 2 "
+            "to give every test deadline twice as long, or unset it"
+        )
+    return value
+
+
+TIME_SCALE = _time_scale()
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` times ``JOBWHEEL_TEST_TIME_SCALE``: every deadline of the suite goes
+    through here, so a slow machine can widen all of them at once."""
+    return seconds * TIME_SCALE
+
+
+def _partitions(consumer: Any, topic: str, deadline: float) -> list[int]:
+    """The topic's partitions; HarnessError if the broker does not know the topic by then."""
+    last: object = None
+    while True:
+        meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        last = meta.error if meta is not None else "no metadata"
+        if time.monotonic() >= deadline:
+            raise HarnessError(
+                f"topic {topic!r} not found on the broker ({last}); was it created "
+                "(the settings fixture creates the test's topics)?"
+            )
+        time.sleep(0.1)
+
+
+def _reader(settings: Settings, group: str | None) -> Any:
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        settings.librdkafka(
+            **{
+                "group.id": group or f"test-consume-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": group is not None,
+                "enable.partition.eof": False,
+                "isolation.level": "read_committed",
+            }
+        )
+    )
+
+
+def _check(msg: Message, topic: str, errors: list[str]) -> bool:
+    """True for a record; records a transient error (False); raises on a fatal one."""
+    error = msg.error()
+    if error is None:
+        return True
+    if error.fatal():
+        raise HarnessError(f"reading {topic!r} failed: {error.str()} ({error.name()})")
+    errors.append(f"{error.name()}: {error.str()}")
+    return False
+
 
 def consume(
     settings: Settings,
@@ -40,48 +127,132 @@ def consume(
 ) -> list[Message]:
     """Read ``topic`` from the beginning until ``min_count`` records (or the timeout).
 
-    Returns what it has on timeout, so the test's own assertion says what was missing.
-    Without ``group`` all partitions are assigned directly (no group join: fast and leaves
-    no committed offsets); with ``group`` it subscribes as that consumer group. Reads
-    committed records only (librdkafka's default ``isolation.level=read_committed``).
+    On timeout it returns what it has, so the test's own assertion says what was missing;
+    but if the consumer reported errors meanwhile it raises :class:`HarnessError` with them
+    (a short answer must never be the reader's fault), and so it does when the topic does not
+    exist. To prove that *nothing* is on a topic use :func:`read_all`, which cannot time out
+    into an empty answer. Without ``group`` all partitions are assigned directly (no group
+    join: fast and leaves no committed offsets); with ``group`` it subscribes as that consumer
+    group. Reads committed records only (``isolation.level=read_committed``).
     """
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-    conf = settings.librdkafka(
-        **{
-            "group.id": group or f"test-consume-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": group is not None,
-            "enable.partition.eof": False,
-        }
-    )
-    consumer = Consumer(conf)
+    consumer = _reader(settings, group)
     out: list[Message] = []
-    deadline = time.monotonic() + timeout_s
+    errors: list[str] = []
+    deadline = time.monotonic() + scaled(timeout_s)
     try:
         if group is None:
-            partitions: list[int] = []
-            while not partitions and time.monotonic() < deadline:
-                meta = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
-                if meta is not None and meta.error is None:
-                    partitions = sorted(meta.partitions)
-                else:
-                    time.sleep(0.1)
+            partitions = _partitions(consumer, topic, deadline)
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         else:
             consumer.subscribe([topic])
         while len(out) < min_count and time.monotonic() < deadline:
             msg = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    continue
-                continue  # transient (e.g. topic metadata not yet propagated)
-            out.append(msg)
+            if msg is not None and _check(msg, topic, errors):
+                out.append(msg)
     finally:
         consumer.close()
+    if len(out) < min_count and errors:
+        raise HarnessError(
+            f"read {len(out)} of {min_count} records from {topic!r}; the consumer reported "
+            f"errors: {errors[-5:]}"
+        )
     return out
+
+
+def read_all(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list[Message]:
+    """Every record on ``topic`` now, provably complete: what a negative check reads.
+
+    It first writes a marker record (header ``jobwheel.test.marker``) to each partition, then
+    reads from the beginning until it has seen every partition's marker, and returns the
+    records before them. So ``read_all(...) == []`` means "the topic held nothing", never "the
+    reader saw nothing": it did see the markers. Markers of earlier calls are left out. Only
+    for topics nobody else in the test reads (the markers stay on the topic). Raises
+    :class:`HarnessError` if a marker does not arrive.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
+
+    token = uuid.uuid4().hex.encode()
+    deadline = time.monotonic() + scaled(timeout_s)
+    consumer = _reader(settings, None)
+    try:
+        partitions = _partitions(consumer, topic, deadline)
+        producer = Producer(settings.librdkafka(**{"acks": "all"}))
+        failures: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(f"{err.name()}: {err.str()}")
+
+        for p in partitions:
+            producer.produce(
+                topic,
+                value=b"jobwheel test marker",
+                partition=p,
+                headers=[(MARKER_HEADER, token)],
+                on_delivery=delivered,
+            )
+        left = producer.flush(max(0.0, deadline - time.monotonic()))
+        if left or failures:
+            raise HarnessError(f"could not write the markers to {topic!r}: {failures or left}")
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        waiting = set(partitions)
+        out: list[Message] = []
+        errors: list[str] = []
+        while waiting and time.monotonic() < deadline:
+            msg = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
+            if msg is None or not _check(msg, topic, errors) or msg.partition() not in waiting:
+                continue
+            headers = msg.headers() or []
+            if (MARKER_HEADER, token) in headers:
+                waiting.discard(msg.partition())
+            elif not any(name == MARKER_HEADER for name, _ in headers):  # an earlier call's
+                out.append(msg)
+        if waiting:
+            raise HarnessError(
+                f"the markers written to partitions {sorted(waiting)} of {topic!r} were not "
+                f"read back within {scaled(timeout_s):.0f}s (consumer errors: {errors[-5:]})"
+            )
+        return out
+    finally:
+        consumer.close()
+
+
+#: Answers a broker gives while a new topic's leaders or a group's coordinator are being
+#: set up: worth asking again, unlike any other error.
+TRANSIENT_KAFKA_ERRORS = frozenset(
+    {
+        "NOT_LEADER_FOR_PARTITION",
+        "LEADER_NOT_AVAILABLE",
+        "UNKNOWN_TOPIC_OR_PART",
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "COORDINATOR_NOT_AVAILABLE",
+        "REQUEST_TIMED_OUT",
+        "_TIMED_OUT",
+        "_TRANSPORT",
+    }
+)
+
+
+def kafka_call(fn: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
+    """``fn()``, asked again while the broker answers with a transient error (right after
+    topics are created a partition may have no leader yet, a group no coordinator). Any other
+    error, or one that lasts past the (nominal) timeout, is a :class:`HarnessError` naming
+    ``what`` was being done: never a made-up answer such as 0."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    deadline = time.monotonic() + scaled(timeout_s)
+    while True:
+        try:
+            return fn()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.name() if isinstance(err, KafkaError) else None
+            if code not in TRANSIENT_KAFKA_ERRORS or time.monotonic() >= deadline:
+                raise HarnessError(f"{what} failed: {exc}") from exc
+        time.sleep(0.2)
 
 
 def wait_until(
@@ -92,16 +263,85 @@ def wait_until(
 ) -> T:
     """Poll ``predicate`` until it returns something truthy and return that value.
 
-    Raises AssertionError(message) on timeout, so it reads like an assertion in a test.
+    ``timeout_s`` is nominal (see :func:`scaled`). Raises AssertionError(message) on
+    timeout, so it reads like an assertion in a test.
     """
-    deadline = time.monotonic() + timeout_s
+    limit = scaled(timeout_s)
+    deadline = time.monotonic() + limit
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(message or f"condition not met within {timeout_s}s")
+            raise AssertionError(message or f"condition not met within {limit:.1f}s")
         time.sleep(interval_s)
+
+
+def wait_for_log(
+    path: Path,
+    text: str,
+    timeout_s: float,
+    *,
+    proc: subprocess.Popen[Any] | None = None,
+    count: int = 1,
+) -> str:
+    """Wait until the log file ``path`` contains ``text`` (``count`` times); fails at once,
+    with the log's tail, if ``proc`` exits first."""
+
+    def seen() -> str | None:
+        body = path.read_text(errors="replace") if path.exists() else ""
+        if body.count(text) >= count:
+            return body
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(
+                f"{proc.args} exited ({proc.returncode}) before logging {text!r}:\n"
+                + log_tail(path)
+            )
+        return None
+
+    return wait_until(seen, timeout_s, message=f"{text!r} not in {path}:\n{log_tail(path)}")
+
+
+def group_assignment(settings: Settings, group: str, topic: str) -> dict[str, set[int]]:
+    """Which partitions of ``topic`` each member (client id) of consumer group ``group`` owns
+    now, as the broker's group coordinator says: readiness without reading anyone's logs."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.librdkafka())
+    description = kafka_call(
+        lambda: admin.describe_consumer_groups([group], request_timeout=10)[group].result(30),
+        f"describing consumer group {group!r}",
+    )
+    if description.state is not ConsumerGroupState.STABLE:
+        return {}
+    return {
+        f"{m.client_id}/{m.member_id}": {
+            tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic
+        }
+        for m in description.members
+    }
+
+
+def wait_for_group(
+    settings: Settings, group: str, topic: str, timeout_s: float = 60.0, *, members: int = 1
+) -> dict[str, set[int]]:
+    """Wait until ``members`` members of ``group`` are stable and own every partition of
+    ``topic`` between them (e.g. a worker that can receive runs the moment they are sent)."""
+    wanted = set(range(settings.partitions))
+
+    def ready() -> dict[str, set[int]] | None:
+        owned = group_assignment(settings, group, topic)
+        if len(owned) >= members and set().union(*owned.values()) == wanted:
+            return owned
+        return None
+
+    return wait_until(
+        ready,
+        timeout_s,
+        interval_s=0.3,
+        message=f"group {group!r} never owned all of {topic!r} with {members} member(s)",
+    )
 
 
 def jobwheel_argv(args: list[str]) -> list[str]:
@@ -139,17 +379,23 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
 
 
 def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
-    """Send ``sig`` to the process group and wait; SIGKILL if it does not exit in time."""
+    """Send ``sig`` to the process group and wait (``timeout_s`` nominal); SIGKILL if it does
+    not exit in time."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
-            proc.wait(timeout_s)
+            proc.wait(scaled(timeout_s))
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return int(proc.returncode)
+
+
+def file_lines(path: Path) -> list[str]:
+    """The lines of ``path``, none if it does not exist yet (e.g. a ``tests.tasks`` marker)."""
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
 def log_tail(path: Path, lines: int = 60) -> str:

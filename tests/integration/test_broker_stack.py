@@ -11,12 +11,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from deploy.broker import LocalBroker, free_port
 from deploy.stack import SERVICES, Service, Stack
 from jobwheel.settings import Settings
-from tests.support import Procs, jobwheel_argv, wait_until
+from tests.support import Procs, jobwheel_argv, scaled, wait_until
 
 FLAKY_SERVICE = (
     "import os, sys, time\n"
@@ -38,6 +39,9 @@ def _settings(tmp_path: Path) -> Settings:
     )
 
 
+# Each test starts its own broker and waits on it several times: its timeout is the sum of
+# its waits (nominal seconds, scaled like them), not the 300 s default.
+@pytest.mark.timeout(120 + 30 + 60 + 30)
 def test_stack_supervises_services_and_stops_everything(tmp_path: Path):
     settings = _settings(tmp_path)
     out = io.StringIO()
@@ -71,13 +75,14 @@ def test_stack_supervises_services_and_stops_everything(tmp_path: Path):
         assert steady is not None and steady.poll() is None
     finally:
         stop.set()
-        runner.join(60)
+        runner.join(scaled(60))
     assert not runner.is_alive()
     assert stack.code == 0
     assert steady.poll() is not None  # services were stopped ...
     assert LocalBroker(settings.data_dir / "kafka").running_pid() is None  # ... and the broker
 
 
+@pytest.mark.timeout(180 + 120 + 30 + 90 + 5 * 60)  # + five CLI calls outside the waits
 def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, procs: Procs):
     """What `make run` starts, used as the README says: submit, watch the status, query SQL."""
     data = tmp_path / "data"
@@ -105,7 +110,11 @@ def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, 
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            jobwheel_argv(["jobwheel", *args]), env=env, capture_output=True, text=True, timeout=60
+            jobwheel_argv(["jobwheel", *args]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=scaled(60),
         )
 
     submitted = cli("submit", "--task", "demo.echo", "--in", "2s", "--args", '{"x": 1}')
@@ -137,6 +146,6 @@ def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, 
     assert health.returncode == 0, health.stdout + health.stderr
 
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(90) == 0, log.read_text()
+    assert proc.wait(scaled(90)) == 0, log.read_text()
     assert "kafka: stopped" in log.read_text()
     assert LocalBroker(data / "kafka").running_pid() is None

@@ -1,24 +1,31 @@
 """Chaos: 1,000 jobs through a scheduler and two workers while workers are SIGKILLed and
-restarted every few seconds. Every job must end SUCCEEDED; duplicate executions are counted."""
+restarted, each as soon as it has started a batch of runs (so every kill lands mid-work, however
+slow the machine). Every job must end SUCCEEDED; duplicate executions are counted."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from producers.client import JobClient, JobSpec
 from schemas.models import State
 from tests.integration.scheduler_support import TopicTail, now_ms, start_scheduler
+from tests.support import scaled
 
 JOBS = 1000
-KILL_EVERY_S = 4.0
-CHAOS_S = 24.0
+KILLS = 6
+#: A worker is killed once it has started this many runs since it was (re)started.
+RUNS_BEFORE_KILL = 25
+#: The waits below, added up: scheduler start, each kill, all jobs SUCCEEDED.
+BUDGET_S = 90 + KILLS * 60 + 180
 
 
+@pytest.mark.timeout(BUDGET_S + 60)
 def test_every_job_succeeds_while_workers_are_killed(
     settings, jobwheel_env, procs, tmp_path, capsys
 ):
@@ -55,18 +62,26 @@ def test_every_job_succeeds_while_workers_are_killed(
                     for i in range(JOBS)
                 ]
             )
-        kills = 0
-        chaos_end = time.monotonic() + CHAOS_S
-        while time.monotonic() < chaos_end:
-            time.sleep(KILL_EVERY_S)
-            victim = kills % 2
-            os.kill(workers[victim].pid, signal.SIGKILL)
-            workers[victim].wait(10)
-            workers[victim] = worker(victim, kills + 1)
-            kills += 1
 
         def succeeded() -> set[str]:
             return {e.job_id for e in tail.events(state=State.SUCCEEDED)}
+
+        def busy(proc) -> bool:
+            """Has this worker process started its batch of runs (or is everything done)?"""
+            mine = f":{proc.pid}"
+            started = [e for e in tail.events(state=State.STARTED) if e.worker.endswith(mine)]
+            return len(started) >= RUNS_BEFORE_KILL or succeeded() >= set(job_ids)
+
+        kills = 0
+        while kills < KILLS and not succeeded() >= set(job_ids):
+            victim = kills % 2
+            tail.wait(lambda v=victim: busy(workers[v]), 60, f"worker {victim} started no runs")
+            if succeeded() >= set(job_ids):
+                break
+            os.kill(workers[victim].pid, signal.SIGKILL)
+            workers[victim].wait(scaled(10))
+            workers[victim] = worker(victim, kills + 1)
+            kills += 1
 
         tail.wait(
             lambda: succeeded() >= set(job_ids),
@@ -78,6 +93,7 @@ def test_every_job_succeeds_while_workers_are_killed(
         assert set(per_job) == set(job_ids)
         dead = tail.events(state=State.DEAD)
         assert dead == [], dead[:3]
+        assert kills >= 2, f"only {kills} kills before every job was done: no chaos to speak of"
         attempts = Counter(r.attempt for r, _ in tail.runs)
         with capsys.disabled():
             print(

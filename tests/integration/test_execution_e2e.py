@@ -2,6 +2,10 @@
 
 Retries with backoff, DEAD runs on the dead-letter topic, visibility-timeout redelivery after a
 worker is SIGKILLed, heartbeats that keep a long run from being redelivered, unknown tasks.
+
+Jobs are submitted only once the worker group owns every runs partition, so a visibility
+timeout never runs out while a worker is still joining; runs that must outlive a deadline block
+on a gate file (``tests.tasks``) that the test opens once they have.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from producers.client import JobClient
 from schemas.codec import default_codec
 from schemas.models import State
 from tests.integration.scheduler_support import TopicTail, start_scheduler
-from tests.support import log_tail, wait_until
+from tests.support import file_lines, log_tail, scaled, wait_for_group, wait_until
 
 
 @pytest.fixture
@@ -28,13 +32,15 @@ def tail(settings):
 
 def start_worker(procs, env, tmp_path, name: str, concurrency: int = 4):
     log_path = tmp_path / f"{name}.log"
-    proc = procs.spawn(
-        ["jobwheel", "worker", "--tasks", "consumers.demo", "--concurrency", str(concurrency)],
-        env,
-        log_path,
-    )
+    argv = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
+    proc = procs.spawn([*argv, "--concurrency", str(concurrency)], env, log_path)
     proc.log_path = log_path
     return proc
+
+
+def worker_ready(settings) -> None:
+    """Runs sent from now on are fetched at once: the group owns every runs partition."""
+    wait_for_group(settings, settings.worker_group, settings.topics.runs)
 
 
 def test_retries_dead_runs_unknown_tasks_and_heartbeats(
@@ -42,6 +48,9 @@ def test_retries_dead_runs_unknown_tasks_and_heartbeats(
 ):
     start_scheduler(procs, jobwheel_env, tmp_path / "s1")
     start_worker(procs, jobwheel_env, tmp_path, "w1")
+    worker_ready(settings)
+    gate = tmp_path / "long-gate"
+    visibility_s = scaled(4)
     with JobClient(settings) as client:
         flaky = client.schedule(
             "flaky", task="demo.flaky", args={"failures": 2}, now=True, max_attempts=3
@@ -50,10 +59,10 @@ def test_retries_dead_runs_unknown_tasks_and_heartbeats(
         unknown = client.schedule("unknown", task="no.such.task", now=True, max_attempts=3)
         long_run = client.schedule(
             "long",
-            task="demo.sleep",
-            args={"seconds": 6},
+            task="test.gate_async",
+            args={"gate": str(gate)},
             now=True,
-            visibility_timeout=timedelta(seconds=2),
+            visibility_timeout=timedelta(seconds=visibility_s),
         )
 
     # Fails twice, then succeeds: three attempts of one run, the last SUCCEEDED.
@@ -90,9 +99,23 @@ def test_retries_dead_runs_unknown_tasks_and_heartbeats(
     tail.wait(lambda: tail.events(unknown, State.DEAD), 30, "unknown task run not DEAD")
     assert [r.attempt for r in tail.runs_of(unknown)] == [1]
 
-    # A 6 s task with a 2 s visibility timeout heartbeats and is never redelivered.
-    tail.wait(lambda: tail.events(long_run, State.SUCCEEDED), 40, "long task never SUCCEEDED")
-    assert len(tail.events(long_run, State.HEARTBEAT)) >= 2
+    # A run that outlives its visibility timeout twice over is kept alive by heartbeats and
+    # never redelivered: it runs until a heartbeat a whole timeout past its first deadline.
+    (dispatched,) = tail.wait(
+        lambda: tail.events(long_run, State.DISPATCHED), 30, "long run never DISPATCHED"
+    )
+    outlived = dispatched.deadline_ms + int(visibility_s * 1000)
+    tail.wait(
+        lambda: [e for e in tail.events(long_run, State.HEARTBEAT) if e.event_time_ms > outlived],
+        60,
+        "no heartbeat a visibility timeout past the first deadline",
+    )
+    gate.touch()
+    tail.wait(lambda: tail.events(long_run, State.SUCCEEDED), 30, "long task never SUCCEEDED")
+    tail.wait(lambda: tail.events(long_run, State.COMPLETED), 30, "long job not COMPLETED")
+    # COMPLETED follows every earlier scheduler event of the job on its partition: a
+    # redelivery would be among these.
+    assert [e.attempt for e in tail.events(long_run, State.DISPATCHED)] == [1]
     assert [r.attempt for r in tail.runs_of(long_run)] == [1]
 
 
@@ -101,19 +124,20 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_visibility_timeout(
 ):
     start_scheduler(procs, jobwheel_env, tmp_path / "s1")
     first = start_worker(procs, jobwheel_env, tmp_path, "w1")
-    counter = tmp_path / "executions.txt"
+    worker_ready(settings)
+    started, gate = tmp_path / "started.txt", tmp_path / "gate"
     with JobClient(settings) as client:
         job = client.schedule(
             "victim",
-            task="demo.count",
-            args={"path": str(counter), "sleep_s": 5},
+            task="test.gate",
+            args={"gate": str(gate), "started": str(started)},
             now=True,
             visibility_timeout=timedelta(seconds=3),
             max_attempts=3,
         )
     tail.wait(lambda: tail.events(job, State.STARTED), 60, "run never STARTED")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(10)
+    os.kill(first.pid, signal.SIGKILL)  # blocked on its gate: it cannot have finished
+    first.wait(scaled(10))
     redelivered = tail.wait(
         lambda: [r for r in tail.runs_of(job) if r.attempt == 2], 30, "no redelivery"
     )
@@ -121,6 +145,7 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_visibility_timeout(
     assert "visibility timeout" in (dispatched[0].reason or "")
     assert redelivered[0].run_id == tail.runs_of(job)[0].run_id
 
+    gate.touch()
     second = start_worker(procs, jobwheel_env, tmp_path, "w2")
     tail.wait(
         lambda: tail.events(job, State.SUCCEEDED),
@@ -130,6 +155,6 @@ def test_worker_sigkilled_mid_task_is_redelivered_after_the_visibility_timeout(
     wait_until(lambda: tail.events(job, State.COMPLETED), 20, 0.2, "job not COMPLETED")
     # Executed again after the kill: the new worker picks up the uncommitted attempt 1 and/or
     # the redelivered attempt 2; whichever succeeds first completes the run.
-    executions = counter.read_text().split()
+    executions = file_lines(started)
     assert executions[0] == f"{redelivered[0].run_id}:1"
     assert len(executions) >= 2, executions

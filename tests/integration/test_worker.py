@@ -1,6 +1,10 @@
 """The worker on a real broker, without the scheduler: runs are produced the way the scheduler
 produces them (transactional, keyed by job id, murmur2), ``jobwheel worker`` runs as a
-subprocess, and the test reads what it acknowledges on the acks topic."""
+subprocess, and the test reads what it acknowledges on the acks topic.
+
+Runs that must be executing at a given moment use the ``tests.tasks`` gate tasks: they block
+until the test creates a file, so "the run is still executing" is a fact, not a hope.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +19,25 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from producers.kafka import producer_config
 from schemas.codec import Codec
 from schemas.models import Run, State, StatusEvent
 from schemas.partitioning import key_for, partition_for
-from tests.support import log_tail, stop, wait_until
+from tests.support import (
+    HarnessError,
+    file_lines,
+    kafka_call,
+    log_tail,
+    scaled,
+    stop,
+    wait_for_log,
+    wait_until,
+)
 
 CODEC = Codec()
-WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo"]
+WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
 
 
 def make_run(
@@ -108,6 +122,24 @@ class StatusTail:
             self.partitions[event.job_id].add(msg.partition())
             self.keys[event.job_id].add(msg.key())
 
+    def poll_to_end(self, timeout_s: float = 30.0) -> None:
+        """Read every event on the topic as of now (up to each partition's end offset), so an
+        assertion that something is *not* there looks at everything that is."""
+        topic = self.settings.topics.acks
+        ends = {
+            p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(self.settings.partitions)
+        }
+
+        def caught_up() -> bool:
+            self.poll()
+            positions = self.consumer.position(
+                [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
+            )
+            return all(tp.offset >= ends[tp.partition] for tp in positions)
+
+        wait_until(caught_up, timeout_s, interval_s=0.0, message=f"acks not read up to {ends}")
+
     def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
         return [
             e for e in self.events if e.run_id == run_id and (state is None or e.state is state)
@@ -142,22 +174,34 @@ def start_worker(
 
 
 def committed_offsets(settings: Any) -> dict[int, int]:
+    """The worker group's committed offsets on the runs topic (partitions without one left
+    out)."""
     consumer = Consumer(settings.librdkafka(**{"group.id": settings.worker_group}))
     try:
-        tps = consumer.committed(
-            [TopicPartition(settings.topics.runs, p) for p in range(settings.partitions)],
-            timeout=10,
+        tps = kafka_call(
+            lambda: consumer.committed(
+                [TopicPartition(settings.topics.runs, p) for p in range(settings.partitions)],
+                timeout=10,
+            ),
+            "reading the worker group's committed offsets",
         )
     finally:
         consumer.close()
+    errors = [tp.error for tp in tps if tp.error is not None]
+    if errors:
+        raise HarnessError(f"committed offsets of the worker group: {errors}")
     return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
 
 
 def end_offsets(settings: Any) -> dict[int, int]:
     consumer = Consumer(settings.librdkafka(**{"group.id": f"test-{uuid.uuid4().hex[:8]}"}))
+    topic = settings.topics.runs
     try:
         return {
-            p: consumer.get_watermark_offsets(TopicPartition(settings.topics.runs, p), 10)[1]
+            p: kafka_call(
+                lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1],
+                f"reading the end offset of {topic}[{p}]",
+            )
             for p in range(settings.partitions)
         }
     finally:
@@ -227,12 +271,14 @@ def test_outcomes_become_status_events_in_the_jobs_partition(
 def test_long_runs_heartbeat_with_a_fresh_deadline(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:
-    run = make_run(settings, "demo.sleep", {"seconds": 1.5}, visibility_timeout_ms=900)
+    gate = tmp_path / "gate"
+    run = make_run(settings, "test.gate_async", {"gate": str(gate)}, visibility_timeout_ms=900)
     produce_runs(settings, [run])
     start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    tail.wait_for(run.run_id, State.HEARTBEAT, count=3)  # every 300 ms while it runs
+    gate.touch()
     tail.wait_for(run.run_id, State.SUCCEEDED)
     beats = tail.of(run.run_id, State.HEARTBEAT)
-    assert len(beats) >= 3  # every 300 ms for 1.5 s
     assert len({b.event_id for b in beats}) == len(beats)
     assert all(b.deadline_ms == b.event_time_ms + 900 for b in beats)
     succeeded = tail.of(run.run_id, State.SUCCEEDED)[0]
@@ -285,50 +331,185 @@ def test_older_attempts_and_fenced_owners_are_stale(
     assert not tail.of(fenced.run_id, State.STARTED)
 
 
-def test_sigterm_hands_running_runs_back_and_exits_promptly(
+def test_sigterm_lets_runs_finish_within_the_grace_then_hands_the_rest_back(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:
-    async_run = make_run(settings, "demo.sleep", {"seconds": 120})
-    sync_run = make_run(settings, "demo.count", {"path": str(tmp_path / "c"), "sleep_s": 120})
-    quick = make_run(settings, "demo.sleep", {"seconds": 0.2})
-    produce_runs(settings, [async_run, sync_run, quick])
+    """SIGTERM: fetching stops, running runs get the grace period to finish, and whatever still
+    runs after it is handed back (FAILED, retry at once) and the worker exits. The runs that
+    never finish block on a gate that is never opened, so the worker exiting at all shows it
+    did not wait for them; the run released during the grace shows it did wait."""
+    released = tmp_path / "released"  # created during the grace period
+    never = tmp_path / "never"  # never created
+    finishing = make_run(settings, "test.gate", {"gate": str(released)})
+    async_run = make_run(settings, "test.gate_async", {"gate": str(never)})
+    sync_run = make_run(settings, "test.gate", {"gate": str(never)})
+    quick = make_run(settings, "demo.echo", {"quick": True})
+    produce_runs(settings, [finishing, async_run, sync_run, quick])
+    grace_ms = int(scaled(5) * 1000)
     log_path = tmp_path / "worker.log"
-    proc = start_worker(procs, jobwheel_env, log_path, worker_shutdown_grace_ms="1000")
-    tail.wait_for(async_run.run_id, State.STARTED)
-    tail.wait_for(sync_run.run_id, State.STARTED)
+    proc = start_worker(procs, jobwheel_env, log_path, worker_shutdown_grace_ms=str(grace_ms))
+    for run in (finishing, async_run, sync_run):
+        tail.wait_for(run.run_id, State.STARTED)
     tail.wait_for(quick.run_id, State.SUCCEEDED)
 
-    started = time.monotonic()
+    sigterm_ms = int(time.time() * 1000)
     os.killpg(proc.pid, signal.SIGTERM)
-    code = proc.wait(20)
-    assert code == 0, log_tail(log_path)
-    assert time.monotonic() - started < 10
+    wait_for_log(log_path, "worker stopping", 30, proc=proc)
+    released.touch()
+    # Finished within the grace: a worker that handed everything back at once would have
+    # reported it FAILED ("worker shutdown") instead.
+    done = tail.wait_for(finishing.run_id, State.SUCCEEDED)[0]
+    assert json.loads(done.result_json) == {"attempt": 1}
+    assert proc.wait(scaled(grace_ms / 1000 + 30)) == 0, log_tail(log_path)
     for run in (async_run, sync_run):
         handed = tail.wait_for(run.run_id, State.FAILED)[0]
         assert handed.reason == "worker shutdown"
         assert handed.retry_delay_ms == 0
+        assert handed.event_time_ms >= sigterm_ms + grace_ms, "handed back before the grace"
+    tail.poll_to_end()
+    assert not tail.of(finishing.run_id, State.FAILED)
     # The handed-back runs are the scheduler's now: their offsets are committed.
     ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
+    assert ends
     assert all(committed_offsets(settings).get(p, -1) >= o - 1 for p, o in ends.items())
 
 
 def test_a_killed_worker_loses_nothing_its_run_is_delivered_again(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:
-    counter = tmp_path / "count.txt"
-    run = make_run(settings, "demo.count", {"path": str(counter), "sleep_s": 3})
+    started, gate = tmp_path / "started.txt", tmp_path / "gate"
+    run = make_run(settings, "test.gate", {"gate": str(gate), "started": str(started)})
     produce_runs(settings, [run])
     # A short session so the group notices the dead member quickly.
     env = {**jobwheel_env, "JOBWHEEL_KAFKA_CONFIG": json.dumps({"session.timeout.ms": 6000})}
     first = start_worker(procs, env, tmp_path / "first.log")
     tail.wait_for(run.run_id, State.STARTED)
-    stop(first, signal.SIGKILL)
+    stop(first, signal.SIGKILL)  # the run is blocked on its gate: it cannot have finished
+    tail.poll_to_end()
     assert not tail.of(run.run_id, State.SUCCEEDED)
+    assert not tail.of(run.run_id, State.FAILED)
+
+    gate.touch()
+    second = start_worker(procs, env, tmp_path / "second.log")
+    done = tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=60)[0]
+    assert done.worker.endswith(f":{second.pid}")
+    assert file_lines(started) == [f"{run.run_id}:1", f"{run.run_id}:1"]
+
+
+def _set_acks_max_message_bytes(settings: Any, value: int | None) -> None:
+    """Make the broker refuse every acks record (a tiny ``max.message.bytes``) or accept them
+    again (``None``: the broker default)."""
+    op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        settings.topics.acks,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", str(value or ""), incremental_operation=op)
+        ],
+    )
+    admin = AdminClient(settings.librdkafka())
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def _acks_refused(settings: Any, partition: int) -> bool:
+    """Does the broker refuse a record on this acks partition now? (The config change takes
+    effect on the broker shortly after the admin call returns.)"""
+    producer = Producer(settings.librdkafka(**{"message.timeout.ms": 10_000}))
+    errors: list[Any] = []
+    producer.produce(
+        settings.topics.acks,
+        value=b"probe" * 40,
+        partition=partition,
+        on_delivery=lambda err, _msg: errors.append(err),
+    )
+    if producer.flush(30) != 0:
+        raise HarnessError("the probe record was neither accepted nor refused")
+    if errors[0] is None:
+        raise HarnessError("a probe record was written to the acks topic")
+    return errors[0].name() == "MSG_SIZE_TOO_LARGE"
+
+
+def test_offsets_wait_for_the_brokers_acknowledgement_of_the_final_event(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """A run that finished but whose SUCCEEDED the broker never acknowledged is not done: its
+    offset stays uncommitted, and after a crash the next worker executes it again. (The
+    scheduler learns the outcome only from that event; committing before it could lose the
+    run for good.) The broker is made to refuse acks with a tiny max.message.bytes while offset
+    commits keep working."""
+    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
+    args = {"gate": str(gate), "started": str(started), "finished": str(finished)}
+    run = make_run(settings, "test.gate", args)
+    partition = partition_for(run.job_id, settings.partitions)
+    run_offset = end_offsets(settings)[partition]
+    produce_runs(settings, [run])
+    env = {**jobwheel_env, "JOBWHEEL_KAFKA_CONFIG": json.dumps({"session.timeout.ms": 6000})}
+    first = start_worker(procs, env, tmp_path / "first.log")
+    tail.wait_for(run.run_id, State.STARTED)
+
+    _set_acks_max_message_bytes(settings, 16)
+    try:
+        wait_until(lambda: _acks_refused(settings, partition), 30, message="acks still accepted")
+        gate.touch()
+        wait_until(lambda: file_lines(finished), 30, message="the task did not finish")
+        # A barrier: a record in another partition that the worker counts as done without an
+        # event (undecodable bytes). Once its offset is committed, the worker has committed
+        # everything it considered done by then, and that includes the finished run if the
+        # run's offset did not wait for its event.
+        other = next(
+            f"barrier-{i}"
+            for i in range(1000)
+            if partition_for(f"barrier-{i}", settings.partitions) != partition
+        )
+        other_partition = partition_for(other, settings.partitions)
+        produce_runs(settings, [b"not a run"], key=other)
+        barrier_end = end_offsets(settings)[other_partition]
+        wait_until(
+            lambda: committed_offsets(settings).get(other_partition, -1) >= barrier_end - 1,
+            30,
+            interval_s=0.3,
+            message="the worker did not commit past the barrier",
+        )
+        assert committed_offsets(settings).get(partition, -1) <= run_offset, (
+            "the run's offset was committed before its SUCCEEDED was acknowledged"
+        )
+        tail.poll_to_end()
+        assert not tail.of(run.run_id, State.SUCCEEDED)
+        stop(first, signal.SIGKILL)
+    finally:
+        _set_acks_max_message_bytes(settings, None)
 
     second = start_worker(procs, env, tmp_path / "second.log")
     done = tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=60)[0]
     assert done.worker.endswith(f":{second.pid}")
-    assert counter.read_text().splitlines() == [f"{run.run_id}:1", f"{run.run_id}:1"]
+    assert file_lines(started) == [f"{run.run_id}:1", f"{run.run_id}:1"]
+
+
+@pytest.mark.parametrize("task", ["test.gate", "test.gate_async"])
+def test_heartbeat_called_by_a_task_reaches_the_acks_topic(
+    task: str,
+    settings: Any,
+    jobwheel_env: dict[str, str],
+    procs: Any,
+    tail: StatusTail,
+    tmp_path: Path,
+) -> None:
+    """``heartbeat()`` from task code (a worker thread or the event loop) is sent at once. The
+    visibility timeout is an hour, so the pool's own beat (every 20 minutes) cannot be the
+    one the test sees."""
+    gate = tmp_path / "gate"
+    hour_ms = 3_600_000
+    run = make_run(settings, task, {"gate": str(gate), "beat": True}, visibility_timeout_ms=hour_ms)
+    produce_runs(settings, [run])
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    (beat,) = tail.wait_for(run.run_id, State.HEARTBEAT)
+    assert beat.deadline_ms == beat.event_time_ms + hour_ms
+    assert beat.source == "worker" and beat.attempt == 1
+    assert not tail.of(run.run_id, State.SUCCEEDED)  # sent while the task still runs
+    gate.touch()
+    tail.wait_for(run.run_id, State.SUCCEEDED)
+    assert len(tail.of(run.run_id, State.HEARTBEAT)) == 1
 
 
 def test_a_second_worker_shares_the_partitions_and_no_run_is_lost(

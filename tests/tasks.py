@@ -1,0 +1,62 @@
+"""Tasks for the tests: ``jobwheel worker --tasks consumers.demo,tests.tasks``.
+
+They block on a *gate*, a file the test creates when it wants the task to finish, instead of
+sleeping: a test then decides the order of events (the run is executing now, the worker is
+killed now, the run finishes now) rather than hoping a sleep is long enough on a loaded machine.
+Each task can leave a line ``run_id:attempt`` in a file when it starts (``started``) and when it
+finishes (``finished``), so a test can wait for and count executions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from consumers.worker import current_run, heartbeat, task
+
+POLL_S = 0.02
+
+
+def _mark(path: str | None) -> None:
+    if path is not None:
+        run = current_run()
+        with Path(path).open("a", encoding="utf-8") as fh:
+            fh.write(f"{run.run_id}:{run.attempt}\n")
+
+
+@task("test.gate")
+def gate(
+    gate: str,
+    started: str | None = None,
+    finished: str | None = None,
+    beat: bool = False,
+) -> dict[str, int]:
+    """Note the start, call ``heartbeat()`` once if ``beat``, block (in a worker thread) until
+    the file ``gate`` exists, note the finish."""
+    _mark(started)
+    if beat:
+        heartbeat()
+    while not Path(gate).exists():
+        time.sleep(POLL_S)
+    _mark(finished)
+    return {"attempt": current_run().attempt}
+
+
+@task("test.gate_async")
+async def gate_async(
+    gate: str,
+    started: str | None = None,
+    finished: str | None = None,
+    beat: bool = False,
+) -> dict[str, int]:
+    """:func:`gate` as a coroutine (it blocks on the event loop's timer, not a thread)."""
+    _mark(started)
+    if beat:
+        heartbeat()
+    # Polling a file on purpose: the gate is opened by another process (the test). A stat
+    # every 20 ms does not block the loop in any way that matters here.
+    while not Path(gate).exists():  # noqa: ASYNC110, ASYNC240
+        await asyncio.sleep(POLL_S)
+    _mark(finished)
+    return {"attempt": current_run().attempt}
