@@ -90,6 +90,10 @@ IDLE_WAIT_S = 0.1
 RESTORE_SLICE_S = 0.2
 #: Acks whose state changes nothing the scheduler decides on; skipped by header, not decoded.
 SKIPPED_ACKS = {b"STARTED", b"STALE"}
+#: Records one transaction may carry from punctuation: a partition far behind (a day of
+#: downtime, a burst of due jobs) is worked off over several transactions, and the consumer is
+#: polled between them.
+MAX_TRANSACTION_RECORDS = 20_000
 #: A dead-letter copy of a record larger than this carries a reference instead of the bytes.
 MAX_DEAD_LETTER_VALUE = 512 * 1024
 STATUS_LOG_INTERVAL_S = 60.0
@@ -178,6 +182,7 @@ class SchedulerEngine:
         self._stop = threading.Event()
         self._instance = ""
         self._backoff_s = 0.0
+        self._turn = 0
         self._last_status_log = 0.0
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
@@ -319,9 +324,12 @@ class SchedulerEngine:
             self._on_request(record, now, out, touched)
         for record in acks:
             self._on_ack(record, now, out, touched)
-        for task in self.tasks.values():
-            if task.phase is Phase.READY:
-                self._punctuate(task, now, out, touched)
+        # Start at another partition each time, so one partition's backlog cannot starve the
+        # others of the transaction's record budget.
+        ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
+        self._turn += 1
+        for i in range(len(ready)):
+            self._punctuate(ready[(self._turn + i) % len(ready)], now, out, touched)
         if touched or out:
             self._commit(out, touched)
         else:
@@ -449,9 +457,14 @@ class SchedulerEngine:
 
     def _punctuate(self, task: PartitionTask, now: int, out: list[_Out], touched: set[int]) -> None:
         assert task.processor is not None
+        budget = MAX_TRANSACTION_RECORDS - len(out)
+        if budget <= 0:
+            task.behind = True  # its turn comes in the next transaction
+            return
         limit = self.settings.dispatch_batch_limit
-        result, handled = task.processor.punctuate(now, limit, self._acks_watermark(task, now))
-        task.behind = handled >= limit
+        watermark = self._acks_watermark(task, now)
+        result, handled = task.processor.punctuate(now, limit, watermark, budget)
+        task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:
             touched.add(task.partition)
             self.stats.fired += len(result.runs)

@@ -91,6 +91,11 @@ class Output:
     def __bool__(self) -> bool:
         return bool(self.runs or self.status or self.dead_runs)
 
+    @property
+    def size(self) -> int:
+        """How many records this output becomes."""
+        return len(self.runs) + len(self.status) + len(self.dead_runs)
+
 
 def validate_spec(spec: ScheduleJob) -> None:
     """The checks the scheduler cannot do without: a spec that passes them can be scheduled.
@@ -366,21 +371,31 @@ class SchedulerProcessor:
     # --- punctuation ------------------------------------------------------------------------
 
     def punctuate(
-        self, now_ms: int, limit: int, deadline_watermark: int | None = None
+        self,
+        now_ms: int,
+        limit: int,
+        deadline_watermark: int | None = None,
+        max_records: int | None = None,
     ) -> tuple[Output, int]:
-        """Handle up to ``limit`` due timers; returns the output and how many were handled.
+        """Handle up to ``limit`` due timers, stopping early once the output reaches
+        ``max_records`` records (one transaction stays bounded however far behind the
+        partition is); returns the output and how many timers were handled. What is left is
+        still due at the next call.
 
         Fires, retries and expiries are due at ``now_ms``; visibility deadlines only up to
         ``deadline_watermark`` (how far the acknowledgements have been read; ``now_ms`` when
         None), so no attempt is given up while its verdict may be waiting unread.
         """
         out = Output()
+        budget = max_records if max_records is not None else 1 << 62
         entries = self.state.timers.due(now_ms, limit)
-        handled = self._handle_due(self.state.timers, TIMERS, entries, now_ms, out)
-        if handled < limit:
+        handled = self._handle_due(self.state.timers, TIMERS, entries, now_ms, out, budget)
+        if handled < limit and out.size < budget:
             watermark = now_ms if deadline_watermark is None else min(now_ms, deadline_watermark)
             entries = self.state.deadlines.due(watermark, limit - handled)
-            handled += self._handle_due(self.state.deadlines, DEADLINES, entries, now_ms, out)
+            handled += self._handle_due(
+                self.state.deadlines, DEADLINES, entries, now_ms, out, budget
+            )
         return out, handled
 
     def next_due_ms(self, deadline_watermark: int | None = None) -> int | None:
@@ -393,9 +408,19 @@ class SchedulerProcessor:
         return due
 
     def _handle_due(
-        self, wheel: TimingWheel, kind: int, entries: list[WheelEntry], now_ms: int, out: Output
+        self,
+        wheel: TimingWheel,
+        kind: int,
+        entries: list[WheelEntry],
+        now_ms: int,
+        out: Output,
+        budget: int,
     ) -> int:
+        handled = 0
         for entry in entries:
+            if out.size >= budget:
+                break
+            handled += 1
             try:
                 self._on_due(entry, now_ms, out)
             except StateError:
@@ -414,7 +439,7 @@ class SchedulerProcessor:
                         extra={"job_id": entry.job_id, "tag": entry.tag, "due_ms": entry.due_ms},
                     )
                 wheel.remove(entry)
-        return len(entries)
+        return handled
 
     def _on_due(self, entry: WheelEntry, now_ms: int, out: Output) -> None:
         job = self.load(entry.job_id)
