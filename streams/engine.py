@@ -21,10 +21,14 @@ producer is fenced or hits a fatal error, every partition is dropped and the gro
 A process that was fenced out of the group (a SIGSTOPped owner that wakes up) cannot commit:
 the transaction's offset commit carries its stale group generation and the broker refuses it.
 
-**The acks watermark.** A visibility deadline expires only when the acks partition has been read
-past it: up to the broker append time of the last ack read, or, once caught up with the
-partition's end, up to ``now - ACK_SLACK_MS``. So a scheduler that lags never re-dispatches a
-run whose SUCCEEDED or HEARTBEAT is already on the topic.
+**The acks watermark.** A visibility deadline expires only once the acks partition has been
+read past it: the watermark is the broker append time of the latest ack read from the partition.
+So a scheduler that lags never re-dispatches a run whose SUCCEEDED or HEARTBEAT is already on
+the topic. And since acks partition ``p`` is written by the worker that owns runs partition
+``p``, the watermark is also that worker's sign of life: while the partition's worker side is
+stalled (its worker killed and the group rebalancing, or no worker at all), no deadline expires
+and nothing is re-dispatched into a queue that nobody reads; Kafka itself redelivers the
+unfinished runs to the partition's next worker (workers commit only finished runs).
 
 **Partitions** arrive paused; their state is restored from the changelog (from the local
 checkpoint, so a restart on the same disk replays only the tail) in slices between iterations,
@@ -80,16 +84,12 @@ from streams.state.rocksdb import RocksDBLimits
 
 log = logging.getLogger(__name__)
 
-#: How far behind ``now`` the acks watermark stays when the acks partition looks read to its
-#: end: the end offset is as of the last fetch response, so an ack appended since then may not
-#: be known yet.
-ACK_SLACK_MS = 1000
 #: Longest poll when nothing is due: acks are read at least this often.
 IDLE_WAIT_S = 0.1
 #: Time given to restoring per iteration while other partitions are ready.
 RESTORE_SLICE_S = 0.2
 #: Acks whose state changes nothing the scheduler decides on; skipped by header, not decoded.
-SKIPPED_ACKS = {b"STARTED", b"STALE"}
+SKIPPED_ACKS = {b"STALE"}
 #: Records one transaction may carry from punctuation: a partition far behind (a day of
 #: downtime, a burst of due jobs) is worked off over several transactions, and the consumer is
 #: polled between them.
@@ -124,6 +124,7 @@ class PartitionTask:
     requests_committed: int | None = None
     acks_committed: int | None = None
     acks_seen_ms: int = 0
+    acks_seen_committed_ms: int = 0
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
@@ -350,7 +351,7 @@ class SchedulerEngine:
         wait = IDLE_WAIT_S
         for task in ready:
             assert task.processor is not None
-            due = task.processor.next_due_ms(self._acks_watermark(task, now))
+            due = task.processor.next_due_ms(self._acks_watermark(task))
             if due is not None:
                 wait = min(wait, max(0.0, (due - now) / 1000))
         return wait
@@ -444,15 +445,9 @@ class SchedulerEngine:
             )
             self._dead_letter(task, record, f"scheduler error: {exc!r}", out)
 
-    def _acks_watermark(self, task: PartitionTask, now: int) -> int:
-        """How far (broker time) this partition's acks are known to be read."""
-        assert self.acks is not None
-        end = self.acks.cached_end(task.partition)
-        position = task.acks_next
-        if position is None:
-            position = self.acks.position(task.partition)
-        if end is not None and position is not None and position >= end:
-            return max(task.acks_seen_ms, now - ACK_SLACK_MS)
+    @staticmethod
+    def _acks_watermark(task: PartitionTask) -> int:
+        """How far (broker time) this partition's acks have been read (see the module doc)."""
         return task.acks_seen_ms
 
     def _punctuate(self, task: PartitionTask, now: int, out: list[_Out], touched: set[int]) -> None:
@@ -462,7 +457,7 @@ class SchedulerEngine:
             task.behind = True  # its turn comes in the next transaction
             return
         limit = self.settings.dispatch_batch_limit
-        watermark = self._acks_watermark(task, now)
+        watermark = self._acks_watermark(task)
         result, handled = task.processor.punctuate(now, limit, watermark, budget)
         task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:
@@ -585,6 +580,7 @@ class SchedulerEngine:
                 task.requests_committed = task.requests_next
             if task.acks_next is not None:
                 task.acks_committed = task.acks_next
+            task.acks_seen_committed_ms = task.acks_seen_ms
 
     def _produce(self, record: _Out) -> None:
         assert self.producer is not None
@@ -660,6 +656,7 @@ class SchedulerEngine:
             if task.acks_next is not None:
                 self.acks.seek(task.partition, _start(task.acks_committed))
                 task.acks_next = None
+            task.acks_seen_ms = task.acks_seen_committed_ms  # the rewound acks are unread again
 
     # --- restore ----------------------------------------------------------------------------
 

@@ -14,11 +14,12 @@ Rules, in the words of Kubernetes CronJob and SQS:
 - ``concurrencyPolicy``: ALLOW runs regardless; FORBID leaves a SKIPPED event while a run of the
   job is active; REPLACE cancels the active runs (CANCELLED events with their run ids) and runs.
 - A dispatched attempt not SUCCEEDED/FAILED by its visibility deadline is dispatched again
-  (attempt + 1) until ``max_attempts``; HEARTBEAT moves the deadline. The deadline is the
-  scheduler's: dispatch time (or a heartbeat's broker append time) plus the visibility timeout,
-  and it only expires once the acknowledgements up to it have been read (``deadline_watermark``
-  of :meth:`SchedulerProcessor.punctuate`), so a scheduler that lags never re-dispatches a run
-  whose verdict is already on the acks topic. FAILED with a ``retry_delay_ms`` from the worker is
+  (attempt + 1) until ``max_attempts``; STARTED and HEARTBEAT move the deadline. The deadline
+  is the scheduler's: dispatch time (or the broker append time of the run's latest sign of life)
+  plus the visibility timeout, and it only expires once the acknowledgements up to it have been
+  read (``deadline_watermark`` of :meth:`SchedulerProcessor.punctuate`): a scheduler that lags
+  never re-dispatches a run whose verdict is already on the acks topic, and while the worker
+  side of the partition is silent nothing is re-dispatched into a queue nobody reads. FAILED with a ``retry_delay_ms`` from the worker is
   retried after that delay; without one, or out of attempts, the run is DEAD (status event, and
   the run on the dead-letter topic).
 - Paused jobs do not fire; on resume the pending fire is due again, so what was missed while
@@ -661,9 +662,11 @@ class SchedulerProcessor:
             return out
         if run.attempt != ev.attempt or run.phase is not RunPhase.DISPATCHED:
             return out  # an older attempt's news, or a duplicate verdict
-        # STARTED changes nothing the scheduler decides on (the visibility deadline runs from
-        # dispatch, as in SQS), so it costs no state write.
-        if ev.state is State.HEARTBEAT:
+        # STARTED and HEARTBEAT are the run's signs of life: each moves its deadline to a
+        # visibility timeout after it was written. STARTED matters most after a worker crash:
+        # the partition's next worker runs the unfinished attempt again, and its STARTED keeps
+        # the scheduler from dispatching a second copy of the same work.
+        if ev.state in (State.STARTED, State.HEARTBEAT):
             at = now_ms if ack_time_ms is None else ack_time_ms
             extended = at + job.spec.visibility_timeout_ms
             if extended > run.due_ms:

@@ -122,7 +122,7 @@ def test_a_flaky_run_shows_one_run_two_attempts_and_the_job_completed(
     ]
 
 
-def test_a_run_lost_with_its_worker_is_redelivered_and_shows_as_one_run(
+def test_a_run_lost_with_its_worker_is_run_again_and_shows_as_one_run(
     settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path, pipeline: Any
 ) -> None:
     first = _start_worker(procs, jobwheel_env, tmp_path, "first")
@@ -145,13 +145,6 @@ def test_a_run_lost_with_its_worker_is_redelivered_and_shows_as_one_run(
     wait_until(started_in_store, 60, interval_s=0.5, message="the run never STARTED")
     assert file_lines(started)  # executing, blocked on its gate: it cannot have finished
     stop(first, signal.SIGKILL)
-
-    def redelivered() -> dict[str, Any] | None:
-        detail = _job(settings, job_id)
-        return detail if detail and ("DISPATCHED", 2) in _events(detail) else None
-
-    detail = wait_until(redelivered, 60, interval_s=0.5, message="no second attempt dispatched")
-    assert ("SUCCEEDED", 1) not in _events(detail)
     gate.touch()
     second = _start_worker(procs, jobwheel_env, tmp_path, "second")
     detail = wait_until(
@@ -160,19 +153,20 @@ def test_a_run_lost_with_its_worker_is_redelivered_and_shows_as_one_run(
         interval_s=0.5,
         message=f"job never COMPLETED in the store: {_job(settings, job_id)}",
     )
+    # The next worker ran the unfinished attempt again (Kafka redelivered it: its offset was
+    # never committed); the scheduler sent no second attempt into the silent partition.
     job = detail["job"]
-    assert (job["task"], job["state"], job["attempts"]) == ("test.gate", "COMPLETED", 2)
+    assert (job["task"], job["state"], job["attempts"]) == ("test.gate", "COMPLETED", 1)
     (run,) = detail["runs"]
-    assert (run["state"], run["attempts"]) == ("SUCCEEDED", 2)
+    assert (run["state"], run["attempts"]) == ("SUCCEEDED", 1)
     assert run["worker"].endswith(f":{second.pid}")
-    events = detail["events"]
-    (again,) = [e for e in events if (e["state"], e["attempt"]) == ("DISPATCHED", 2)]
-    assert "visibility timeout" in again["reason"]
     # Event ids are deterministic (run_id:attempt:STATE): attempt 1 started again on the second
     # worker is the same event, stored once.
-    assert {e["attempt"] for e in events if e["state"] == "STARTED"} == {1, 2}
-    assert any(e["state"] == "SUCCEEDED" for e in events)
-    assert not any(e["state"] in ("FAILED", "RETRYING", "DEAD") for e in events)
-    assert _events(detail)[-1] == ("COMPLETED", None)
-    # The second worker ran it again (attempt 2 and/or the uncommitted attempt 1).
-    assert file_lines(started)[0] == f"{run['run_id']}:1" and len(file_lines(started)) >= 2
+    assert _events(detail) == [
+        ("SCHEDULED", None),
+        ("DISPATCHED", 1),
+        ("STARTED", 1),
+        ("SUCCEEDED", 1),
+        ("COMPLETED", None),
+    ]
+    assert file_lines(started) == [f"{run['run_id']}:1"] * 2

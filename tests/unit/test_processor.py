@@ -358,3 +358,47 @@ def test_a_backlog_is_worked_off_in_bounded_chunks(proc):
         fired += [r.job_id for r in out.runs]
     assert sorted(fired) == sorted(f"j{i}" for i in range(50))
     assert chunks >= 10  # 50 x (1 run + 1 DISPATCHED + 101 MISSED) over a 500-record budget
+
+
+def test_a_deadline_expires_only_once_the_acks_before_it_have_been_read(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    # Long past the deadline by the clock, but the acks are read only up to before it: the
+    # verdict may be waiting unread, so nothing is dispatched again.
+    assert proc.punctuate(T0 + 5000, 100, deadline_watermark=T0 + 999)[0].runs == []
+    assert proc.next_due_ms(deadline_watermark=T0 + 999) is None  # nothing to wake up for
+    # The verdict was there: read now, it completes the run.
+    out = proc.on_ack(ack(run, State.SUCCEEDED, T0 + 800), T0 + 5001, ack_time_ms=T0 + 800)
+    assert states(out) == [State.COMPLETED]
+    assert proc.punctuate(T0 + 9000, 100, deadline_watermark=T0 + 9000)[0].runs == []
+
+
+def test_a_deadline_past_the_watermark_dispatches_the_next_attempt(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    [again] = proc.punctuate(T0 + 5000, 100, deadline_watermark=T0 + 1000)[0].runs
+    assert (again.run_id, again.attempt) == (run.run_id, 2)
+
+
+def test_a_run_started_again_after_its_deadline_is_not_dispatched_twice(proc):
+    """After a worker crash the partition's next worker runs the unfinished attempt again; its
+    STARTED, written after the old deadline, keeps the run alive."""
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    proc.on_ack(ack(run, State.STARTED, T0 + 7000), T0 + 7005, ack_time_ms=T0 + 7000)
+    assert proc.punctuate(T0 + 7005, 100, deadline_watermark=T0 + 7000)[0].runs == []
+    assert proc.load("j").active[run.run_id].due_ms == T0 + 8000
+
+
+def test_the_deadline_comes_from_the_broker_time_of_the_ack_not_from_the_worker(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    # A worker (or a forger) claiming a deadline an hour away changes nothing.
+    proc.on_ack(
+        ack(run, State.HEARTBEAT, T0 + 500, deadline_ms=T0 + 3_600_000),
+        T0 + 600,
+        ack_time_ms=T0 + 500,
+    )
+    assert proc.load("j").active[run.run_id].due_ms == T0 + 1500
+    [again] = proc.punctuate(T0 + 1500, 100, deadline_watermark=T0 + 1500)[0].runs
+    assert again.attempt == 2
