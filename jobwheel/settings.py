@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     # Producer limits
     max_args_bytes: int = 64 * 1024
 
+    # `jobwheel health`: a scheduler partition that has not committed for this long while it
+    # has input to read or a timer overdue is reported stuck.
+    health_stuck_after_ms: int = 30_000
+
     # Logging
     log_level: str = "INFO"
     log_format: str = "json"

@@ -49,16 +49,22 @@ def decode(metadata: str | None) -> Progress | None:
         return None
 
 
-def stuck_reason(progress: Progress | None, now_ms: int, unread: int) -> str | None:
+def stuck_reason(
+    progress: Progress | None,
+    now_ms: int,
+    unread: int,
+    *,
+    stuck_after_ms: int = STUCK_AFTER_MS,
+) -> str | None:
     """Why the partition is stuck, or None when it is fine (idle counts as fine)."""
     if progress is None:
         return "no commit recorded yet" if unread > 0 else None
     silent = now_ms - progress.committed_at_ms
-    if silent < STUCK_AFTER_MS:
+    if silent < stuck_after_ms:
         return None
     if unread > 0:
         return f"{unread} unread input records and no commit for {silent // 1000} s"
-    if progress.next_due_ms is not None and now_ms - progress.next_due_ms >= STUCK_AFTER_MS:
+    if progress.next_due_ms is not None and now_ms - progress.next_due_ms >= stuck_after_ms:
         late = (now_ms - progress.next_due_ms) // 1000
         return f"a timer due {late} s ago and no commit for {silent // 1000} s"
     return None

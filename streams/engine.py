@@ -617,9 +617,11 @@ class SchedulerEngine:
             assert task.processor is not None
             note = Progress(now, task.processor.next_due_ms(), self._instance).encode()
             p = task.partition
-            requests = task.requests_next if task.requests_next is not None else None
+            requests = task.requests_next
             if requests is None:
                 requests = task.requests_committed
+            if requests is None and self.input is not None:
+                requests = self.input.position(p)  # nothing read yet: where reading starts
             acks = task.acks_next if task.acks_next is not None else task.acks_committed
             if requests is not None:
                 offsets.append((self.topics.requests, p, requests, note))

@@ -206,6 +206,11 @@ class InputConsumer:
         start = offset if offset >= 0 else OFFSET_BEGINNING
         self._consumer.seek(TopicPartition(self.topic, partition, start))
 
+    def position(self, partition: int) -> int | None:
+        """The next offset to be returned for ``partition``, once known (after a fetch)."""
+        [tp] = self._consumer.position([TopicPartition(self.topic, partition)])
+        return tp.offset if tp.offset >= 0 else None
+
     def committed(self, topic: str, partitions: Sequence[int], timeout_s: float = 10.0) -> dict:
         """The group's committed offsets of ``topic`` (``NO_OFFSET`` where there is none)."""
         tps = [TopicPartition(topic, p) for p in partitions]

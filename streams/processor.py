@@ -19,9 +19,9 @@ Rules, in the words of Kubernetes CronJob and SQS:
   plus the visibility timeout, and it only expires once the acknowledgements up to it have been
   read (``deadline_watermark`` of :meth:`SchedulerProcessor.punctuate`): a scheduler that lags
   never re-dispatches a run whose verdict is already on the acks topic, and while the worker
-  side of the partition is silent nothing is re-dispatched into a queue nobody reads. FAILED with a ``retry_delay_ms`` from the worker is
-  retried after that delay; without one, or out of attempts, the run is DEAD (status event, and
-  the run on the dead-letter topic).
+  side of the partition is silent nothing is re-dispatched into a queue nobody reads. FAILED
+  with a ``retry_delay_ms`` from the worker is retried after that delay; without one, or out
+  of attempts, the run is DEAD (status event, and the run on the dead-letter topic).
 - Paused jobs do not fire; on resume the pending fire is due again, so what was missed while
   paused follows the missed-run rule above (as with ``suspend`` on a CronJob).
 - Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy.

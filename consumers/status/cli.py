@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import JobwheelError, ValidationError
+from schemas import progress
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
@@ -323,6 +325,7 @@ def health(args: argparse.Namespace) -> int:
             "schedulers",
             lambda: _check_group(settings, settings.scheduler_app_id, args.timeout),
         ),
+        ("partitions", lambda: _check_scheduler_partitions(settings, args.timeout)),
         ("workers", lambda: _check_group(settings, settings.worker_group, args.timeout)),
         ("status", lambda: _check_api(settings, args.timeout)),
     ]
@@ -366,6 +369,78 @@ def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool
     if members == 0:
         return False, f"group {group}: no members (state {state}); is it running?"
     return True, f"group {group}: {members} member(s), {state}"
+
+
+def _scheduler_progress(
+    settings: Settings, timeout_s: float
+) -> dict[int, tuple[progress.Progress | None, int]]:
+    """Per partition: the scheduler's last progress note and how many input records (requests
+    and acks) it has not committed past."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    t = settings.topics
+    tps = [TopicPartition(topic, p) for topic in (t.requests, t.acks) for p in range(t.partitions)]
+    admin = _admin(settings)
+    request = ConsumerGroupTopicPartitions(settings.scheduler_app_id, tps)
+    found = admin.list_consumer_group_offsets([request], request_timeout=timeout_s)
+    committed = {
+        (tp.topic, tp.partition): tp
+        for tp in found[settings.scheduler_app_id].result(timeout_s + 1).topic_partitions
+    }
+    ends = {
+        (tp.topic, tp.partition): future.result(timeout_s + 1).offset
+        for tp, future in admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
+        ).items()
+    }
+    out: dict[int, tuple[progress.Progress | None, int]] = {}
+    for p in range(t.partitions):
+        notes = []
+        unread = 0
+        for topic in (t.requests, t.acks):
+            tp = committed.get((topic, p))
+            end = ends.get((topic, p), 0)
+            if tp is not None and tp.offset >= 0:
+                unread += max(0, end - tp.offset)
+                notes.append(progress.decode(tp.metadata))
+            elif topic == t.requests:
+                unread += end  # never committed: all of it is unread
+        latest = max(
+            (n for n in notes if n is not None), key=lambda n: n.committed_at_ms, default=None
+        )
+        out[p] = (latest, unread)
+    return out
+
+
+def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[bool, str]:
+    """Stuck partitions: no commit for 30 s while input waits or a timer is overdue (the
+    scheduler's progress notes in its committed offsets, see schemas/progress.py). A suspect
+    is looked at again after a moment, so a record that arrived on an idle partition just now
+    is not mistaken for a stall."""
+
+    def stuck() -> dict[int, str]:
+        now = int(time.time() * 1000)
+        return {
+            p: reason
+            for p, (note, unread) in _scheduler_progress(settings, timeout_s).items()
+            if (
+                reason := progress.stuck_reason(
+                    note, now, unread, stuck_after_ms=settings.health_stuck_after_ms
+                )
+            )
+            is not None
+        }
+
+    suspects = stuck()
+    if suspects:
+        time.sleep(1.5)
+        suspects = {p: r for p, r in stuck().items() if p in suspects}
+    if suspects:
+        return False, "; ".join(
+            f"partition {p}: {reason}" for p, reason in sorted(suspects.items())
+        )
+    return True, f"{settings.partitions} partitions: none stuck"
 
 
 def _check_api(settings: Settings, timeout_s: float) -> tuple[bool, str]:

@@ -4,9 +4,12 @@ signals; what is asserted is what a consumer of the topics sees."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -198,3 +201,42 @@ def test_poison_records_on_requests_and_acks_are_dead_lettered_and_the_partition
     assert len(rejected) == 3 and all(e.reason for e in rejected)
     assert scheduler.poll() is None
     assert not log_events(scheduler.log_path, "transaction aborted; processing the batch again")
+
+
+def test_health_names_a_partition_that_stopped_committing(settings, jobwheel_env, procs, tmp_path):
+    """A scheduler that is alive (its group membership fine) but makes no progress: every
+    iteration takes 15 s. With input waiting and no commit for longer than the threshold,
+    `jobwheel health` fails and names the partition; once it commits again, health is ok."""
+    env = {**jobwheel_env, "JOBWHEEL_HEALTH_STUCK_AFTER_MS": "3000"}
+    scheduler = start_scheduler(
+        procs, env, tmp_path / "stuck", extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "15000"}
+    )
+    wait_until(
+        lambda: (
+            len({e["partition"] for e in log_events(scheduler.log_path, "partition ready")})
+            == settings.partitions
+        ),
+        60,
+        0.5,
+        "the scheduler did not get ready",
+    )
+    with JobClient(settings) as client:
+        job = client.schedule("stuck-job", task="demo.echo", now=True)
+    p = partition_for(job, settings.partitions)
+
+    def health() -> dict:
+        out = subprocess.run(
+            [sys.executable, "-m", "jobwheel.cli", "health", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return {c["check"]: c for c in json.loads(out.stdout)["checks"]}
+
+    stuck = wait_until(
+        lambda: (c := health()["partitions"]) and not c["ok"] and c, 40, 1.0, "never reported"
+    )
+    assert f"partition {p}: " in stuck["detail"]
+    assert health()["schedulers"]["ok"]  # the group alone would say all is well
+    wait_until(lambda: health()["partitions"]["ok"], 60, 1.0, "stayed stuck after committing")
