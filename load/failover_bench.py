@@ -1,0 +1,250 @@
+"""How long partitions take to move between scheduler processes, and how long a failover takes
+when the failed process owned a million pending jobs.
+
+    .venv/bin/python -m load.failover_bench movement            # classic vs KIP-848
+    .venv/bin/python -m load.failover_bench restore --jobs 1000000
+
+``movement`` runs real ``jobwheel scheduler`` processes with empty state and times, for each
+group protocol: a second scheduler joining (scale out), one leaving on SIGTERM (scale in), one
+SIGKILLed (failover), and the only one SIGKILLed and restarted at once (crash restart). The
+time is from the event to the last "partition ready" line of the process that takes over.
+
+``restore`` fills one scheduler with ``--jobs`` pending future jobs, schedules a probe job due 5 s
+after the kill, SIGKILLs the owner, starts another scheduler on an empty disk at once, and times
+the probe's fire (the session timeout, the restore from the changelog and the punctuation), with
+the restore rate and the RSS of both processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+from deploy.topics import ensure_topics
+from jobwheel.settings import Settings
+from load.harness import broker
+from load.scheduler_bench import cpu_s, env_for, rss_mib
+from producers.client import JobClient, JobSpec
+from schemas.codec import default_codec
+
+PROTOCOLS = {
+    "consumer (KIP-848)": {"JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": "consumer"},
+    "classic": {"JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": "classic"},
+    "classic, static": {
+        "JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": "classic",
+        "JOBWHEEL_SCHEDULER_STATIC_MEMBERSHIP": "true",
+    },
+}
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, workdir: Path, name: str, extra: dict[str, str]):
+        self.log = workdir / f"{name}-{uuid.uuid4().hex[:4]}.log"
+        env = {**env_for(settings, workdir / name), **extra}
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jobwheel.cli", "scheduler"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def events(self, msg: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and f'"msg": "{msg}"' in line:
+                out.append(json.loads(line))
+        return out
+
+    def owned(self) -> set[int]:
+        """Partitions ready and not since revoked or lost, from the log."""
+        owned: set[int] = set()
+        for line in self.log.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            if event.get("msg") == "partition ready":
+                owned.add(event["partition"])
+            elif event.get("msg") in ("partition revoked", "partition lost", "partition stopped"):
+                owned.discard(event["partition"])
+        return owned
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait(predicate: Any, timeout_s: float = 120.0) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError("condition not met")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def fresh(bootstrap: str, workdir: Path, partitions: int) -> Settings:
+    prefix = f"fo{uuid.uuid4().hex[:6]}"
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        partitions=partitions,
+        scheduler_app_id=f"{prefix}-scheduler",
+        data_dir=workdir,
+    )
+    ensure_topics(settings)
+    return settings
+
+
+def movement(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
+    all_parts = set(range(args.partitions))
+    results: dict[str, dict[str, list[float]]] = {}
+    for name, extra in PROTOCOLS.items():
+        times: dict[str, list[float]] = {"join": [], "leave": [], "kill": [], "restart": []}
+        for _ in range(args.repeat):
+            s = fresh(bootstrap, workdir, args.partitions)
+            a = Scheduler(s, workdir, "a", extra)
+            wait(lambda a=a: a.owned() == all_parts)
+            b = Scheduler(s, workdir, "b", extra)
+            t0 = time.monotonic()
+            wait(
+                lambda a=a, b=b: (
+                    b.owned() and (a.owned() | b.owned()) == all_parts and not a.owned() & b.owned()
+                )
+            )
+            times["join"].append(time.monotonic() - t0)
+            moved = b.owned()
+            t0 = time.monotonic()
+            b.stop(signal.SIGTERM)
+            wait(lambda a=a, moved=moved: moved <= a.owned())
+            times["leave"].append(time.monotonic() - t0)
+            b = Scheduler(s, workdir, "b", extra)
+            wait(
+                lambda a=a, b=b: (
+                    b.owned() and (a.owned() | b.owned()) == all_parts and not a.owned() & b.owned()
+                )
+            )
+            moved = b.owned()
+            t0 = time.monotonic()
+            b.stop(signal.SIGKILL)
+            wait(lambda a=a, moved=moved: moved <= a.owned())
+            times["kill"].append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            a.stop(signal.SIGKILL)
+            a = Scheduler(s, workdir, "a", extra)  # same state dir: same instance
+            wait(lambda a=a: a.owned() == all_parts)
+            times["restart"].append(time.monotonic() - t0)
+            a.stop()
+        results[name] = times
+        print(
+            f"{name:20} "
+            + "  ".join(f"{k} {median(v):5.2f}s" for k, v in times.items())
+            + f"   (median of {args.repeat}; {args.partitions} partitions)",
+            flush=True,
+        )
+
+
+def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
+    s = fresh(bootstrap, workdir, args.partitions)
+    a = Scheduler(s, workdir, "a", {})
+    wait(lambda: a.owned() == set(range(args.partitions)))
+    later = datetime.now(UTC) + timedelta(days=1)
+    t0 = time.time()
+    with JobClient(s) as client:
+        for i in range(0, args.jobs, 20_000):
+            client.schedule_many(
+                [
+                    JobSpec(job_id=f"pending-{j}", task="bench.noop", at=later)
+                    for j in range(i, min(args.jobs, i + 20_000))
+                ]
+            )
+    submitted = time.time() - t0
+    print(f"submitted {args.jobs} pending jobs in {submitted:.0f}s", flush=True)
+    # Ingested when the scheduler has read the requests topic to its end.
+    consumer = Consumer(s.librdkafka(**{"group.id": s.scheduler_app_id}))
+    tps = [TopicPartition(s.topics.requests, p) for p in range(args.partitions)]
+    ends = {tp.partition: consumer.get_watermark_offsets(tp)[1] for tp in tps}
+
+    def ingested() -> bool:
+        return all(tp.offset >= ends[tp.partition] for tp in consumer.committed(tps, timeout=10))
+
+    wait(ingested, 3600)
+    ingest_s = time.time() - t0
+    print(
+        f"ingested in {ingest_s:.0f}s ({args.jobs / ingest_s:.0f} commands/s); owner RSS "
+        f"{rss_mib(a.proc.pid)} MiB, CPU {cpu_s(a.proc.pid):.0f}s",
+        flush=True,
+    )
+    kill_at = time.time()
+    with JobClient(s) as client:
+        probe = client.schedule(
+            "probe", task="bench.noop", at=datetime.fromtimestamp(kill_at + 5, UTC)
+        )
+    runs = Consumer(s.librdkafka(**{"group.id": f"fo-{uuid.uuid4().hex[:6]}"}))
+    runs.assign([TopicPartition(s.topics.runs, p, OFFSET_END) for p in range(args.partitions)])
+    runs.consume(1, 1.0)
+    kill_at = time.time()
+    a.stop(signal.SIGKILL)
+    b = Scheduler(s, workdir, "b-empty-disk", {})
+    codec = default_codec()
+    fired_at = None
+    peak_rss = 0
+    while fired_at is None and time.time() - kill_at < 600:
+        for m in runs.consume(100, 0.05):
+            if not m.error() and codec.decode(m.value()).job_id == probe:
+                fired_at = time.time()
+        peak_rss = max(peak_rss, rss_mib(b.proc.pid))
+    ready = b.events("partition ready")
+    restored = sum(e["restored_records"] for e in ready)
+    slowest = max((e["restore_s"] for e in ready), default=0.0)
+    print(
+        f"kill -9 of the owner of {args.jobs} pending jobs: the probe due 5 s after the kill "
+        f"fired {fired_at - kill_at:.1f}s after it on a process with an empty disk"
+        if fired_at
+        else "the probe never fired"
+    )
+    print(
+        f"restored {restored} changelog records over {len(ready)} partitions; slowest "
+        f"partition {slowest:.1f}s; new owner peak RSS {peak_rss} MiB, CPU "
+        f"{cpu_s(b.proc.pid):.0f}s"
+    )
+    b.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["movement", "restore"])
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="jobwheel-failover-") as tmp,
+        broker(args.bootstrap is None, args.bootstrap) as bootstrap,
+    ):
+        (movement if args.mode == "movement" else restore)(args, bootstrap, Path(tmp))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
