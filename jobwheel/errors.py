@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+CLIP_CHARS = 60
+
+
+def clip(value: object, limit: int = CLIP_CHARS) -> str:
+    """``repr`` of a value for an error message, cut to its first ``limit`` characters + "…".
+
+    Messages echo what was wrong so the user can find it, but a 10,000-character task name or a
+    300 KB document echoed whole turns one error line into a wall of text (and a log flood).
+    """
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[:limit]!r}…"
+    text = repr(value)
+    return text if len(text) <= limit + 2 else f"{text[: limit + 2]}…"
+
 
 class JobwheelError(Exception):
     """Root of every error jobwheel raises on purpose."""
