@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     # Local state (faust RocksDB tables, embedded ClickHouse, local broker)
     data_dir: Path = Path(".jobwheel")
 
+    # `jobwheel acls apply`: each role's SCRAM password, e.g. {"worker": "..."} (a role not
+    # given keeps the password an earlier run wrote, or gets a generated one).
+    kafka_role_passwords: dict[str, SecretStr] = Field(default_factory=dict)
+    # where `jobwheel acls apply` writes each role's JOBWHEEL_KAFKA_CONFIG (default: in data_dir)
+    kafka_credentials_dir: Path | None = None
+
     # Local broker (deploy/)
     broker_port: int = 9092
     broker_controller_port: int = 9093
