@@ -15,7 +15,8 @@ files or reach the network. So every statement is first parsed by ClickHouse its
 - no function named like a table function other than the few that only generate rows
   (:data:`ALLOWED_TABLE_FUNCTIONS`), and no scalar ``file()``.
 
-Then it runs with ``readonly=1`` and the limits (:data:`SQL_TIMEOUT_S`, :data:`SQL_MAX_ROWS`) on
+Then it runs with ``readonly=1`` and the limits (:data:`SQL_TIMEOUT_S`, :data:`SQL_MAX_ROWS`,
+:data:`SQL_MAX_MEMORY_BYTES`) on
 a connection of its own: chdb allows several handles on the one engine of the process, and a
 ClickHouse server is asked over a pool of HTTP connections, so a slow query never holds up
 ``/health``, the other reads or the sink. On a server, ``JOBWHEEL_CLICKHOUSE_SQL_URL`` should name
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 SQL_MAX_ROWS = 10_000
 SQL_TIMEOUT_S = 30
+#: The embedded engine runs inside the API's process: one query must not take its memory.
+SQL_MAX_MEMORY_BYTES = 2_000_000_000
 MAX_SQL_CHARS = 100_000
 
 #: Statement kinds (the root of EXPLAIN AST) that read, and which children each may have.
@@ -277,6 +280,7 @@ class SqlRunner:
             "max_execution_time": self.timeout_s,
             "max_result_rows": self.max_rows + 1,
             "result_overflow_mode": "break",
+            "max_memory_usage": SQL_MAX_MEMORY_BYTES,
             "readonly": 1,
         }
         server = getattr(store.client, "server_settings", {}) or {}

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from consumers.status.api import create_app
 from consumers.status.store import StatusStore
@@ -368,3 +370,78 @@ def test_an_unknown_long_job_id_is_cut_in_the_404(api: TestClient) -> None:
     r = api.get("/jobs/" + "j" * 10_000)
     assert r.status_code == 404
     assert len(r.json()["detail"]) < 300
+
+
+def test_a_query_cannot_take_the_processs_memory(api: TestClient) -> None:
+    r = api.post("/sql", json={"sql": "SELECT groupArray(number) FROM numbers(1000000000)"})
+    assert r.status_code == 400, r.text
+    assert "memory" in r.json()["detail"].lower()
+
+
+# --- property tests: whatever the body or query, a 4xx (or 503 with no broker), never a 500 ---
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=10,
+)
+_FIELDS = [
+    "task",
+    "job_id",
+    "args",
+    "now",
+    "at",
+    "in",
+    "every",
+    "start_at",
+    "cron",
+    "tz",
+    "max_attempts",
+    "timeout",
+    "visibility_timeout",
+    "starting_deadline",
+    "concurrency_policy",
+    "idempotency_key",
+]
+
+
+def _no_broker() -> Any:
+    from jobwheel.errors import BrokerConnectionError
+
+    raise BrokerConnectionError("no broker in this test")
+
+
+@pytest.fixture(scope="module")
+def fuzz_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    engine = tmp_path_factory.getbasetemp() / "status-chdb"
+    store = StatusStore.open(f"chdb://{engine}", database="fuzz_api", ttl_days=30)
+    app = create_app(Settings(_env_file=None), store, job_client_factory=_no_broker)  # type: ignore[call-arg]
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+    store.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(st.sampled_from(_FIELDS) | st.text(max_size=5), _json, max_size=6))
+def test_any_schedule_body_is_a_4xx_or_503(fuzz_api: TestClient, body: dict[str, Any]) -> None:
+    r = fuzz_api.post("/jobs", json=body)
+    assert r.status_code in (422, 503), (body, r.text)
+    if r.status_code == 422:
+        assert r.json()["field"] and len(r.json()["detail"]) < 500
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    params=st.dictionaries(
+        st.sampled_from(["state", "task", "since", "until", "limit", "offset"]),
+        st.text(max_size=25) | st.integers().map(str),
+        max_size=4,
+    )
+)
+def test_any_list_query_is_a_200_or_422(fuzz_api: TestClient, params: dict[str, str]) -> None:
+    r = fuzz_api.get("/jobs", params=params)
+    assert r.status_code in (200, 422), (params, r.text)
