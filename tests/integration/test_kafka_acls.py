@@ -72,6 +72,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert broker.secure and oct(broker.admin_config_path.stat().st_mode & 0o777) == "0o600"
+        status = _jobwheel(base, "broker", "status", "--data-dir", str(data_dir))
+        assert status.returncode == 0 and "ready" in status.stdout, status.stdout
         admin_env = base | {"JOBWHEEL_KAFKA_CONFIG": broker.admin_config_path.read_text()}
         topics = _jobwheel(admin_env, "topics", "ensure")
         assert topics.returncode == 0, topics.stderr
