@@ -9,7 +9,6 @@ sent) instead of argparse's usage dump.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from typing import Any, NoReturn
 
@@ -94,7 +93,7 @@ def spec_from_args(args: argparse.Namespace, max_args_bytes: int | None = None) 
     task_args = None
     if args.args is not None:
         # size and nesting are checked on the text before it is parsed
-        task_args = json.loads(rules.args_text(args.args, max_args_bytes))
+        task_args = rules.parse_args_text(args.args, max_args_bytes)
     max_attempts: Any = 3
     if args.max_attempts is not None:
         text = args.max_attempts.strip()

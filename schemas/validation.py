@@ -107,33 +107,27 @@ def _utf8_size(text: str) -> int:
         raise ValidationError("args", "contains a lone surrogate; not valid Unicode text") from exc
 
 
-def json_depth(text: str) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON text (brackets inside strings do not count)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+def value_depth(value: Any, limit: int = MAX_ARGS_DEPTH) -> int:
+    """How deeply lists and dicts nest in ``value`` (level by level, no recursion; stops
+    counting once past ``limit``)."""
+    level, depth = [value], 0
+    while True:
+        level = [v for v in level if isinstance(v, dict | list)]
+        if not level or depth > limit:
+            return depth
+        depth += 1
+        children: list[Any] = []
+        for v in level:
+            children.extend(v.values() if isinstance(v, dict) else v)
+        level = children
 
 
-def _check_depth(text: str, field: str) -> None:
-    depth = json_depth(text)
-    if depth > MAX_ARGS_DEPTH:
+def _check_depth(value: Any, text: str, field: str) -> None:
+    if text.count("[") + text.count("{") <= MAX_ARGS_DEPTH:  # cannot nest deeper: skip the walk
+        return
+    if value_depth(value) > MAX_ARGS_DEPTH:
         raise ValidationError(
-            field, f"nested {depth} levels deep; at most {MAX_ARGS_DEPTH} levels of arrays/objects"
+            field, f"nested more than {MAX_ARGS_DEPTH} levels deep (arrays/objects); flatten it"
         )
 
 
@@ -149,37 +143,58 @@ def args_json(args: Any, max_bytes: int) -> str:
         text = json.dumps(args, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError as exc:
         raise ValidationError(
-            "args", f"nested too deeply; at most {MAX_ARGS_DEPTH} levels of arrays/objects"
+            "args", f"nested more than {MAX_ARGS_DEPTH} levels deep (arrays/objects); flatten it"
         ) from exc
     except (TypeError, ValueError) as exc:
         raise ValidationError("args", f"not JSON-serializable: {clip(str(exc))}") from exc
     size = _utf8_size(text)
     if size > max_bytes:
         raise _too_big(size, max_bytes)
-    _check_depth(text, "args")
+    _check_depth(args, text, "args")
     return text
 
 
-def args_text(text: Any, max_bytes: int, field: str = "args") -> str:
-    """A JSON document given as text (CLI, a raw command's ``args_json``), as compact JSON.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
-    The size limit applies to the text as given (that is what travels and is stored), and the
-    depth is checked before parsing, so neither a 300 KB document nor one nested 5,000 levels
-    deep costs more than one pass over its characters.
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_args_text(text: Any, max_bytes: int, field: str = "args") -> Any:
+    """A JSON document given as text (the CLI's ``--args``, a raw command's ``args_json``),
+    checked and parsed.
+
+    The size limit applies to the text as given (that is what travels and is stored), before
+    it is parsed. A document nested more deeply than :data:`MAX_ARGS_DEPTH` is refused whether
+    the parser gives up on it (``RecursionError``, a few hundred levels down) or not, so the
+    verdict does not depend on the caller's stack.
     """
     if not isinstance(text, str):
         raise ValidationError(field, f"must be JSON text, got {type(text).__name__}")
     size = _utf8_size(text)
     if size > max_bytes:
         raise _too_big(size, max_bytes)
-    _check_depth(text, field)
     try:
-        value = json.loads(text)
-    except RecursionError as exc:  # not reachable after the depth check; kept as a guard
-        raise ValidationError(field, "nested too deeply") from exc
+        value = json.loads(text, parse_constant=_no_constants)
+    except RecursionError as exc:
+        raise ValidationError(
+            field, f"nested more than {MAX_ARGS_DEPTH} levels deep (arrays/objects); flatten it"
+        ) from exc
     except ValueError as exc:
         raise ValidationError(field, f"not valid JSON: {clip(str(exc))}") from exc
-    return args_json(value, max_bytes)
+    _check_depth(value, text, field)
+    if _SURROGATE_ESCAPE.search(text):  # "\ud800" alone parses, but is no Unicode text
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValidationError(field, "contains a lone surrogate; not valid Unicode") from exc
+    return value
+
+
+def args_text(text: Any, max_bytes: int, field: str = "args") -> str:
+    """:func:`parse_args_text`, returned as compact JSON text."""
+    return args_json(parse_args_text(text, max_bytes, field), max_bytes)
 
 
 def positive_ms(value: Any, field: str, *, allow_none: bool = False) -> int | None:
@@ -313,7 +328,7 @@ def check_command(command: JobCommand, *, now_ms: int, max_args_bytes: int) -> J
     body = command.body
     if isinstance(body, ScheduleJob):
         task(body.task)
-        args_text(body.args_json, max_args_bytes)
+        parse_args_text(body.args_json, max_args_bytes)
         check_trigger(body.trigger, now_ms)
         max_attempts(body.max_attempts)
         positive_ms(_long(body.timeout_ms, "timeout", allow_none=True), "timeout", allow_none=True)
