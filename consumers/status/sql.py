@@ -147,8 +147,8 @@ def check_tree(
             name = line.rest.split(" ", 1)[0]
             if name.lower() in denied:
                 raise QueryError(
-                    f"function {clip(name)} reads or writes outside the status store and is not "
-                    f"allowed here; table functions allowed: "
+                    f"function {clip(name)} is not allowed here: only the status store's tables "
+                    "are read (no files, network, other processes); table functions allowed: "
                     f"{', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))}"
                 )
     _check_children(lines, 0)
