@@ -7,6 +7,8 @@ exists (the factory fails the test if called).
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from consumers.status.store import StatusStore
 from jobwheel.settings import Settings
 from tests import status_support
 from tests.status_support import lifecycle, now_ms
-from tests.support import wait_until
+from tests.support import jobwheel_argv, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -445,3 +447,20 @@ def test_any_schedule_body_is_a_4xx_or_503(fuzz_api: TestClient, body: dict[str,
 def test_any_list_query_is_a_200_or_422(fuzz_api: TestClient, params: dict[str, str]) -> None:
     r = fuzz_api.get("/jobs", params=params)
     assert r.status_code in (200, 422), (params, r.text)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "example.org"])
+def test_serve_refuses_a_network_address_without_a_token(host: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    env["JOBWHEEL_DATA_DIR"] = str(tmp_path)
+    result = subprocess.run(
+        jobwheel_argv(["jobwheel", "serve", "--host", host]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "without authentication" in result.stderr and "JOBWHEEL_API_TOKEN" in result.stderr
+    assert not (tmp_path / "clickhouse").exists()  # refused before opening anything
