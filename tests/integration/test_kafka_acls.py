@@ -20,7 +20,9 @@ import pytest
 
 from deploy.broker import LocalBroker, free_port
 from jobwheel.settings import Settings
-from tests.support import jobwheel_argv
+from schemas.codec import default_codec
+from schemas.models import State
+from tests.support import Procs, jobwheel_argv, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -278,3 +280,30 @@ def test_apply_again_keeps_passwords_and_revokes_extra_grants(secure: dict[str, 
     roles = {p.stem: json.loads(p.read_text()) for p in secure["creds"].glob("*.json")}
     assert roles == secure["roles"]  # same passwords: running processes keep working
     assert _produce(worker, worker.topics.requests) == "TOPIC_AUTHORIZATION_FAILED"  # ...no more
+
+
+def test_a_worker_process_runs_with_its_role_and_the_sink_role_reads_its_acks(
+    secure: dict[str, Any], procs: Procs, tmp_path: Path
+) -> None:
+    """A real `jobwheel worker` whose only Kafka rights are the worker role's: it reads a run
+    (written here as the scheduler) and reports on acks, which the sink's principal reads."""
+    from tests.integration.test_worker import make_run
+    from tests.support import consume, log_tail
+
+    scheduler, sink = _role(secure, "scheduler"), _role(secure, "sink")
+    run = make_run(scheduler, "demo.echo", {"x": 1}, job_id=f"acl-{uuid.uuid4().hex[:6]}")
+    assert _produce(scheduler, scheduler.topics.runs, default_codec().encode(run)) is None
+    env = secure["base"] | {
+        "JOBWHEEL_KAFKA_CONFIG": (secure["creds"] / "worker.json").read_text(),
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "worker.log"
+    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], env, log)
+
+    def succeeded() -> bool:
+        acks = consume(sink, sink.topics.acks, min_count=100, timeout_s=2)
+        # the earlier tests left forged bytes on acks: only this worker's events decode
+        states = [default_codec().decode(m.value()) for m in acks if m.value()[:2] == b"\xc3\x01"]
+        return any(e.run_id == run.run_id and e.state == State.SUCCEEDED for e in states)
+
+    wait_until(succeeded, 90, interval_s=0.5, message="no SUCCEEDED on acks:\n" + log_tail(log))
