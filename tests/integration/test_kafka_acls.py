@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,11 +283,12 @@ def test_apply_again_keeps_passwords_and_revokes_extra_grants(secure: dict[str, 
     assert _produce(worker, worker.topics.requests) == "TOPIC_AUTHORIZATION_FAILED"  # ...no more
 
 
-def test_a_worker_process_runs_with_its_role_and_the_sink_role_reads_its_acks(
+def test_worker_and_serve_processes_run_with_their_roles(
     secure: dict[str, Any], procs: Procs, tmp_path: Path
 ) -> None:
-    """A real `jobwheel worker` whose only Kafka rights are the worker role's: it reads a run
-    (written here as the scheduler) and reports on acks, which the sink's principal reads."""
+    """A real `jobwheel worker` whose only Kafka rights are the worker role's reads a run
+    (written here as the scheduler) and reports on acks, which the sink's principal reads; a
+    real `jobwheel serve` as the api role runs its embedded sink on them."""
     from tests.integration.test_worker import make_run
     from tests.support import consume, log_tail
 
@@ -307,3 +309,23 @@ def test_a_worker_process_runs_with_its_role_and_the_sink_role_reads_its_acks(
         return any(e.run_id == run.run_id and e.state == State.SUCCEEDED for e in states)
 
     wait_until(succeeded, 90, interval_s=0.5, message="no SUCCEEDED on acks:\n" + log_tail(log))
+
+    # `jobwheel serve` (API + embedded sink) as the api role: its sink reads those acks
+    port = free_port()
+    serve_env = secure["base"] | {
+        "JOBWHEEL_KAFKA_CONFIG": (secure["creds"] / "api.json").read_text(),
+        "JOBWHEEL_API_PORT": str(port),
+        "JOBWHEEL_DATA_DIR": str(tmp_path / "serve"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    serve_log = tmp_path / "serve.log"
+    procs.spawn(["jobwheel", "serve"], serve_env, serve_log)
+
+    def sink_inserted() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                return int(json.loads(resp.read())["sink"]["inserted"])
+        except OSError:
+            return 0
+
+    wait_until(lambda: sink_inserted() >= 2, 90, interval_s=0.5, message=log_tail(serve_log))
