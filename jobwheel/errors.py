@@ -93,6 +93,11 @@ class QueryError(StoreError):
     ClickHouse's own, so the caller can fix the SQL."""
 
 
+class QueryBusyError(StoreError):
+    """Every connection for ad-hoc queries is taken: try again shortly (HTTP 429). Refused at
+    once rather than queued, so waiting queries cannot take the threads other requests need."""
+
+
 class Retry(JobwheelError):
     """Raised by a task to ask for a retry after ``delay_ms`` (None: the task's backoff)."""
 

@@ -38,7 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from consumers.status import queries
 from consumers.status.sql import SqlRunner
 from consumers.status.store import StatusStore
-from jobwheel.errors import BrokerError, QueryError, StoreError, ValidationError, clip
+from jobwheel.errors import (
+    BrokerError,
+    QueryBusyError,
+    QueryError,
+    StoreError,
+    ValidationError,
+    clip,
+)
 
 if TYPE_CHECKING:
     from consumers.status.sink import StatusSink
@@ -548,6 +555,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueryError)
     async def bad_query(request: Request, exc: QueryError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(QueryBusyError)
+    async def busy(request: Request, exc: QueryBusyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": "1"})
 
     @app.exception_handler(StoreError)
     async def store_down(request: Request, exc: StoreError) -> JSONResponse:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consumers.status.store import StatusStore, clickhouse_message
-from jobwheel.errors import QueryError, StoreError, clip
+from jobwheel.errors import QueryBusyError, QueryError, StoreError, clip
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
@@ -154,6 +154,8 @@ def check_tree(
     _check_children(lines, 0)
     if root.kind == "Explain":
         children = [i for i, line in enumerate(lines) if line.depth == 1]
+        if not children:
+            raise QueryError(f"EXPLAIN of nothing; {_HELP}")
         inner, *rest = children
         if lines[inner].kind != "SelectWithUnionQuery" or any(
             lines[i].kind != "Identifier" or i != len(lines) - 1 for i in rest
@@ -209,7 +211,8 @@ class SqlRunner:
         self.timeout_s = timeout_s
         self._free: queue.LifoQueue[StatusStore] = queue.LifoQueue()
         self._all: list[StatusStore] = []
-        self._slots = threading.BoundedSemaphore(max(1, connections))
+        self.connections = max(1, connections)
+        self._slots = threading.BoundedSemaphore(self.connections)
         self._lock = threading.Lock()
         self._table_functions: frozenset[str] | None = None
         self._closed = False
@@ -222,7 +225,11 @@ class SqlRunner:
 
     @contextmanager
     def _connection(self) -> Iterator[StatusStore]:
-        self._slots.acquire()
+        if not self._slots.acquire(blocking=False):
+            raise QueryBusyError(
+                f"{self.connections} SQL queries are running already (JOBWHEEL_SQL_CONCURRENCY); "
+                "try again when one has finished"
+            )
         try:
             try:
                 store = self._free.get_nowait()

@@ -203,6 +203,33 @@ def test_a_slow_query_does_not_hold_up_health(api: TestClient, store: StatusStor
     assert answers == [200]
 
 
+def test_sql_beyond_its_connections_is_429_not_a_queue(store: StatusStore) -> None:
+    """Waiting /sql requests would hold the threads every other request needs."""
+    settings = Settings(_env_file=None, sql_concurrency=1)  # type: ignore[call-arg]
+    for client in _client(store, settings):
+        thread = threading.Thread(
+            target=client.post, args=("/sql",), kwargs={"json": {"sql": "SELECT sleep(3) AS busy"}}
+        )
+        thread.start()
+        try:
+            wait_until(
+                lambda: store.query(
+                    "SELECT count() FROM system.processes WHERE query LIKE '%sleep(3) AS busy%' "
+                    "AND query NOT LIKE '%system.processes%'"
+                )[2][0][0],
+                10,
+                interval_s=0.02,
+                message="the slow query never started",
+            )
+            r = client.post("/sql", json={"sql": "SELECT 1"})
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            assert "JOBWHEEL_SQL_CONCURRENCY" in r.json()["detail"]
+            assert client.get("/health").status_code == 200
+        finally:
+            thread.join()
+        assert client.post("/sql", json={"sql": "SELECT 1"}).status_code == 200
+
+
 # --- authentication ---------------------------------------------------------------------------
 
 TOKEN = "write-token-0123456789"
