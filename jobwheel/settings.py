@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     # on the jobwheel database only, see deploy/compose/clickhouse/); unset: the store's URL.
     clickhouse_sql_url: str | None = None
     # /sql queries running at once (each has its own connection, so a slow one blocks no other
-    # request); more wait for a free connection.
+    # request); more are answered 429 at once.
     sql_concurrency: int = 4
 
     # Producer limits
