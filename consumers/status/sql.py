@@ -296,6 +296,8 @@ class SqlRunner:
             known = server.get(key)
             if known is not None and known.readonly:
                 continue
+            if key == "readonly" and known is not None and str(known.value) != "0":
+                continue  # a read-only user already; ClickHouse refuses changing readonly then
             out[key] = value
         return out
 

@@ -175,6 +175,16 @@ def test_sql_still_reads(api: TestClient, sql: str) -> None:
     assert r.json()["truncated"] is False
 
 
+def test_queries_run_read_only_within_the_limits(api: TestClient) -> None:
+    sql = (
+        "SELECT getSetting('readonly'), getSetting('max_execution_time'), "
+        "getSetting('max_result_rows'), getSetting('max_memory_usage')"
+    )
+    r = api.post("/sql", json={"sql": sql})
+    assert r.status_code == 200, r.text
+    assert r.json()["rows"] == [[1, 30, 10_001, 2_000_000_000]]
+
+
 def test_a_slow_query_does_not_hold_up_health(api: TestClient, store: StatusStore) -> None:
     finished = threading.Event()
     answers: list[int] = []
