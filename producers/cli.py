@@ -92,7 +92,7 @@ def spec_from_args(args: argparse.Namespace, max_args_bytes: int | None = None) 
         raise ValidationError("task", "is required (--task NAME, e.g. --task demo.echo)")
     task_args = None
     if args.args is not None:
-        # size and nesting are checked on the text before it is parsed
+        # the size is checked on the text, before parsing; a deep document cannot crash it
         task_args = rules.parse_args_text(args.args, max_args_bytes)
     max_attempts: Any = 3
     if args.max_attempts is not None:
