@@ -13,6 +13,11 @@ Everything about one broker lives in its data directory::
     broker.out          JVM stdout/stderr (startup crashes that happen before logging)
     logs/server.log     the broker's own log (deploy/log4j2.yaml)
     kraft/              log.dirs: metadata log and topic data
+    admin.json          secure brokers only: the admin's client config (mode 0600)
+
+``secure=True`` (``jobwheel broker start --secure``) runs it with SASL/SCRAM-SHA-512 on the
+client listener and the standard authorizer (:func:`secure_overrides`); the admin principal's
+SCRAM credential is created when the storage is formatted. A data dir stays secure once it is.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -33,6 +40,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from jobwheel.errors import BrokerError, ConfigError
 from jobwheel.settings import Settings
@@ -244,6 +252,91 @@ def server_properties(*, port: int, controller_port: int, log_dirs: Path, host: 
     return "\n".join(lines) + "\n"
 
 
+#: The superuser of a secure broker: the broker itself, `topics ensure` and `acls apply`.
+ADMIN_USER = "admin"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+SECURE_LISTENER = "SASL_PLAINTEXT"
+
+
+def secure_overrides(
+    *, port: int, controller_port: int, admin_password: str, host: str = HOST
+) -> dict[str, str]:
+    """What :func:`server_properties` gets on top for a secure broker.
+
+    Clients authenticate with SCRAM-SHA-512 on the one client listener, which is also the
+    inter-broker listener (transaction markers go broker to broker, here to itself) as the
+    admin. The controller listener uses SASL/PLAIN with the admin as its only user: SCRAM
+    credentials live in the metadata log the controller serves, so the controller cannot use
+    them itself, and a PLAINTEXT controller listener would let anyone who reaches it act as
+    the broker. The standard KRaft authorizer denies whatever no ACL allows
+    (``jobwheel acls apply`` grants each role its part); only the admin is a superuser.
+    No TLS: this broker listens on loopback; put TLS (SASL_SSL) in front of anything else.
+    """
+    user = ADMIN_USER
+    scram_jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{admin_password}";'
+    )
+    plain_jaas = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="{user}" password="{admin_password}" user_{user}="{admin_password}";'
+    )
+    listener = SECURE_LISTENER.lower()
+    return {
+        "listeners": f"{SECURE_LISTENER}://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"{SECURE_LISTENER}://{host}:{port}",
+        "inter.broker.listener.name": SECURE_LISTENER,
+        "listener.security.protocol.map": (
+            f"CONTROLLER:SASL_PLAINTEXT,{SECURE_LISTENER}:SASL_PLAINTEXT"
+        ),
+        "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        f"listener.name.{listener}.sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        f"listener.name.{listener}.scram-sha-512.sasl.jaas.config": scram_jaas,
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": plain_jaas,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:{user}",
+        "allow.everyone.if.no.acl.found": "false",
+    }
+
+
+def merge_properties(text: str, overrides: dict[str, str]) -> str:
+    """``text`` (a properties file) with ``overrides``: keys replaced in place, new ones added."""
+    lines, seen = [], set()
+    for line in text.splitlines():
+        key = line.partition("=")[0].strip()
+        if line and not line.startswith("#") and key in overrides:
+            lines.append(f"{key}={overrides[key]}")
+            seen.add(key)
+        else:
+            lines.append(line)
+    lines += [f"{key}={value}" for key, value in overrides.items() if key not in seen]
+    return "\n".join(lines) + "\n"
+
+
+def client_credentials(username: str, password: str) -> dict[str, str]:
+    """The librdkafka settings of a SCRAM principal (``JOBWHEEL_KAFKA_CONFIG``)."""
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": SCRAM_MECHANISM,
+        "sasl.username": username,
+        "sasl.password": password,
+    }
+
+
+def write_secret_json(path: Path, value: dict[str, Any]) -> None:
+    """Write ``value`` readable by its owner only (created 0600, never world-readable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(value, out, indent=2)
+        out.write("\n")
+    tmp.replace(path)
+
+
 def _read_properties(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in path.read_text().splitlines():
@@ -315,8 +408,11 @@ class LocalBroker:
         lib_dir: Path = LIB_DIR,
         host: str = HOST,
         startup_timeout_s: float = 120.0,
+        secure: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        # once secure, always: the data dir holds the admin credential and the ACLs
+        self.secure = secure or self.admin_config_path.is_file()
         self.port = port
         self.controller_port = controller_port
         self.heap = heap
@@ -333,6 +429,7 @@ class LocalBroker:
         data_dir: Path | None = None,
         port: int | None = None,
         controller_port: int | None = None,
+        secure: bool = False,
     ) -> LocalBroker:
         """The broker of ``settings`` (data in ``<data_dir>/kafka``), CLI flags winning."""
         return cls(
@@ -340,6 +437,7 @@ class LocalBroker:
             port=port or settings.broker_port,
             controller_port=controller_port or settings.broker_controller_port,
             heap=settings.broker_heap,
+            secure=secure,
         )
 
     # --- paths -------------------------------------------------------------------------------
@@ -367,6 +465,41 @@ class LocalBroker:
     @property
     def log_dirs(self) -> Path:
         return self.data_dir / "kraft"
+
+    @property
+    def admin_config_path(self) -> Path:
+        return self.data_dir / "admin.json"
+
+    def admin_config(self) -> dict[str, str]:
+        """The admin's librdkafka settings (secure brokers; {} otherwise)."""
+        if not self.secure:
+            return {}
+        try:
+            loaded = json.loads(self.admin_config_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"the admin credentials of the secure broker in {self.data_dir} cannot be read "
+                f"from {self.admin_config_path}: {exc}"
+            ) from exc
+        return {str(k): str(v) for k, v in loaded.items()}
+
+    def client_config(self) -> dict[str, str]:
+        """A confluent-kafka config that reaches this broker as its admin."""
+        return {"bootstrap.servers": self.bootstrap, **self.admin_config()}
+
+    def _ensure_admin_credentials(self) -> str:
+        """The admin password, created with the storage (it is written into the metadata log
+        when the storage is formatted, so it cannot be added to a data dir formatted without)."""
+        if self.admin_config_path.is_file():
+            return self.admin_config()["sasl.password"]
+        if (self.log_dirs / "meta.properties").is_file():
+            raise ConfigError(
+                f"the broker data dir {self.data_dir} was created without --secure; its storage "
+                "has no admin credential. Use a new data dir (--data-dir) for a secure broker"
+            )
+        password = secrets.token_urlsafe(32)
+        write_secret_json(self.admin_config_path, client_credentials(ADMIN_USER, password))
+        return password
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -409,15 +542,29 @@ class LocalBroker:
         ensure_jars(self.lib_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         (self.data_dir / "logs").mkdir(exist_ok=True)
-        self.properties_path.write_text(
-            server_properties(
-                port=self.port,
-                controller_port=self.controller_port,
-                log_dirs=self.log_dirs,
-                host=self.host,
-            )
+        properties = server_properties(
+            port=self.port,
+            controller_port=self.controller_port,
+            log_dirs=self.log_dirs,
+            host=self.host,
         )
-        self._format_storage(java)
+        admin_password = None
+        if self.secure:
+            admin_password = self._ensure_admin_credentials()
+            properties = merge_properties(
+                properties,
+                secure_overrides(
+                    port=self.port,
+                    controller_port=self.controller_port,
+                    admin_password=admin_password,
+                    host=self.host,
+                ),
+            )
+        # it may hold the admin password: readable by its owner only
+        self.properties_path.touch(mode=0o600, exist_ok=True)
+        self.properties_path.chmod(0o600)
+        self.properties_path.write_text(properties)
+        self._format_storage(java, admin_password)
         cmd = self._java_command(java)
         with open(self.out_path, "ab") as out:
             self._proc = subprocess.Popen(
@@ -463,8 +610,9 @@ class LocalBroker:
                 "JOBWHEEL_BROKER_CONTROLLER_PORT (or --controller-port) to another port"
             )
 
-    def _format_storage(self, java: str) -> None:
-        """Format KRaft storage once per data dir (``meta.properties`` marks it done)."""
+    def _format_storage(self, java: str, admin_password: str | None = None) -> None:
+        """Format KRaft storage once per data dir (``meta.properties`` marks it done); a secure
+        broker's admin SCRAM credential is part of the formatted metadata."""
         if (self.log_dirs / "meta.properties").is_file():
             return
         cmd = [
@@ -484,11 +632,17 @@ class LocalBroker:
             str(self.properties_path),
             "--ignore-formatted",
         ]
+        if admin_password is not None:
+            scram = f"{SCRAM_MECHANISM}=[name={ADMIN_USER},password={admin_password}]"
+            cmd += ["--add-scram", scram]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
+            output = (proc.stdout + proc.stderr).strip()[-3000:]
+            if admin_password is not None:
+                output = output.replace(admin_password, "***")
             raise BrokerStartError(
                 f"formatting KRaft storage in {self.log_dirs} failed (exit {proc.returncode}):\n"
-                f"{(proc.stdout + proc.stderr).strip()[-3000:]}"
+                f"{output}"
             )
 
     def _java_command(self, java: str) -> list[str]:
@@ -557,7 +711,7 @@ class LocalBroker:
 
         quiet = logging.getLogger(f"{__name__}.librdkafka")
         quiet.setLevel(logging.CRITICAL)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": quiet})
+        admin = AdminClient({**self.client_config(), "logger": quiet})
         try:
             return bool(admin.list_topics(timeout=timeout_s).brokers)
         except Exception:
@@ -605,10 +759,11 @@ class LocalBroker:
         if pid is None:
             return BrokerStatus(False, None, None, self.data_dir)
         props = _read_properties(self.properties_path)
-        bootstrap = props.get("advertised.listeners", "").removeprefix("PLAINTEXT://") or None
+        advertised = props.get("advertised.listeners", "")
+        bootstrap = advertised.partition("://")[2] or None
         ready = False
         if bootstrap:
             host, _, port = bootstrap.rpartition(":")
-            probe = LocalBroker(self.data_dir, port=int(port), host=host)
+            probe = LocalBroker(self.data_dir, port=int(port), host=host, secure=self.secure)
             ready = probe._accepts() and probe._metadata_ok()
         return BrokerStatus(True, pid, bootstrap, self.data_dir, ready)

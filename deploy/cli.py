@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="stay attached; Ctrl-C (or SIGTERM) stops the broker",
     )
+    start.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL/SCRAM authentication and ACL authorization (a new data dir; the admin's "
+        "client config is written to admin.json in it); then `jobwheel acls apply`",
+    )
     start.set_defaults(handler=_broker_start)
 
     stop = broker_sub.add_parser("stop", help="stop the broker of the data dir")
@@ -47,6 +53,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "ensure", help="create missing topics; fail if one has another partition count"
     )
     ensure.set_defaults(handler=_topics_ensure)
+
+    acls = sub.add_parser(
+        "acls", help="Kafka principals and ACLs: one SCRAM user per role with only what it needs"
+    )
+    acls_sub = acls.add_subparsers(dest="acls_command", required=True, metavar="ACTION")
+    apply = acls_sub.add_parser(
+        "apply",
+        help="create each role's user and ACLs (run with the admin's JOBWHEEL_KAFKA_CONFIG)",
+        description="Create or update a SCRAM-SHA-512 user per role (submitter, scheduler, "
+        "worker, sink, api) and make its ACLs exactly what the role needs; write each role's "
+        "client config (JOBWHEEL_KAFKA_CONFIG) to DIR/<role>.json, mode 0600.",
+    )
+    apply.add_argument(
+        "--role",
+        dest="roles",
+        action="append",
+        metavar="ROLE",
+        help="only this role (repeatable; default: all)",
+    )
+    apply.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="credentials directory (default: $JOBWHEEL_KAFKA_CREDENTIALS_DIR or "
+        "$JOBWHEEL_DATA_DIR/kafka-credentials)",
+    )
+    apply.set_defaults(handler=_acls_apply)
+    show = acls_sub.add_parser("show", help="print what each role may do (no broker needed)")
+    show.set_defaults(handler=_acls_show)
 
     up = sub.add_parser("up", help="run the local stack: broker, topics and services, until Ctrl-C")
     _broker_args(up, ports=True, data_dir_help="jobwheel data dir (default: $JOBWHEEL_DATA_DIR)")
@@ -80,7 +116,17 @@ def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         data_dir=args.data_dir,
         port=getattr(args, "port", None),
         controller_port=getattr(args, "controller_port", None),
+        secure=getattr(args, "secure", False),
     )
+
+
+def _print_secure(broker) -> None:  # type: ignore[no-untyped-def]
+    if broker.secure:
+        print(
+            f"secure: SASL/SCRAM and ACLs; admin client config in {broker.admin_config_path}\n"
+            f'  export JOBWHEEL_KAFKA_CONFIG="$(cat {broker.admin_config_path})"   # the admin\n'
+            "  jobwheel topics ensure && jobwheel acls apply    # then one role per process"
+        )
 
 
 def _broker_start(args: argparse.Namespace) -> int:
@@ -89,11 +135,13 @@ def _broker_start(args: argparse.Namespace) -> int:
         seconds = broker.start()
         print(f"broker ready at {broker.bootstrap} ({seconds:.1f}s); data dir {broker.data_dir}")
         print(f"log: {broker.log_path}; stop with `jobwheel broker stop`")
+        _print_secure(broker)
         return 0
     stop = _stop_event()
     seconds = broker.start(die_with_parent=True)
     print(f"broker ready at {broker.bootstrap} ({seconds:.1f}s); data dir {broker.data_dir}")
     print(f"log: {broker.log_path}; Ctrl-C stops it", flush=True)
+    _print_secure(broker)
     try:
         while not stop.wait(0.5):
             if broker.running_pid() is None:
@@ -131,6 +179,37 @@ def _topics_ensure(args: argparse.Namespace) -> int:
         f"{total} topics present with {settings.partitions} partitions "
         f"(prefix {settings.topic_prefix}, bootstrap {settings.bootstrap_servers})"
     )
+    return 0
+
+
+def _acls_apply(args: argparse.Namespace) -> int:
+    from deploy.acls import ROLES, apply_acls
+
+    settings = get_settings()
+    out = args.out or settings.kafka_credentials_dir or settings.data_dir / "kafka-credentials"
+    passwords = {k: v.get_secret_value() for k, v in settings.kafka_role_passwords.items()}
+    applied = apply_acls(
+        settings, roles=args.roles or ROLES, credentials_dir=out, passwords=passwords
+    )
+    for a in applied:
+        revoked = f", {a.revoked} revoked" if a.revoked else ""
+        print(f"{a.role:<10} {a.principal:<28} {a.granted} ACLs{revoked}  {a.credentials_path}")
+    print(
+        "give each process its role: "
+        f'JOBWHEEL_KAFKA_CONFIG="$(cat {out}/<role>.json)" (e.g. worker.json for `jobwheel worker`)'
+    )
+    return 0
+
+
+def _acls_show(args: argparse.Namespace) -> int:
+    from deploy.acls import ROLES, role_grants, username
+
+    settings = get_settings()
+    for role in ROLES:
+        print(f"{role} (User:{username(settings, role)})")
+        for g in role_grants(settings, role):
+            name = f"{g.name}*" if g.prefixed else g.name
+            print(f"  {g.resource:<16} {name:<40} {', '.join(g.operations)}")
     return 0
 
 

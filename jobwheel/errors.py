@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+CLIP_CHARS = 60
+
+
+def clip(value: object, limit: int = CLIP_CHARS) -> str:
+    """``repr`` of a value for an error message, cut to its first ``limit`` characters + "…".
+
+    Messages echo what was wrong so the user can find it, but a 10,000-character task name or a
+    300 KB document echoed whole turns one error line into a wall of text (and a log flood).
+    """
+    if isinstance(value, str | bytes) and len(value) > limit:
+        return f"{value[:limit]!r}…"
+    text = repr(value)
+    return text if len(text) <= limit + 2 else f"{text[: limit + 2]}…"
+
 
 class JobwheelError(Exception):
     """Root of every error jobwheel raises on purpose."""
@@ -83,6 +97,11 @@ class StoreError(JobwheelError):
 class QueryError(StoreError):
     """A status query was refused (not read-only) or failed in ClickHouse; the message is
     ClickHouse's own, so the caller can fix the SQL."""
+
+
+class QueryBusyError(StoreError):
+    """Every connection for ad-hoc queries is taken: try again shortly (HTTP 429). Refused at
+    once rather than queued, so waiting queries cannot take the threads other requests need."""
 
 
 class Retry(JobwheelError):

@@ -9,12 +9,14 @@ librdkafka (confluent-kafka) setting works without a code change:
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jobwheel.errors import ConfigError
 from schemas.topics import (
     DEFAULT_PARTITIONS,
     DEFAULT_PREFIX,
@@ -39,6 +41,12 @@ class Settings(BaseSettings):
 
     # Local state (scheduler RocksDB state, embedded ClickHouse, local broker)
     data_dir: Path = Path(".jobwheel")
+
+    # `jobwheel acls apply`: each role's SCRAM password, e.g. {"worker": "..."} (a role not
+    # given keeps the password an earlier run wrote, or gets a generated one).
+    kafka_role_passwords: dict[str, SecretStr] = Field(default_factory=dict)
+    # where `jobwheel acls apply` writes each role's JOBWHEEL_KAFKA_CONFIG (default: in data_dir)
+    kafka_credentials_dir: Path | None = None
 
     # Local broker (deploy/)
     broker_port: int = 9092
@@ -88,6 +96,20 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_url: str | None = None
+    # Bearer tokens of the status API (every endpoint but /health needs one when either is set).
+    # The token may write (POST /jobs, job control) and read; the read token only reads
+    # (GET endpoints and POST /sql). Each can come from a file instead (secrets mounted as
+    # files); the CLI sends the token, else the read token.
+    api_token: SecretStr | None = None
+    api_token_file: Path | None = None
+    api_read_token: SecretStr | None = None
+    api_read_token_file: Path | None = None
+    # /sql on a ClickHouse server: a URL whose user is read-only (a readonly profile and SELECT
+    # on the jobwheel database only, see deploy/compose/clickhouse/); unset: the store's URL.
+    clickhouse_sql_url: str | None = None
+    # /sql queries running at once (each has its own connection, so a slow one blocks no other
+    # request); more are answered 429 at once.
+    sql_concurrency: int = 4
 
     # Producer limits
     max_args_bytes: int = 64 * 1024
@@ -121,9 +143,53 @@ class Settings(BaseSettings):
     def status_api_url(self) -> str:
         return self.api_url or f"http://{self.api_host}:{self.api_port}"
 
+    def api_tokens(self) -> ApiTokens:
+        """The API's bearer tokens, read from their files when given as files."""
+        return ApiTokens(
+            _secret(self.api_token, self.api_token_file, "JOBWHEEL_API_TOKEN"),
+            _secret(self.api_read_token, self.api_read_token_file, "JOBWHEEL_API_READ_TOKEN"),
+        )
+
     def librdkafka(self, **overrides: Any) -> dict[str, Any]:
         """A confluent-kafka config: bootstrap servers, the pass-through dict, then overrides."""
         return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **overrides}
+
+
+@dataclass(frozen=True, repr=False)
+class ApiTokens:
+    """``write`` may do everything, ``read`` only read; no token set means no authentication."""
+
+    write: str | None
+    read: str | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.write is not None or self.read is not None
+
+    @property
+    def client(self) -> str | None:
+        """What a client (the CLI) sends: the write token if it has one, else the read token."""
+        return self.write or self.read
+
+    def __repr__(self) -> str:  # never print a secret
+        write, read = ("set" if t else None for t in (self.write, self.read))
+        return f"ApiTokens(write={write}, read={read})"
+
+
+def _secret(value: SecretStr | None, path: Path | None, env: str) -> str | None:
+    if value is not None and path is not None:
+        raise ConfigError(f"set {env} or {env}_FILE, not both")
+    if path is not None:
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{env}_FILE={path} cannot be read: {exc.strerror}") from exc
+        if not text:
+            raise ConfigError(f"{env}_FILE={path} is empty; put the token in it")
+        return text
+    if value is None:
+        return None
+    return value.get_secret_value().strip() or None
 
 
 @functools.cache

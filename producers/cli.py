@@ -1,6 +1,7 @@
 """Subcommands of the ``jobwheel`` CLI that belong to ``producers``: submit and job control.
 
-Options are taken as text and converted by :mod:`producers.validation`, not by argparse types,
+Options are taken as text and converted by :mod:`producers.validation` (then checked by the
+contract's rules, :mod:`schemas.validation`), not by argparse types,
 so every bad value ends as one ``ValidationError`` naming the field (exit 2, one line, nothing
 sent) instead of argparse's usage dump.
 """
@@ -8,7 +9,7 @@ sent) instead of argparse's usage dump.
 from __future__ import annotations
 
 import argparse
-import json
+import re
 from typing import Any, NoReturn
 
 _CONTROL_HELP = {
@@ -77,28 +78,30 @@ def _one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
     parser.parse_known_args = strict  # type: ignore[method-assign]
 
 
-def spec_from_args(args: argparse.Namespace) -> Any:
+def spec_from_args(args: argparse.Namespace, max_args_bytes: int | None = None) -> Any:
     """The :class:`JobSpec` of ``jobwheel submit`` options (ValidationError on bad input)."""
-    from jobwheel.errors import ValidationError
+    from jobwheel.errors import ValidationError, clip
     from producers import validation as v
     from producers.client import DEFAULT_VISIBILITY_TIMEOUT, JobSpec
+    from schemas import validation as rules
+
+    if max_args_bytes is None:
+        max_args_bytes = rules.DEFAULT_MAX_ARGS_BYTES
 
     if not args.task:
         raise ValidationError("task", "is required (--task NAME, e.g. --task demo.echo)")
     task_args = None
     if args.args is not None:
-        try:
-            task_args = json.loads(args.args)
-        except ValueError as exc:
-            raise ValidationError("args", f"--args is not valid JSON: {exc}") from exc
+        # the size is checked on the text, before parsing; a deep document cannot crash it
+        task_args = rules.parse_args_text(args.args, max_args_bytes)
     max_attempts: Any = 3
     if args.max_attempts is not None:
-        try:
-            max_attempts = int(args.max_attempts)
-        except ValueError as exc:
+        text = args.max_attempts.strip()
+        if not re.fullmatch(r"[0-9]{1,10}", text, re.ASCII):
             raise ValidationError(
-                "max_attempts", f"{args.max_attempts!r} is not an integer"
-            ) from exc
+                "max_attempts", f"{clip(args.max_attempts)} is not a whole number from 1"
+            )
+        max_attempts = int(text)
 
     def duration(text: str | None, field: str) -> Any:
         return None if text is None else v.parse_duration(text, field)
@@ -132,7 +135,7 @@ def submit(args: argparse.Namespace) -> int:
     settings = get_settings()
     # Everything is validated before a producer exists: a bad request sends nothing.
     command = build_schedule(
-        spec_from_args(args),
+        spec_from_args(args, settings.max_args_bytes),
         now_ms=SystemClock().now_ms(),
         max_args_bytes=settings.max_args_bytes,
     )
@@ -144,11 +147,11 @@ def submit(args: argparse.Namespace) -> int:
 
 def control(args: argparse.Namespace) -> int:
     from jobwheel.settings import get_settings
-    from producers import validation as v
     from producers.client import JobClient
+    from schemas import validation as rules
 
-    v.job_id(args.job_id)
-    v.optional_text(args.reason, "reason", v.MAX_REASON_CHARS)
+    rules.job_id(args.job_id)
+    rules.optional_text(args.reason, "reason", rules.MAX_REASON_CHARS)
     with JobClient(get_settings()) as client:
         getattr(client, args.control)(args.job_id, args.reason)
     print(args.job_id)

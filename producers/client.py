@@ -1,6 +1,7 @@
 """The SDK services use to schedule jobs: :class:`JobClient` (blocking) and :class:`AsyncJobClient`.
 
-Both validate a request completely before anything is sent (:mod:`producers.validation`), key
+Both validate a request completely before anything is sent (the contract's rules in
+:mod:`schemas.validation`, the SDK's keyword forms in :mod:`producers.validation`), key
 every command by the job id's UTF-8 bytes (so all commands of a job land in one partition, in
 order, murmur2-partitioned like the scheduler expects), encode with the codec, and only return
 once the broker acknowledged the record: a job id returned by ``schedule`` is durable, and a
@@ -27,6 +28,7 @@ from jobwheel.errors import DeliveryError, ValidationError
 from jobwheel.settings import Settings
 from producers import validation as v
 from producers.kafka import Delivered, Producer, producer_config
+from schemas import validation as rules
 from schemas.codec import Codec, default_codec
 from schemas.models import (
     CancelJob,
@@ -87,7 +89,7 @@ def _new_id() -> str:
 
 def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCommand:
     """The validated ScheduleJob command for ``spec`` (raises ValidationError naming the field)."""
-    job_id = v.job_id(spec.job_id) if spec.job_id is not None else _new_id()
+    job_id = rules.job_id(spec.job_id) if spec.job_id is not None else _new_id()
     trigger = v.trigger(
         now=spec.now,
         at=spec.at,
@@ -99,17 +101,17 @@ def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCom
         now_ms=now_ms,
     )
     body = ScheduleJob(
-        task=v.task(spec.task),
+        task=rules.task(spec.task),
         trigger=trigger,
-        args_json=v.args_json(spec.args, max_args_bytes),
-        max_attempts=v.max_attempts(spec.max_attempts),
-        timeout_ms=v.positive_ms(spec.timeout, "timeout", allow_none=True),
-        visibility_timeout_ms=v.positive_ms(spec.visibility_timeout, "visibility_timeout"),  # type: ignore[arg-type]
-        starting_deadline_ms=v.positive_ms(
+        args_json=rules.args_json(spec.args, max_args_bytes),
+        max_attempts=rules.max_attempts(spec.max_attempts),
+        timeout_ms=rules.positive_ms(spec.timeout, "timeout", allow_none=True),
+        visibility_timeout_ms=rules.positive_ms(spec.visibility_timeout, "visibility_timeout"),  # type: ignore[arg-type]
+        starting_deadline_ms=rules.positive_ms(
             spec.starting_deadline, "starting_deadline", allow_none=True
         ),
-        concurrency_policy=v.concurrency_policy(spec.concurrency_policy),
-        idempotency_key=v.idempotency_key(spec.idempotency_key),
+        concurrency_policy=rules.concurrency_policy(spec.concurrency_policy),
+        idempotency_key=rules.idempotency_key(spec.idempotency_key),
     )
     return JobCommand(_new_id(), job_id, now_ms, body)
 
@@ -141,13 +143,15 @@ class _Commands:
         return build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
 
     def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
-        body = _CONTROL[kind](v.optional_text(reason, "reason", v.MAX_REASON_CHARS))
-        return JobCommand(_new_id(), v.job_id(job_id), now_ms, body)
+        body = _CONTROL[kind](rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS))
+        return JobCommand(_new_id(), rules.job_id(job_id), now_ms, body)
 
     def check(self, command: JobCommand, now_ms: int) -> JobCommand:
         if not isinstance(command, JobCommand):
             raise ValidationError("command", f"expected a JobCommand, got {type(command)!r}")
-        return v.check_command(command, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+        return rules.check_command(
+            command, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes
+        )
 
     def encode(self, command: JobCommand) -> tuple[bytes, bytes]:
         return key_for(command.job_id), self.codec.encode(command)

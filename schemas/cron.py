@@ -45,7 +45,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import CroniterBadDateError, croniter
 
-from jobwheel.errors import ValidationError
+from jobwheel.errors import ValidationError, clip
 
 #: Nicknames accepted for convenience; stored as their five-field form.
 MACROS = {
@@ -57,6 +57,9 @@ MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
+
+#: Longer expressions are refused before croniter sees them (a list of every minute is ~170).
+MAX_EXPRESSION_CHARS = 256
 
 FIELD_NAMES = ("minute", "hour", "day_of_month", "month", "day_of_week")
 
@@ -168,28 +171,33 @@ def parse_cron(expression: str) -> CronSchedule:
     """
     if not isinstance(expression, str):
         raise ValidationError("cron", f"expected a string, got {type(expression).__name__}")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValidationError(
+            "cron",
+            f"{clip(expression)} is {len(expression)} characters; at most {MAX_EXPRESSION_CHARS}",
+        )
     text = " ".join(expression.split())
     text = MACROS.get(text.lower(), text)
     parts = text.split(" ")
     if not text or len(parts) != 5:
         raise ValidationError(
             "cron",
-            f"{expression!r} has {len(parts) if text else 0} fields; expected 5 "
+            f"{clip(expression)} has {len(parts) if text else 0} fields; expected 5 "
             "(minute hour day-of-month month day-of-week), e.g. '*/5 * * * *'",
         )
     if not croniter.is_valid(text):
         raise ValidationError(
             "cron",
-            f"{expression!r} is not a valid cron expression; each of the 5 fields "
+            f"{clip(expression)} is not a valid cron expression; each of the 5 fields "
             "(minute hour day-of-month month day-of-week) must be *, a number in range, "
             "a list a,b, a range a-b or a step */n",
         )
     try:
         it = croniter(text, datetime(2000, 1, 1))
         it.get_next(datetime)
-    except (CroniterBadDateError, ValueError, KeyError) as exc:
+    except (CroniterBadDateError, ValueError, KeyError, OverflowError) as exc:
         raise ValidationError(
-            "cron", f"{expression!r} never fires (no matching calendar date): {exc}"
+            "cron", f"{clip(expression)} never fires (no matching calendar date): {exc}"
         ) from exc
     expanded = it.expanded
     return CronSchedule(
@@ -209,13 +217,13 @@ def _ints(values: list[int | str]) -> tuple[int, ...] | None:
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone ``name``; :class:`ValidationError` (field ``timezone``) if unknown."""
     if not isinstance(name, str) or not name or name != name.strip():
-        raise ValidationError("timezone", f"{name!r} is not an IANA time zone name")
+        raise ValidationError("timezone", f"{clip(name)} is not an IANA time zone name")
     try:
         return ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValidationError(
             "timezone",
-            f"unknown time zone {name!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'",
+            f"unknown time zone {clip(name)}; use an IANA name such as 'UTC' or 'Europe/Berlin'",
         ) from exc
 
 

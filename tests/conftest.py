@@ -142,6 +142,10 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
 
 
 def _env_value(value: Any) -> str:
+    from pydantic import SecretStr
+
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | list | tuple):

@@ -6,14 +6,23 @@ topic. So a job accepted here shows up in ``GET /jobs/{id}`` once the scheduler 
 first status event and the sink has inserted it: eventually, normally within a second.
 
 Errors: bad input is always a 4xx with a message that names what to fix. A jobwheel
-``ValidationError`` becomes 422 ``{"detail": "field: message", "field", "message"}``; a refused
-or failing SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or
-store 503. OpenAPI docs are served at ``/docs``.
+``ValidationError``, and a body or query parameter of the wrong type, becomes 422
+``{"detail": "field: message", "field", "message"}`` with long values cut; a refused or failing
+SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or store 503.
+OpenAPI docs are served at ``/docs``.
+
+Authentication: with ``JOBWHEEL_API_TOKEN`` (and/or ``JOBWHEEL_API_READ_TOKEN``) set, every
+request but ``GET /health`` needs ``Authorization: Bearer <token>``: 401 without it or with a
+wrong one, 403 when the read token asks to write (:class:`BearerAuth`). ``/docs`` and
+``/openapi.json`` too: they are endpoints like the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -22,12 +31,21 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from consumers.status import queries
+from consumers.status.sql import SqlRunner
 from consumers.status.store import StatusStore
-from jobwheel.errors import BrokerError, QueryError, StoreError, ValidationError
+from jobwheel.errors import (
+    BrokerError,
+    QueryBusyError,
+    QueryError,
+    StoreError,
+    ValidationError,
+    clip,
+)
 
 if TYPE_CHECKING:
     from consumers.status.sink import StatusSink
@@ -39,7 +57,8 @@ log = logging.getLogger(__name__)
 
 # --- request and response bodies ------------------------------------------------------------
 
-Duration = str | int | None
+# Strict: JSON true is not 1 ms, 1e20 is not an integer, "5" is not a number.
+Duration = StrictStr | StrictInt | None
 _DURATION_DOC = "a duration like 250ms, 5s, 10m, 1h30m, 2d, or an integer of milliseconds"
 
 
@@ -48,27 +67,29 @@ class ScheduleRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    task: str = Field(description="registered task name, e.g. demo.echo")
-    job_id: str | None = Field(None, description="default: a new uuid; same id replaces the job")
+    task: StrictStr = Field(description="registered task name, e.g. demo.echo")
+    job_id: StrictStr | None = Field(
+        None, description="default: a new uuid; same id replaces the job"
+    )
     args: Any = Field(None, description="task arguments (JSON; an object becomes kwargs)")
-    now: bool = Field(False, description="run once, now")
-    at: str | None = Field(None, description="run once at an ISO 8601 time with offset or Z")
+    now: StrictBool = Field(False, description="run once, now")
+    at: StrictStr | None = Field(None, description="run once at an ISO 8601 time with offset or Z")
     in_: Duration = Field(None, alias="in", description=f"run once after {_DURATION_DOC}")
     every: Duration = Field(None, description=f"run every {_DURATION_DOC}")
-    start_at: str | None = Field(None, description="first fire of `every` (ISO 8601)")
-    cron: str | None = Field(None, description="five-field cron expression")
-    tz: str = Field("UTC", description="IANA time zone of `cron`")
-    max_attempts: int = 3
+    start_at: StrictStr | None = Field(None, description="first fire of `every` (ISO 8601)")
+    cron: StrictStr | None = Field(None, description="five-field cron expression")
+    tz: StrictStr = Field("UTC", description="IANA time zone of `cron`")
+    max_attempts: StrictInt = 3
     timeout: Duration = Field(None, description="per-attempt time limit")
     visibility_timeout: Duration = Field(None, description="redeliver after this (default 30s)")
     starting_deadline: Duration = Field(None, description="a fire later than this is MISSED")
-    concurrency_policy: str = Field("ALLOW", description="ALLOW, FORBID or REPLACE")
-    idempotency_key: str | None = None
+    concurrency_policy: StrictStr = Field("ALLOW", description="ALLOW, FORBID or REPLACE")
+    idempotency_key: StrictStr | None = None
 
 
 class ControlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str | None = Field(None, description="kept in the status event")
+    reason: StrictStr | None = Field(None, description="kept in the status event")
 
 
 class Accepted(BaseModel):
@@ -149,7 +170,7 @@ class StateCounts(BaseModel):
 
 class SqlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sql: str = Field(description="one SELECT, WITH, SHOW, DESCRIBE or EXPLAIN statement")
+    sql: StrictStr = Field(description="one SELECT, WITH, SHOW, DESCRIBE or EXPLAIN statement")
 
 
 class SqlResponse(BaseModel):
@@ -171,13 +192,7 @@ class Health(BaseModel):
 def _duration(value: Duration, field: str) -> timedelta | None:
     from producers import validation as v
 
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValidationError(field, f"must be {_DURATION_DOC}, got {value!r}")
-    if isinstance(value, int):
-        return timedelta(milliseconds=value)
-    return v.parse_duration(value, field)
+    return v.duration_ms(value, field)
 
 
 def schedule_kwargs(req: ScheduleRequest) -> dict[str, Any]:
@@ -246,6 +261,8 @@ def create_app(
         return JobClient(settings, delivery_timeout_s=15.0)
 
     clients = _Clients(job_client_factory or default_factory)
+    sql_runner = SqlRunner.for_store(settings, store)
+    tokens = settings.api_tokens()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -257,6 +274,7 @@ def create_app(
                 sink.stop()
                 thread.join(timeout=30)
             clients.close()
+            sql_runner.close()
             if close_store:
                 store.close()
 
@@ -269,7 +287,10 @@ def create_app(
     )
     app.state.store = store
     app.state.sink = sink
+    app.state.sql_runner = sql_runner
     _install_error_handlers(app)
+    if tokens.enabled:
+        app.add_middleware(BearerAuth, write=tokens.write, read=tokens.read)
 
     # --- commands ------------------------------------------------------------------------
 
@@ -292,11 +313,11 @@ def create_app(
             job_id: Annotated[str, Path(description="the job id")],
             body: Annotated[ControlRequest | None, Body()] = None,
         ) -> Accepted:
-            from producers import validation as v
+            from schemas import validation as rules
 
             reason = body.reason if body is not None else None
-            v.job_id(job_id)
-            v.optional_text(reason, "reason", v.MAX_REASON_CHARS)
+            rules.job_id(job_id)
+            rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS)
             command_id = getattr(clients.get(), kind)(job_id, reason)
             return Accepted(job_id=job_id, command=kind, command_id=command_id)
 
@@ -350,7 +371,7 @@ def create_app(
         ] = None,
         until: Annotated[str | None, Query(description="updated at or before (same forms)")] = None,
         limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST_LIMIT)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=queries.MAX_LIST_OFFSET)] = 0,
     ) -> dict[str, Any]:
         """Jobs, most recently updated first, filtered and paged; ``total`` counts all matches."""
         now = queries.now_ms()
@@ -373,11 +394,12 @@ def create_app(
 
     @app.post("/sql", response_model=SqlResponse, tags=["status"])
     def sql(req: SqlRequest) -> dict[str, Any]:
-        """Run one read-only statement (executed with readonly=1) against the status store.
+        """Run one read-only statement against the status store (no INTO OUTFILE, no table
+        functions that reach files or the network, no SETTINGS; 30 s and 10,000 rows at most).
 
         Tables: ``status_events`` (use FINAL), views ``jobs`` and ``runs``.
         """
-        result = queries.run_read_only(store, req.sql)
+        result = sql_runner.run(req.sql)
         return jsonable_encoder(
             {
                 "columns": result.columns,
@@ -406,14 +428,124 @@ def create_app(
 def _not_found(job_id: str) -> JSONResponse:
     return JSONResponse(
         {
-            "detail": f"job {job_id!r} not found: the status store has no event for it (unknown "
-            "id, or its first status event has not arrived yet)"
+            "detail": f"job {clip(job_id)} not found: the status store has no event for it "
+            "(unknown id, or its first status event has not arrived yet)"
         },
         status_code=404,
     )
 
 
+def _request_error(exc: RequestValidationError) -> ValidationError:
+    """FastAPI's list of type errors as one jobwheel error naming the first field (its input
+    cut: FastAPI's own answer echoes the whole value, 10,000 characters of a task name)."""
+    errors = exc.errors()
+    if not errors:
+        return ValidationError("request", "is invalid")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ())]
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    field = loc[0] if loc else "body"
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        name = field if len(field) <= 60 else field[:60] + "…"
+        return ValidationError(name, "is not a known field")
+    if kind == "missing":
+        return ValidationError(field, "is required")
+    if kind == "json_invalid":
+        return ValidationError("body", f"is not valid JSON: {first.get('msg', '')}")
+    got = f", got {clip(first['input'])}" if "input" in first else ""
+    # A union (a duration is text or whole milliseconds) reports one error per member type.
+    members = [
+        str(e["loc"][2]) for e in errors if len(e.get("loc", ())) > 2 and str(e["loc"][1]) == field
+    ]
+    if len(members) > 1:
+        kinds = {"str": "a string", "int": "an integer", "bool": "true/false"}
+        expected = " or ".join(kinds.get(m, m) for m in members)
+        return ValidationError(field, f"must be {expected}{got}")
+    return ValidationError(field, f"{first.get('msg', 'is invalid')}{got}")
+
+
+class BearerAuth:
+    """Bearer-token check in front of every route but ``/health`` (a plain ASGI middleware).
+
+    Tokens are compared as SHA-256 digests with :func:`hmac.compare_digest`: equal lengths and
+    constant time, so neither the token's length nor its prefix leaks through response times.
+    """
+
+    PUBLIC = frozenset({"/health"})
+    #: What the read token may do besides GET: ``/sql`` reads (it is refused any write).
+    READ_POSTS = frozenset({"/sql"})
+
+    def __init__(self, app: Any, *, write: str | None, read: str | None) -> None:
+        self.app = app
+        self._write = _digest(write) if write else None
+        self._read = _digest(read) if read else None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in self.PUBLIC:
+            await self.app(scope, receive, send)
+            return
+        grant = self._grant(_bearer(scope))
+        if grant is None:
+            await _deny(
+                send,
+                401,
+                "missing or wrong API token: send `Authorization: Bearer <token>` "
+                "(jobwheel reads it from JOBWHEEL_API_TOKEN or JOBWHEEL_API_TOKEN_FILE)",
+            )
+            return
+        reads = scope["method"] in ("GET", "HEAD") or scope["path"] in self.READ_POSTS
+        if grant == "read" and not reads:
+            await _deny(send, 403, "the read token cannot schedule or control jobs")
+            return
+        await self.app(scope, receive, send)
+
+    def _grant(self, presented: bytes | None) -> str | None:
+        given = _digest(presented or b"")
+        # both compared every time: which token matched does not show in the timing either
+        write = self._write is not None and hmac.compare_digest(given, self._write)
+        read = self._read is not None and hmac.compare_digest(given, self._read)
+        if presented and write:
+            return "write"
+        if presented and read:
+            return "read"
+        return None
+
+
+def _digest(token: str | bytes) -> bytes:
+    raw = token.encode() if isinstance(token, str) else token
+    return hashlib.sha256(raw).digest()
+
+
+def _bearer(scope: Any) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return bytes(token.strip())
+            return None
+    return None
+
+
+async def _deny(send: Any, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="jobwheel"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = _request_error(exc)
+        return JSONResponse(
+            {"detail": str(error), "field": error.field, "message": error.message},
+            status_code=422,
+        )
+
     @app.exception_handler(ValidationError)
     async def invalid(request: Request, exc: ValidationError) -> JSONResponse:
         return JSONResponse(
@@ -423,6 +555,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueryError)
     async def bad_query(request: Request, exc: QueryError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(QueryBusyError)
+    async def busy(request: Request, exc: QueryBusyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": "1"})
 
     @app.exception_handler(StoreError)
     async def store_down(request: Request, exc: StoreError) -> JSONResponse:

@@ -107,20 +107,47 @@ def serve(args: argparse.Namespace) -> int:
     from jobwheel.settings import get_settings
 
     settings = get_settings()
+    host, port = args.host or settings.api_host, args.port or settings.api_port
+    _refuse_open_api(host, settings)
     store = StatusStore.from_settings(settings)
     try:
         run_sink = store.embedded if args.sink is None else args.sink
         status_sink = StatusSink(settings, store) if run_sink else None
         app = create_app(settings, store, sink=status_sink, close_store=True)
-        host, port = args.host or settings.api_host, args.port or settings.api_port
         logging.getLogger(__name__).info(
             "status API starting",
-            extra={"url": f"http://{host}:{port}", "sink": run_sink, "embedded": store.embedded},
+            extra={
+                "url": f"http://{host}:{port}",
+                "sink": run_sink,
+                "embedded": store.embedded,
+                "authentication": settings.api_tokens().enabled,
+            },
         )
         uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
     finally:
         store.close()
     return 0
+
+
+def _refuse_open_api(host: str, settings: Settings) -> None:
+    """An API that schedules jobs (which run code on the workers) is not served to the network
+    without a token; on loopback only local users reach it, as with the default bind."""
+    import ipaddress
+
+    from jobwheel.errors import ConfigError
+
+    if settings.api_tokens().enabled:
+        return
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(
+            f"refusing to serve the status API on {host} without authentication: set "
+            "JOBWHEEL_API_TOKEN (or JOBWHEEL_API_TOKEN_FILE) to a long random secret, e.g. "
+            "`openssl rand -hex 32`, or bind 127.0.0.1"
+        )
 
 
 def sink(args: argparse.Namespace) -> int:
@@ -156,14 +183,15 @@ class _Api:
     def __init__(self, settings: Settings, timeout_s: float = 30.0) -> None:
         self.base = settings.status_api_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = settings.api_tokens().client
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(  # noqa: S310 - the configured API URL
-            self.base + path,
-            data=data,
-            method=method,
-            headers={"content-type": "application/json", "accept": "application/json"},
+            self.base + path, data=data, method=method, headers=headers
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:  # noqa: S310
@@ -191,6 +219,11 @@ class _Api:
         if isinstance(detail, list):  # FastAPI's own validation shape
             detail = "; ".join(
                 f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail
+            )
+        if code == 401:
+            detail = (
+                f"{detail}; set JOBWHEEL_API_TOKEN (or JOBWHEEL_API_READ_TOKEN, or their _FILE "
+                "forms) to the token of the API"
             )
         raise JobwheelError(f"{detail} (HTTP {code})")
 

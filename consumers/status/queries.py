@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from consumers.status.sql import SQL_MAX_ROWS, SqlResult, SqlRunner
 from consumers.status.store import StatusStore
-from jobwheel.errors import QueryError, ValidationError
+from jobwheel.errors import ValidationError, clip
 from schemas.models import State
+from schemas.validation import MAX_EPOCH_MS
 
 #: How state ties are broken inside one (seq, source): the order a run or job goes through.
 #: Mirrors ``state_rank`` in migrations/0001 (a unit test keeps the two equal).
@@ -74,12 +76,12 @@ RUN_COLUMNS = (
 )
 
 MAX_LIST_LIMIT = 1000
-SQL_MAX_ROWS = 10_000
-SQL_TIMEOUT_S = 30
+#: The SQL parameter is a UInt32; a larger offset would wrap around to another page.
+MAX_LIST_OFFSET = 2**32 - 1
+MAX_TIME_CHARS = 64
 
-_READ_ONLY_STARTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
-_LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*(\n|$)|/\*.*?\*/|\()+", re.DOTALL)
-_RELATIVE = re.compile(r"^(\d+)\s*(ms|s|m|h|d|w)$")
+_EPOCH = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+_RELATIVE = re.compile(r"([0-9]{1,15})\s*(ms|s|m|h|d|w)", re.ASCII)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
@@ -90,27 +92,46 @@ def now_ms() -> int:
 def parse_time(value: str | int, field_name: str, *, now: int | None = None) -> int:
     """A point in time as epoch ms, from epoch ms, an ISO-8601 time, or an age ("15m", "2h").
 
-    An age means "that long before now", which is what ``--since 1h`` asks for.
+    An age means "that long before now", which is what ``--since 1h`` asks for (an age longer
+    than the epoch means "since 1970"). Anything outside 1970..9999 is refused, not passed on
+    to ClickHouse to be wrapped around.
     """
+    if isinstance(value, bool):
+        raise ValidationError(field_name, f"must be a time, got {value!r}")
     if isinstance(value, int):
-        return value
-    text = value.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    match = _RELATIVE.match(text)
-    if match:
-        return (now if now is not None else now_ms()) - int(match[1]) * _UNIT_MS[match[2]]
+        ms = value
+    else:
+        text = value.strip()
+        if len(text) > MAX_TIME_CHARS:
+            ms = None
+        elif _EPOCH.fullmatch(text):
+            ms = int(text)
+        elif match := _RELATIVE.fullmatch(text):
+            age = int(match[1]) * _UNIT_MS[match[2]]
+            ms = max(0, (now if now is not None else now_ms()) - age)
+        else:
+            ms = _iso_ms(text)
+        if ms is None:
+            raise ValidationError(
+                field_name,
+                f"{clip(value)} is not a time: give epoch milliseconds, an ISO-8601 time "
+                "(2025-01-31T12:00:00Z) or an age such as 30s, 15m, 2h, 7d",
+            )
+    if not 0 <= ms <= MAX_EPOCH_MS:
+        raise ValidationError(
+            field_name, f"{clip(value)} is outside 1970..9999 (epoch ms 0..{MAX_EPOCH_MS})"
+        )
+    return ms
+
+
+def _iso_ms(text: str) -> int | None:
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValidationError(
-            field_name,
-            f"{value!r} is not a time: give epoch milliseconds, an ISO-8601 time "
-            "(2025-01-31T12:00:00Z) or an age such as 30s, 15m, 2h, 7d",
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1000)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return int(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
+        return None
 
 
 def parse_state(value: str) -> State:
@@ -118,7 +139,7 @@ def parse_state(value: str) -> State:
         return State(value.strip().upper())
     except ValueError:
         raise ValidationError(
-            "state", f"{value!r} is not a state; one of {', '.join(s.value for s in State)}"
+            "state", f"{clip(value)} is not a state; one of {', '.join(s.value for s in State)}"
         ) from None
 
 
@@ -184,8 +205,8 @@ class JobFilter:
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_LIST_LIMIT:
             raise ValidationError("limit", f"must be between 1 and {MAX_LIST_LIMIT}")
-        if self.offset < 0:
-            raise ValidationError("offset", "must be >= 0")
+        if not 0 <= self.offset <= MAX_LIST_OFFSET:
+            raise ValidationError("offset", f"must be between 0 and {MAX_LIST_OFFSET}")
         if (
             self.since_ms is not None
             and self.until_ms is not None
@@ -245,46 +266,10 @@ STATE_COUNTS_SQL = "SELECT state, count() AS jobs FROM jobs GROUP BY state ORDER
 # --- ad-hoc read-only SQL -------------------------------------------------------------------
 
 
-def check_read_only(sql: str) -> str:
-    """The statement, trimmed, if it is one read-only statement; else :class:`QueryError`.
-
-    A first line of defence with a clear message; the query also runs with ``readonly=1``, which
-    makes ClickHouse itself refuse writes, DDL, setting changes and file/url table functions.
-    """
-    text = sql.strip().rstrip(";").strip()
-    if not text:
-        raise QueryError("empty query: send one SELECT, WITH, SHOW, DESCRIBE or EXPLAIN statement")
-    if ";" in text:
-        raise QueryError("only one statement per request (found ';' inside the query)")
-    head = _LEADING_NOISE.sub("", text)
-    keyword = head.split(None, 1)[0].upper() if head.split() else ""
-    if keyword not in _READ_ONLY_STARTS:
-        raise QueryError(
-            f"only read-only queries are allowed (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN); "
-            f"got {keyword or text[:20]!r}"
-        )
-    return text
-
-
-@dataclass
-class SqlResult:
-    columns: list[str]
-    types: list[str]
-    rows: list[list[Any]]
-    truncated: bool
-
-
 def run_read_only(store: StatusStore, sql: str, *, max_rows: int = SQL_MAX_ROWS) -> SqlResult:
-    text = check_read_only(sql)
-    # readonly last: some servers refuse setting changes made after it in the same request
-    settings = {
-        "max_execution_time": SQL_TIMEOUT_S,
-        "max_result_rows": max_rows + 1,
-        "result_overflow_mode": "break",
-        "readonly": 1,
-    }
-    names, types, rows = store.query(text, settings=settings)
-    return SqlResult(names, types, [list(r) for r in rows[:max_rows]], len(rows) > max_rows)
+    """One read-only statement on ``store``'s own connection (tools, tests, dashboards); the
+    API runs them on connections of their own (:class:`consumers.status.sql.SqlRunner`)."""
+    return SqlRunner(store.dsn, store.database, max_rows=max_rows).run_on(store, sql)
 
 
 # --- dashboards -----------------------------------------------------------------------------

@@ -205,6 +205,21 @@ class StatusStore:
         return store
 
     @classmethod
+    def connect(cls, dsn: str, *, database: str) -> StatusStore:
+        """Another connection to an existing store, creating nothing (``/sql`` runs on these;
+        on a server its user may be read-only). Embedded: a second handle on the process's one
+        engine, which runs queries concurrently with the first."""
+        if not _IDENT.match(database):
+            raise ConfigError(f"clickhouse database {database!r} must be a plain identifier")
+        client = _connect(dsn)
+        try:
+            client.database = database
+        except Exception as exc:
+            client.close()
+            raise StoreError(f"cannot use database {database} at {dsn}: {exc}") from exc
+        return cls(client, database=database, ttl_days=1, dsn=dsn)
+
+    @classmethod
     def from_settings(cls, settings: Settings, *, migrate: bool = True) -> StatusStore:
         return cls.open(
             settings.clickhouse_dsn,
@@ -396,7 +411,7 @@ class StatusStore:
             # ClickHouse answered with an error about this query (it has a code): the caller's
             # to fix. Anything else (closed client, connection refused) is the store's state.
             if getattr(exc, "code", None) or "DB::Exception" in str(exc):
-                raise QueryError(_clickhouse_message(exc)) from exc
+                raise QueryError(clickhouse_message(exc)) from exc
             raise StoreError(f"status store query failed: {exc}") from exc
         types = [t.name for t in result.column_types]
         return list(result.column_names), types, list(result.result_rows)
@@ -423,13 +438,15 @@ class StatusStore:
             raise StoreError(f"status store statement failed: {exc}\n{sql[:300]}") from exc
 
 
-def _clickhouse_message(exc: Exception) -> str:
-    """ClickHouse's own error text, without the client's repeated prefixes and trailers."""
+def clickhouse_message(exc: Exception, limit: int = 1000) -> str:
+    """ClickHouse's own error text, without the client's repeated prefixes and trailers, cut
+    to ``limit`` characters (a syntax error quotes the rest of the statement, however long)."""
     text = str(exc).strip()
     idx = text.rfind("DB::Exception: ")
     if idx >= 0:
         text = text[idx + len("DB::Exception: ") :]
-    return re.sub(r"\s*\(version [^)]*\)\.?", "", text).strip()
+    text = re.sub(r"\s*\(version [^)]*\)\.?", "", text).strip()
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _now_ms() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,11 +38,15 @@ def _api_up(settings: Settings) -> bool:
         return False
 
 
+API_TOKEN = "cli-test-token-5f1e0c"
+
+
 @pytest.fixture
 def served(
     settings: Settings, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path
 ) -> Iterator[dict[str, str]]:
-    """A `jobwheel serve` (embedded store, sink in-process) fed with a few jobs' events."""
+    """A `jobwheel serve` (embedded store, sink in-process, an API token) fed with a few jobs'
+    events. The returned environment holds the token, as a user's shell would."""
     t0 = now_ms() - 5_000
     events = lifecycle("cli-done", t0)
     events += [
@@ -71,15 +76,16 @@ def served(
     ]
     produce(settings, events)
     log = tmp_path / "serve.log"
-    procs.spawn(["jobwheel", "serve"], jobwheel_env, log)
+    env = {**jobwheel_env, "JOBWHEEL_API_TOKEN": API_TOKEN}
+    procs.spawn(["jobwheel", "serve"], env, log)
     wait_until(lambda: _api_up(settings), 60, message=log_tail(log))
     wait_until(
-        lambda: '"total": 3' in jobwheel(jobwheel_env, "list", "--json").stdout,
+        lambda: '"total": 3' in jobwheel(env, "list", "--json").stdout,
         30,
         interval_s=0.3,
         message="events did not reach the store:\n" + log_tail(log),
     )
-    yield jobwheel_env
+    yield env
 
 
 def _status_prints_the_job_and_its_runs_one_line_each(served: dict[str, str]) -> None:
@@ -130,12 +136,37 @@ def _sql(served: dict[str, str]) -> None:
     assert refused.returncode == 1 and "read-only" in refused.stderr
 
 
-def test_read_commands_against_a_running_serve(served: dict[str, str]) -> None:
+def _hostile_input(served: dict[str, str], tmp_path: Path) -> None:
+    target = tmp_path / "outfile.txt"
+    out = jobwheel(served, "sql", f"SELECT 'x' INTO OUTFILE '{target}' TRUNCATE")
+    assert out.returncode == 1 and "INTO OUTFILE" in out.stderr
+    assert not target.exists()
+    for flag, value in (("--since", "²"), ("--until", "1" * 23), ("--offset", str(2**40))):
+        bad = jobwheel(served, "list", flag, value)
+        assert bad.returncode == 2, (flag, bad.stdout, bad.stderr)
+        assert f"invalid {flag.lstrip('-')}: " in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def _token_required(served: dict[str, str]) -> None:
+    url = f"http://127.0.0.1:{served['JOBWHEEL_API_PORT']}/jobs"
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(url, timeout=10)
+    assert info.value.code == 401
+    anonymous = {k: v for k, v in served.items() if k != "JOBWHEEL_API_TOKEN"}
+    out = jobwheel(anonymous, "list")
+    assert out.returncode == 1 and "HTTP 401" in out.stderr and "JOBWHEEL_API_TOKEN" in out.stderr
+    wrong = jobwheel({**served, "JOBWHEEL_API_TOKEN": "not-the-token"}, "status", "cli-done")
+    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
+
+
+def test_read_commands_against_a_running_serve(served: dict[str, str], tmp_path: Path) -> None:
     """One `jobwheel serve` for all read commands (starting it is the slow part)."""
     _status_prints_the_job_and_its_runs_one_line_each(served)
     _status_of_an_unknown_job_fails_with_a_reason(served)
     _list_filters(served)
     _sql(served)
+    _hostile_input(served, tmp_path)
+    _token_required(served)
 
 
 def test_health_checks_each_part_of_the_stack(

@@ -60,6 +60,18 @@ INVALID = [
     (["--task", "demo.echo", "--now", "--visibility-timeout", "soon"], "visibility_timeout"),
     (["--task", "demo.echo", "--now", "--starting-deadline", "1x"], "starting_deadline"),
     (["--task", "demo.echo", "--now", "--concurrency-policy", "NEVER"], "concurrency_policy"),
+    # hostile input: a traceback or a 10,000-character line before
+    (["--task", "demo.echo", "--now", "--args", "[" * 5000 + "]" * 5000], "args"),
+    (["--task", "demo.echo", "--now", "--args", '{"a": [' + "[" * 100 + "]" * 100 + "]}"], "args"),
+    (["--task", "demo.echo", "--now", "--args", '"' + "x" * 100_000 + '"'], "args"),
+    (["--task", "t" * 10_000, "--now"], "task"),
+    (["--task", "../../etc/passwd", "--now"], "task"),
+    (["--task", "demo.echo", "--now", "--id", "j" * 10_000], "job_id"),
+    (["--task", "demo.echo", "--in", "99999999999999999999999d"], "in"),
+    (["--task", "demo.echo", "--in", "9" * 5000 + "s"], "in"),
+    (["--task", "demo.echo", "--now", "--max-attempts", "²"], "max_attempts"),
+    (["--task", "demo.echo", "--now", "--max-attempts", "9" * 5000], "max_attempts"),
+    (["--task", "demo.echo", "--cron", "* " * 3000], "cron"),
 ]
 
 
@@ -78,6 +90,7 @@ def test_invalid_submissions_exit_2_with_one_line_and_send_nothing(
             else ("jobwheel submit: invalid ")
         )
         assert lines[0].startswith(f"{prefix}{field}"), (args, lines[0])
+        assert len(lines[0]) < 400, (field, lines[0][:500])
         assert result.stdout == ""
     bad_control = run(jobwheel_env, "cancel", "has space")
     assert bad_control.returncode == 2

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,17 @@ import pytest
 from jobwheel.cli import build_parser
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "docker-compose.yml"
-JOBWHEEL_SERVICES = {"topics", "scheduler", "worker", "sink", "api"}
+JOBWHEEL_SERVICES = {"topics", "acls", "scheduler", "worker", "sink", "api"}
+#: The secrets the stack refuses to start without (the file's header says how to make them).
+SECRETS = {
+    "JOBWHEEL_API_TOKEN": "api-token-1",
+    "JOBWHEEL_KAFKA_ADMIN_PASSWORD": "admin-pw-1",
+    "JOBWHEEL_KAFKA_SCHEDULER_PASSWORD": "scheduler-pw-1",
+    "JOBWHEEL_KAFKA_WORKER_PASSWORD": "worker-pw-1",
+    "JOBWHEEL_KAFKA_SINK_PASSWORD": "sink-pw-1",
+    "JOBWHEEL_KAFKA_SUBMITTER_PASSWORD": "submitter-pw-1",
+    "JOBWHEEL_CLICKHOUSE_SQL_PASSWORD": "sql-pw-1",
+}
 
 
 def _validator() -> list[str]:
@@ -30,9 +43,32 @@ def _validator() -> list[str]:
     )
 
 
-def _compose(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [*_validator(), "-f", str(COMPOSE_FILE), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+def _compose(*args: str, secrets: dict[str, str] = SECRETS) -> subprocess.CompletedProcess[str]:
+    # an empty --env-file: a developer's deploy/compose/.env must not change the outcome
+    with tempfile.NamedTemporaryFile("w", suffix=".env") as empty:
+        cmd = [*_validator(), "-f", str(COMPOSE_FILE), "--env-file", empty.name, *args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")} | secrets
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=env)
+
+
+def _services() -> dict[str, str]:
+    """Each service's block of the resolved config, whitespace collapsed (for text checks)."""
+    result = _compose("config")
+    assert result.returncode == 0, result.stderr
+    blocks: dict[str, list[str]] = {}
+    current = None
+    in_services = False
+    for line in result.stdout.splitlines():
+        if re.fullmatch(r"\S.*:", line):
+            in_services = line == "services:"
+            current = None
+            continue
+        if in_services and (match := re.fullmatch(r"  ([a-z]+):", line)):
+            current = match.group(1)
+            blocks[current] = []
+        elif current:
+            blocks[current].append(line.strip())
+    return {name: " ".join(lines) for name, lines in blocks.items()}
 
 
 def test_compose_file_is_valid():
@@ -65,6 +101,61 @@ def test_service_command_is_a_jobwheel_command(service: str):
     assert command[0] == "jobwheel"
     args = build_parser().parse_args(command[1:])  # exits (fails) on an unknown command/flag
     assert callable(args.handler)
+
+
+def test_the_stack_refuses_to_start_without_its_secrets():
+    for name in SECRETS:
+        missing = {k: v for k, v in SECRETS.items() if k != name}
+        result = _compose("config", "-q", secrets=missing)
+        assert result.returncode != 0, name
+        assert "see the top of docker-compose.yml" in result.stderr, name
+
+
+def test_ports_are_published_on_loopback_only():
+    ports = re.findall(r"^\s+- \"?([^\"\s]+)\"?$", COMPOSE_FILE.read_text(), re.MULTILINE)
+    published = [p for p in ports if re.fullmatch(r"[0-9.:]+", p)]
+    assert len(published) == 4, published
+    assert all(p.startswith("127.0.0.1:") for p in published), published
+
+
+def test_each_service_has_its_own_kafka_role_and_the_api_a_token():
+    services = _services()
+    roles = {
+        "scheduler": "jobwheel-scheduler",
+        "worker": "jobwheel-worker",
+        "sink": "jobwheel-sink",
+        "api": "jobwheel-submitter",
+    }
+    for service, user in roles.items():
+        block = services[service]
+        assert f'"sasl.username": "{user}"' in block, service
+        assert "SCRAM-SHA-512" in block
+        for other in set(roles.values()) - {user}:
+            assert other not in block, (service, other)
+    for service in ("topics", "acls"):
+        assert '"sasl.username": "admin"' in services[service]
+    assert "JOBWHEEL_API_TOKEN: api-token-1" in services["api"]
+    assert (
+        "JOBWHEEL_CLICKHOUSE_SQL_URL: http://jobwheel_sql:sql-pw-1@clickhouse:8123"
+        in (services["api"])
+    )
+    kafka = services["kafka"]
+    assert (
+        "KAFKA_AUTHORIZER_CLASS_NAME: org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+        in kafka
+    )
+    assert re.search(r"KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND: ['\"]?false['\"]? ", kafka)
+    assert "PLAINTEXT:PLAINTEXT" not in kafka and ":PLAINTEXT," not in kafka
+
+
+def test_the_sql_user_of_clickhouse_only_reads_the_jobwheel_database():
+    root = ET.parse(COMPOSE_FILE.parent / "clickhouse" / "users.d" / "jobwheel_sql.xml").getroot()
+    profile = root.find("profiles/jobwheel_sql")
+    user = root.find("users/jobwheel_sql")
+    assert profile is not None and user is not None
+    assert profile.findtext("readonly") in ("1", "2")
+    assert [q.text for q in user.findall("grants/query")] == ["GRANT SELECT ON jobwheel.*"]
+    assert user.find("password").get("from_env") == "JOBWHEEL_CLICKHOUSE_SQL_PASSWORD"  # type: ignore[union-attr]
 
 
 def test_services_reach_kafka_and_clickhouse_by_service_name():

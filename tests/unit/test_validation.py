@@ -10,6 +10,7 @@ import pytest
 from jobwheel.errors import ValidationError
 from producers import validation as v
 from producers.client import JobSpec, build_schedule
+from schemas import validation as rules
 from schemas.models import (
     After,
     At,
@@ -195,7 +196,7 @@ def test_parse_instant() -> None:
 
 def test_check_command_applies_the_same_rules_to_hand_built_commands() -> None:
     good = JobCommand("c", "j", NOW_MS, ScheduleJob("demo.echo", After(1)))
-    assert v.check_command(good, now_ms=NOW_MS, max_args_bytes=LIMIT) is good
+    assert rules.check_command(good, now_ms=NOW_MS, max_args_bytes=LIMIT) is good
     bad = [
         (JobCommand("c", "j j", NOW_MS, CancelJob()), "job_id"),
         (JobCommand("", "j", NOW_MS, CancelJob()), "command_id"),
@@ -216,7 +217,7 @@ def test_check_command_applies_the_same_rules_to_hand_built_commands() -> None:
     ]
     for command, field in bad:
         with pytest.raises(ValidationError) as info:
-            v.check_command(command, now_ms=NOW_MS, max_args_bytes=LIMIT)
+            rules.check_command(command, now_ms=NOW_MS, max_args_bytes=LIMIT)
         assert info.value.field == field, command
 
 

@@ -1,0 +1,264 @@
+"""Kafka principals and ACLs, one principal per role with only what the role needs.
+
+Without ACLs the topics trust whoever writes: a forged run on ``runs`` executes code on a
+worker, a forged SUCCEEDED on ``acks`` completes a run that never ran, a forged CANCELLED on
+``status`` rewrites a job's history. With a broker that authenticates and authorizes
+(``jobwheel broker start --secure``, or any SASL cluster with an authorizer), ``jobwheel acls
+apply`` creates a SCRAM user per role and grants it exactly this (:func:`role_grants`):
+
+=========  ==================================================================================
+role       may
+=========  ==================================================================================
+submitter  write ``requests`` (the SDK, ``jobwheel submit``, services that schedule jobs)
+scheduler  read ``requests`` and ``acks``; write ``runs``, ``status``, ``dead-letter``; read and
+           write ``ticks`` and its own topics (``<app id>-*``: changelogs); consumer group
+           ``<app id>``; transactional ids ``<app id>*``
+worker     read ``runs`` (group ``JOBWHEEL_WORKER_GROUP``); write ``acks``
+sink       read ``status`` and ``acks`` (group ``JOBWHEEL_STATUS_GROUP``)
+api        what submitter and sink may (``jobwheel serve`` runs the embedded sink)
+=========  ==================================================================================
+
+Each role's process gets its credentials the way every jobwheel process gets Kafka settings:
+``JOBWHEEL_KAFKA_CONFIG`` (librdkafka keys), unchanged; ``apply`` writes that JSON per role.
+Topics are created by an admin (``jobwheel topics ensure`` with the admin's config), so no role
+may create or delete topics, and no role other than the admin may alter ACLs. Applying again
+is safe: passwords given or already written are kept, and grants a principal holds beyond its
+role's (an older version's, a hand-made one) are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobwheel.errors import BrokerError, ConfigError
+from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ROLES = ("submitter", "scheduler", "worker", "sink", "api")
+SCRAM_ITERATIONS = 8192
+
+READ = ("READ", "DESCRIBE")
+WRITE = ("WRITE", "DESCRIBE")
+
+
+@dataclass(frozen=True, order=True)
+class Grant:
+    """Operations allowed on resources of one kind named ``name`` (or starting with it)."""
+
+    resource: str  # TOPIC | GROUP | TRANSACTIONAL_ID
+    name: str
+    operations: tuple[str, ...]
+    prefixed: bool = False
+
+
+def username(settings: Settings, role: str) -> str:
+    """``<topic prefix>-<role>``: deployments sharing a cluster under other prefixes get other
+    principals."""
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    return f"{settings.topic_prefix}-{role}"
+
+
+def role_grants(settings: Settings, role: str) -> list[Grant]:
+    """What ``role`` may do, and nothing else (pure: the table of the module doc)."""
+    t = settings.topics
+    app = settings.scheduler_app_id
+
+    def topic(name: str, ops: tuple[str, ...]) -> Grant:
+        return Grant("TOPIC", name, ops)
+
+    submitter = [topic(t.requests, WRITE)]
+    sink = [
+        topic(t.status, READ),
+        topic(t.acks, READ),
+        Grant("GROUP", settings.status_group, READ),
+    ]
+    grants = {
+        "submitter": submitter,
+        "scheduler": [
+            topic(t.requests, READ),
+            topic(t.acks, READ),
+            topic(t.runs, WRITE),
+            topic(t.status, WRITE),
+            topic(t.dead_letter, WRITE),
+            topic(t.ticks, ("READ", "WRITE", "DESCRIBE")),
+            Grant("TOPIC", f"{app}-", ("READ", "WRITE", "DESCRIBE"), prefixed=True),
+            Grant("GROUP", app, READ),
+            Grant("TRANSACTIONAL_ID", app, WRITE, prefixed=True),
+        ],
+        "worker": [
+            topic(t.runs, READ),
+            topic(t.acks, WRITE),
+            Grant("GROUP", settings.worker_group, READ),
+        ],
+        "sink": sink,
+        "api": submitter + sink,
+    }
+    username(settings, role)  # validates the role
+    return sorted(grants[role])
+
+
+def _bindings(principal: str, grants: Iterable[Grant]) -> list[Any]:
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    return [
+        AclBinding(
+            ResourceType[g.resource],
+            g.name,
+            ResourcePatternType.PREFIXED if g.prefixed else ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            AclOperation[op],
+            AclPermissionType.ALLOW,
+        )
+        for g in grants
+        for op in g.operations
+    ]
+
+
+def _key(binding: Any) -> tuple[str, ...]:
+    return (
+        binding.restype.name,
+        binding.name,
+        binding.resource_pattern_type.name,
+        binding.principal,
+        binding.host,
+        binding.operation.name,
+        binding.permission_type.name,
+    )
+
+
+@dataclass(frozen=True)
+class Applied:
+    role: str
+    principal: str
+    credentials_path: Path
+    granted: int
+    revoked: int
+
+
+def apply_acls(
+    settings: Settings,
+    *,
+    roles: Iterable[str] = ROLES,
+    credentials_dir: Path,
+    passwords: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> list[Applied]:
+    """Create (or update) each role's SCRAM user and make its ACLs exactly its grants.
+
+    ``settings`` must reach the cluster as an admin (``JOBWHEEL_KAFKA_CONFIG`` of the admin).
+    A role's password comes from ``passwords``, else from the credentials file an earlier run
+    wrote, else it is generated; each role's client config is written to
+    ``credentials_dir/<role>.json`` (mode 0600), ready for ``JOBWHEEL_KAFKA_CONFIG``.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    from deploy.broker import client_credentials, write_secret_json
+
+    roles = list(roles)
+    for role in roles:
+        username(settings, role)
+    admin = AdminClient(settings.librdkafka())
+    given = dict(passwords or {})
+    done: list[Applied] = []
+    try:
+        for role in roles:
+            user = username(settings, role)
+            path = credentials_dir / f"{role}.json"
+            password = given.get(role) or _existing_password(path, user) or _new_password()
+            info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+            upsert = UserScramCredentialUpsertion(user, info, password.encode())
+            admin.alter_user_scram_credentials([upsert])[user].result(timeout=timeout_s)
+
+            principal = f"User:{user}"
+            wanted = {_key(b): b for b in _bindings(principal, role_grants(settings, role))}
+            held_filter = AclBindingFilter(
+                ResourceType.ANY,
+                None,
+                ResourcePatternType.ANY,
+                principal,
+                None,
+                AclOperation.ANY,
+                AclPermissionType.ANY,
+            )
+            held = admin.describe_acls(held_filter, request_timeout=timeout_s).result(
+                timeout=timeout_s
+            )
+            extra = [b for b in held if _key(b) not in wanted]
+            if extra:
+                filters = [
+                    AclBindingFilter(
+                        b.restype,
+                        b.name,
+                        b.resource_pattern_type,
+                        b.principal,
+                        b.host,
+                        b.operation,
+                        b.permission_type,
+                    )
+                    for b in extra
+                ]
+                for future in admin.delete_acls(filters, request_timeout=timeout_s).values():
+                    future.result(timeout=timeout_s)
+            for future in admin.create_acls(
+                list(wanted.values()), request_timeout=timeout_s
+            ).values():
+                future.result(timeout=timeout_s)
+
+            config = {"bootstrap.servers": settings.bootstrap_servers}
+            config |= client_credentials(user, password)
+            write_secret_json(path, config)
+            done.append(Applied(role, principal, path, len(wanted), len(extra)))
+            log.info(
+                "kafka role applied",
+                extra={"role": role, "principal": principal, "acls": len(wanted)},
+            )
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else exc
+        code = getattr(error, "name", lambda: None)()
+        raise BrokerError(
+            f"applying Kafka ACLs at {settings.bootstrap_servers} failed: {error}. "
+            "JOBWHEEL_KAFKA_CONFIG must hold an admin's credentials (for `jobwheel broker start "
+            "--secure`: the admin.json in its data dir), and the broker must run an authorizer",
+            code=code,
+        ) from exc
+    return done
+
+
+def _existing_password(path: Path, user: str) -> str | None:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("sasl.username") == user and config.get("sasl.password"):
+        return str(config["sasl.password"])
+    return None
+
+
+def _new_password() -> str:
+    return secrets.token_urlsafe(32)
