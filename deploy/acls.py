@@ -11,8 +11,9 @@ role       may
 =========  ==================================================================================
 submitter  write ``requests`` (the SDK, ``jobwheel submit``, services that schedule jobs)
 scheduler  read ``requests`` and ``acks``; write ``runs``, ``status``, ``dead-letter``; read and
-           write ``ticks`` and its own topics (``<app id>-*``: changelogs); consumer group
-           ``<app id>``; transactional ids ``<app id>*``
+           write its own topics (``<app id>-*``: the job store's changelog); consumer group
+           ``<app id>`` (and its group configs: session timing); transactional ids
+           ``<app id>*``
 worker     read ``runs`` (group ``JOBWHEEL_WORKER_GROUP``); write ``acks``
 sink       read ``status`` and ``acks`` (group ``JOBWHEEL_STATUS_GROUP``)
 api        what submitter and sink may (``jobwheel serve`` runs the embedded sink)
@@ -88,9 +89,8 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
             topic(t.runs, WRITE),
             topic(t.status, WRITE),
             topic(t.dead_letter, WRITE),
-            topic(t.ticks, ("READ", "WRITE", "DESCRIBE")),
             Grant("TOPIC", f"{app}-", ("READ", "WRITE", "DESCRIBE"), prefixed=True),
-            Grant("GROUP", app, READ),
+            Grant("GROUP", app, (*READ, "ALTER_CONFIGS", "DESCRIBE_CONFIGS")),
             Grant("TRANSACTIONAL_ID", app, WRITE, prefixed=True),
         ],
         "worker": [

@@ -53,6 +53,7 @@ from jobwheel.errors import (
     FencedError,
     JobwheelError,
     SchemaDecodeError,
+    ValidationError,
 )
 from jobwheel.settings import Settings
 from schemas.codec import Codec
@@ -68,6 +69,7 @@ from schemas.topics import (
     SOURCE_TOPIC_HEADER,
     STATE_HEADER,
 )
+from schemas.validation import check_key
 from streams.kafka import (
     NO_OFFSET,
     AcksConsumer,
@@ -382,12 +384,10 @@ class SchedulerEngine:
                 reason = f"a {type(cmd).__name__} is not a JobCommand"
                 self._reject(task, record, reason, job_id, now, out)
                 return
-            if key is None or key != cmd.job_id.encode("utf-8", "surrogatepass"):
-                reason = (
-                    f"record key {_cut(job_id)!r} is not the job id {_cut(cmd.job_id)!r}: key "
-                    "every command with its job id as raw UTF-8 bytes"
-                )
-                self._reject(task, record, reason, cmd.job_id, now, out)
+            try:
+                check_key(key, cmd)
+            except ValidationError as exc:
+                self._reject(task, record, f"invalid command: {exc}", cmd.job_id, now, out)
                 return
             expected = partition_for(cmd.job_id, self.settings.partitions)
             if expected != task.partition:
@@ -717,7 +717,11 @@ class SchedulerEngine:
         task.epoch = (_EPOCH.unpack(raw)[0] if raw else 0) + 1
         task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))  # changelogged by the next commit
         task.processor = SchedulerProcessor(
-            p, task.state, fencing_token=task.epoch, retention_ms=self.settings.job_retention_ms
+            p,
+            task.state,
+            fencing_token=task.epoch,
+            retention_ms=self.settings.job_retention_ms,
+            max_args_bytes=self.settings.max_args_bytes,
         )
         try:
             requests = self.input.committed(self.topics.requests, [p])[p]

@@ -33,15 +33,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from jobwheel.errors import JobwheelError, StateError
-from schemas.cron import parse_cron, zone
+from jobwheel.errors import StateError, ValidationError
 from schemas.models import (
     HANDBACK_REASON,
-    After,
     CancelJob,
     ConcurrencyPolicy,
-    Cron,
-    Every,
     JobCommand,
     PauseJob,
     ResumeJob,
@@ -51,6 +47,7 @@ from schemas.models import (
     StatusEvent,
     TriggerJob,
 )
+from schemas.validation import MAX_ID_CHARS, check_command
 from streams import triggers
 from streams.jobstate import (
     DEADLINES,
@@ -77,6 +74,13 @@ SOURCE = "scheduler"
 MAX_MISSED_EVENTS = 100
 MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not being handed back
 DAY_MS = 24 * 3600 * 1000
+MAX_ARGS_BYTES = 64 * 1024
+
+
+def clip_id(text: str) -> str:
+    """An id as far as it can go into an event id: a REJECTED event for a 10,000-character
+    "job id" must not carry all of it."""
+    return text if len(text) <= MAX_ID_CHARS else text[:MAX_ID_CHARS] + "…"
 
 
 @dataclass(slots=True)
@@ -98,27 +102,6 @@ class Output:
         return len(self.runs) + len(self.status) + len(self.dead_runs)
 
 
-def validate_spec(spec: ScheduleJob) -> None:
-    """The checks the scheduler cannot do without: a spec that passes them can be scheduled.
-
-    Producers validate more (and earlier); this guards against producers that skip the SDK.
-    """
-    t = spec.trigger
-    if isinstance(t, Every) and t.interval_ms <= 0:
-        raise JobwheelError("trigger.interval_ms must be > 0")
-    if isinstance(t, After) and t.delay_ms < 0:
-        raise JobwheelError("trigger.delay_ms must be >= 0")
-    if isinstance(t, Cron):
-        parse_cron(t.expression)
-        zone(t.timezone)
-    if not spec.task:
-        raise JobwheelError("task must not be empty")
-    if spec.max_attempts < 1:
-        raise JobwheelError("max_attempts must be >= 1")
-    if spec.visibility_timeout_ms <= 0:
-        raise JobwheelError("visibility_timeout_ms must be > 0")
-
-
 class SchedulerProcessor:
     """Decisions for ONE partition. ``fencing_token`` is this owner's epoch for the partition."""
 
@@ -128,11 +111,13 @@ class SchedulerProcessor:
         state: PartitionState,
         fencing_token: int = 0,
         retention_ms: int = DAY_MS,
+        max_args_bytes: int = MAX_ARGS_BYTES,
     ) -> None:
         self.partition = partition
         self.state = state
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
+        self.max_args_bytes = max_args_bytes
 
     # --- state access ---------------------------------------------------------------------
 
@@ -200,6 +185,18 @@ class SchedulerProcessor:
     # --- commands ---------------------------------------------------------------------------
 
     def on_command(self, cmd: JobCommand, now_ms: int) -> Output:
+        # The SDK's own rules (one rule set, schemas.validation), judged as of the command's
+        # issue time, so a replayed command gets the same verdict. A producer that skips the
+        # SDK gets a REJECTED event, and the engine dead-letters the record.
+        try:
+            check_command(cmd, now_ms=cmd.issued_at_ms, max_args_bytes=self.max_args_bytes)
+        except ValidationError as exc:
+            reason = f"invalid command: {exc}"
+            out = self.reject(
+                clip_id(cmd.job_id), reason, now_ms, event_id=f"{clip_id(cmd.command_id)}:REJECTED"
+            )
+            out.rejected = reason
+            return out
         body = cmd.body
         if isinstance(body, ScheduleJob):
             return self._schedule(cmd, body, now_ms)
@@ -228,13 +225,6 @@ class SchedulerProcessor:
         return out
 
     def _schedule(self, cmd: JobCommand, spec: ScheduleJob, now_ms: int) -> Output:
-        try:
-            validate_spec(spec)
-        except JobwheelError as exc:
-            reason = f"invalid spec: {exc}"
-            out = self.reject(cmd.job_id, reason, now_ms, event_id=f"{cmd.command_id}:REJECTED")
-            out.rejected = reason
-            return out
         job = self.load(cmd.job_id)
         if job is not None:
             if cmd.command_id in job.recent_commands:
@@ -715,4 +705,4 @@ class SchedulerProcessor:
         self._give_up(job, run, now_ms, out, State.DEAD, reason)
 
 
-__all__ = ["Output", "SchedulerProcessor", "validate_spec"]
+__all__ = ["Output", "SchedulerProcessor"]

@@ -153,6 +153,10 @@ def consume(
                 out.append(msg)
     finally:
         consumer.close()
+    if group is None:
+        # Assigned, not subscribed: the throwaway group id is never used, so a broker that
+        # refuses it (ACLs) has no bearing on what was read.
+        errors = [e for e in errors if not e.startswith("GROUP_AUTHORIZATION_FAILED")]
     if len(out) < min_count and errors:
         raise HarnessError(
             f"read {len(out)} of {min_count} records from {topic!r}; the consumer reported "

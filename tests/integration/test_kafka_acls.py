@@ -146,7 +146,7 @@ def test_a_submitter_writes_requests_only(secure: dict[str, Any]) -> None:
     submitter = _role(secure, "submitter")
     t = submitter.topics
     assert _produce(submitter, t.requests) is None
-    for topic in (t.runs, t.acks, t.status, t.dead_letter, t.ticks):
+    for topic in (t.runs, t.acks, t.status, t.dead_letter):
         assert _produce(submitter, topic) == "TOPIC_AUTHORIZATION_FAILED", topic
 
 
@@ -329,3 +329,43 @@ def test_worker_and_serve_processes_run_with_their_roles(
             return 0
 
     wait_until(lambda: sink_inserted() >= 2, 90, interval_s=0.5, message=log_tail(serve_log))
+
+
+def test_a_scheduler_process_runs_with_its_role_only(
+    secure: dict[str, Any], procs: Procs, tmp_path: Path
+) -> None:
+    """A real `jobwheel scheduler` whose only rights are the scheduler role's: it joins its
+    group, sets its group's timing, restores and writes its changelog, and commits runs in
+    transactions; a job sent by a submitter fires."""
+    from producers.client import JobClient
+    from tests.integration.scheduler_support import log_events
+    from tests.support import consume, log_tail
+
+    env = secure["base"] | {
+        "JOBWHEEL_KAFKA_CONFIG": (secure["creds"] / "scheduler.json").read_text(),
+        "JOBWHEEL_DATA_DIR": str(tmp_path / "scheduler"),
+        "JOBWHEEL_LOG_FORMAT": "json",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "scheduler.log"
+    procs.spawn(["jobwheel", "scheduler"], env, log)
+    wait_until(lambda: len(log_events(log, "partition ready")) >= 2, 90, 0.5, log_tail(log))
+    job_id = f"acl-sched-{uuid.uuid4().hex[:6]}"
+    with JobClient(_role(secure, "submitter")) as client:
+        client.schedule(job_id, task="demo.echo", now=True)
+    worker = _role(secure, "worker")
+
+    def fired() -> bool:
+        runs = consume(worker, worker.topics.runs, min_count=1000, timeout_s=2)
+        return any(
+            default_codec().decode(m.value()).job_id == job_id
+            for m in runs
+            if m.value() and m.value()[:2] == b"\xc3\x01"
+        )
+
+    wait_until(fired, 60, interval_s=0.5, message="the job never fired:\n" + log_tail(log))
+    text = log.read_text()
+    assert "AUTHORIZATION_FAILED" not in text, log_tail(log)
+    assert not log_events(
+        log, "the broker refused the scheduler group's timing; using the broker's defaults"
+    )

@@ -120,7 +120,8 @@ def test_commands_for_unknown_jobs_are_rejected(proc, body):
 def test_invalid_spec_is_rejected_not_scheduled(proc):
     out = proc.on_command(cmd("bad", spec(Every(0))), T0)
     assert states(out) == [State.REJECTED]
-    assert "interval" in out.status[0].reason
+    assert "every: must be positive" in out.status[0].reason
+    assert out.rejected == out.status[0].reason  # the engine dead-letters the record
     assert proc.load("bad") is None
 
 
