@@ -81,7 +81,7 @@ from streams.kafka import (
 from streams.processor import Output, SchedulerProcessor
 from streams.state.directory import StateDirectory
 from streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
-from streams.state.recovery import apply_batch, plan_restore
+from streams.state.recovery import apply_batch, plan_restore, rebuild_index
 from streams.state.rocksdb import RocksDBLimits
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,7 @@ class PartitionTask:
     restore_started: float = field(default_factory=time.monotonic)
     restore_end: int = -1
     restore_reading: bool = False
+    restore_fresh: bool = False
     restored: int = 0
     # Input positions: next offset to read, as processed (uncommitted) and as committed.
     requests_next: int | None = None
@@ -684,14 +685,15 @@ class SchedulerEngine:
                     reading.pop(task.partition)
             if not reading or time.monotonic() >= deadline:
                 return
-            records = self.changelog.poll(20_000, 0.05)
             by_partition: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
-            for r in records:
-                if r.partition in reading and r.key is not None:
-                    by_partition.setdefault(r.partition, []).append((r.offset, r.key, r.value))
+            for p, offset, key, value in self.changelog.poll_changes(20_000, 0.05):
+                if p in reading and key is not None:
+                    by_partition.setdefault(p, []).append((offset, key, value))
             for p, batch in by_partition.items():
                 task = reading[p]
-                task.restored += apply_batch(task.backend, batch, batch[-1][0] + 1)
+                task.restored += apply_batch(
+                    task.backend, batch, batch[-1][0] + 1, fresh=task.restore_fresh
+                )
 
     def _start_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None
@@ -702,6 +704,7 @@ class SchedulerEngine:
             return
         plan = plan_restore(task.backend, low, high)
         task.restore_end = plan.end
+        task.restore_fresh = plan.fresh
         task.restore_reading = True
         task.restore_started = time.monotonic()
         if plan.start < plan.end:
@@ -713,6 +716,9 @@ class SchedulerEngine:
         assert self.changelog is not None and self.input is not None and self.acks is not None
         self.changelog.unassign(task.partition)
         p = task.partition
+        if task.restore_fresh:
+            rebuild_index(task.backend)
+            task.restore_fresh = False
         raw = task.backend.jobs.get(EPOCH_KEY)
         task.epoch = (_EPOCH.unpack(raw)[0] if raw else 0) + 1
         task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))  # changelogged by the next commit

@@ -27,6 +27,9 @@ class MemoryKeyValueStore(KeyValueStore):
     def __len__(self) -> int:
         return len(self._data)
 
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return list(self._data.items())
+
     def clear(self) -> None:
         self._data.clear()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import shutil
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 
 import rocksdict
@@ -36,8 +37,9 @@ from streams.wheel.entry import encode_value
 
 #: Not a job id (job ids cannot contain NUL): the partition's ownership epoch, changelogged.
 EPOCH_KEY = b"\x00epoch"
-_WHEEL_VALUE = encode_value(b"")
+WHEEL_VALUE = encode_value(b"")
 _CHECKPOINT = b"changelog.checkpoint"
+_INDEX_PENDING = b"index.pending"
 _OFFSET = struct.Struct(">q")
 
 #: ``{wheel: {key: value or None}}``: changes to the two wheels, as a batch.
@@ -52,7 +54,7 @@ def index_changes(job_key: bytes, old: bytes | None, new: bytes | None, out: Whe
     for wheel, due, tag in before - after:
         out[wheel][entry_key(due, job_key, tag)] = None
     for wheel, due, tag in after - before:
-        out[wheel][entry_key(due, job_key, tag)] = _WHEEL_VALUE
+        out[wheel][entry_key(due, job_key, tag)] = WHEEL_VALUE
 
 
 class StateBackend(ABC):
@@ -79,6 +81,18 @@ class StateBackend(ABC):
     def wipe(self) -> None:
         """Forget everything (the changelog is replayed from its start)."""
 
+    @abstractmethod
+    def index_pending(self) -> bool:
+        """Were records restored without their wheel entries (a restore from scratch that has
+        not finished)?"""
+
+    @abstractmethod
+    def set_index_pending(self, pending: bool) -> None: ...
+
+    @abstractmethod
+    def job_items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every stored record, in key order."""
+
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release the store (files, locks)."""
 
@@ -91,6 +105,16 @@ class MemoryBackend(StateBackend):
         self.timers = MemoryWheelStore()
         self.deadlines = MemoryWheelStore()
         self._checkpoint: int | None = None
+        self._index_pending = False
+
+    def index_pending(self) -> bool:
+        return self._index_pending
+
+    def set_index_pending(self, pending: bool) -> None:
+        self._index_pending = pending
+
+    def job_items(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(sorted(self.jobs.items()))
 
     def write(
         self, jobs: dict[bytes, bytes | None], wheels: WheelChanges, checkpoint: int | None
@@ -115,6 +139,7 @@ class MemoryBackend(StateBackend):
         for store in (self.jobs, self.timers, self.deadlines):
             store.clear()
         self._checkpoint = None
+        self._index_pending = False
 
 
 class RocksDBBackend(StateBackend):
@@ -165,6 +190,18 @@ class RocksDBBackend(StateBackend):
     def checkpoint(self) -> int | None:
         raw = self._cf["meta"].get(_CHECKPOINT)
         return None if raw is None else int(_OFFSET.unpack(raw)[0])
+
+    def index_pending(self) -> bool:
+        return self._cf["meta"].get(_INDEX_PENDING) is not None
+
+    def set_index_pending(self, pending: bool) -> None:
+        if pending:
+            self._cf["meta"].put(_INDEX_PENDING, b"1")
+        else:
+            self._cf["meta"].delete(_INDEX_PENDING)
+
+    def job_items(self) -> Iterator[tuple[bytes, bytes]]:
+        return iter(self.db.items())
 
     def wipe(self) -> None:
         self.close()

@@ -6,11 +6,17 @@ checkpoint to its end (``read_committed``: aborted transactions are skipped) and
 records here in batches. Each batch is applied in one atomic write together with the new
 checkpoint, so a restore interrupted by a crash resumes where it stopped.
 
-The wheels are rebuilt as the records are applied: a record's timers come from its header
+The wheels are an index of the records' timers, which come from each record's header
 (``jobstate.peek_timers``), so a million records are indexed without parsing a million JSON
-documents. The checkpoint is trusted only when it fits the changelog: a checkpoint below the
-changelog's first offset or beyond its end (the topic was recreated, records were deleted) means
-the local state cannot be brought up to date, and it is wiped and rebuilt from the start.
+documents. Catching up a tail re-indexes each record as it is applied (its old timers out, its
+new ones in). A restore from scratch (a new owner with an empty disk: the failover case) is
+faster in two passes: the records alone, last one per key winning as RocksDB writes them, then
+one scan that indexes what is left (:func:`rebuild_index`); an ``index pending`` mark in the
+database says a crash interrupted it, and the next claim starts over.
+
+The checkpoint is trusted only when it fits the changelog: a checkpoint below the changelog's
+first offset or beyond its end (the topic was recreated, records were deleted) means the local
+state cannot be brought up to date, and it is wiped and rebuilt from the start.
 
 Pure of Kafka: the engine reads the topic; this module only applies what it is given.
 """
@@ -21,8 +27,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streams.jobstate import DEADLINES, TIMERS
-from streams.state.partition import StateBackend, WheelChanges, index_changes
+from streams.jobstate import DEADLINES, TIMERS, peek_timers
+from streams.state.partition import WHEEL_VALUE, StateBackend, WheelChanges, index_changes
+from streams.wheel import entry_key
 
 log = logging.getLogger(__name__)
 
@@ -32,32 +39,50 @@ ChangelogRecord = tuple[int, bytes, bytes | None]
 
 @dataclass
 class RestorePlan:
-    """Where reading the changelog starts (``start``) and must reach (``end``)."""
+    """Where reading the changelog starts (``start``) and must reach (``end``); ``fresh``: from
+    scratch, records first and the index at the end."""
 
     start: int
     end: int
     wiped: bool
+    fresh: bool
 
 
 def plan_restore(backend: StateBackend, low: int, high: int) -> RestorePlan:
     """Decide where to read from, given the changelog partition's first (``low``) and end
     (``high``) offsets; wipes a local state that cannot be caught up."""
     checkpoint = backend.checkpoint()
-    if checkpoint is not None and low <= checkpoint <= high:
-        return RestorePlan(checkpoint, high, wiped=False)
+    pending = backend.index_pending()
+    if checkpoint is not None and low <= checkpoint <= high and not pending:
+        return RestorePlan(checkpoint, high, wiped=False, fresh=False)
     wiped = checkpoint is not None
     if wiped:
         log.warning(
             "local state does not fit the changelog; rebuilding it from the changelog",
-            extra={"checkpoint": checkpoint, "changelog_start": low, "changelog_end": high},
+            extra={
+                "checkpoint": checkpoint,
+                "changelog_start": low,
+                "changelog_end": high,
+                "interrupted_restore": pending,
+            },
         )
-        backend.wipe()
-    return RestorePlan(low, high, wiped=wiped)
+    backend.wipe()
+    backend.set_index_pending(True)
+    return RestorePlan(low, high, wiped=wiped, fresh=True)
 
 
-def apply_batch(backend: StateBackend, records: Sequence[ChangelogRecord], end: int) -> int:
-    """Apply changelog records in order, with their wheel entries, and set the checkpoint to
-    ``end`` (the offset after the batch, markers included). Returns how many were applied."""
+_NO_WHEELS: WheelChanges = {TIMERS: {}, DEADLINES: {}}
+
+
+def apply_batch(
+    backend: StateBackend, records: Sequence[ChangelogRecord], end: int, *, fresh: bool = False
+) -> int:
+    """Apply changelog records in order and set the checkpoint to ``end`` (the offset after the
+    batch, markers included); re-index each record unless restoring ``fresh`` (then
+    :func:`rebuild_index` does it at the end). Returns how many were applied."""
+    if fresh:
+        backend.write({key: value for _offset, key, value in records}, _NO_WHEELS, end)
+        return len(records)
     jobs: dict[bytes, bytes | None] = {}
     wheels: WheelChanges = {TIMERS: {}, DEADLINES: {}}
     get = backend.jobs.get
@@ -67,3 +92,20 @@ def apply_batch(backend: StateBackend, records: Sequence[ChangelogRecord], end: 
         jobs[key] = value
     backend.write(jobs, wheels, end)
     return len(records)
+
+
+def rebuild_index(backend: StateBackend, batch: int = 50_000) -> int:
+    """Index every stored record's timers (after a fresh restore); returns the entries made."""
+    wheels: WheelChanges = {TIMERS: {}, DEADLINES: {}}
+    made = pending = 0
+    for key, value in backend.job_items():
+        for wheel, due, tag in peek_timers(value):
+            wheels[wheel][entry_key(due, key, tag)] = WHEEL_VALUE
+            pending += 1
+        if pending >= batch:
+            backend.write({}, wheels, None)
+            made += pending
+            wheels, pending = {TIMERS: {}, DEADLINES: {}}, 0
+    backend.write({}, wheels, None)
+    backend.set_index_pending(False)
+    return made + pending

@@ -18,7 +18,7 @@ from streams.state.partition import (
     RocksDBBackend,
     StateBackend,
 )
-from streams.state.recovery import apply_batch, plan_restore
+from streams.state.recovery import apply_batch, plan_restore, rebuild_index
 from streams.state.rocksdb import RocksDBLimits
 
 T0 = 1_800_000_000_000
@@ -149,18 +149,34 @@ def test_restore_rebuilds_exactly_what_the_live_path_built(kind: str, tmp_path: 
         commit()
     assert any(v is None for _, _, v in changelog), "expired jobs were deleted (tombstones)"
 
+    jobs = {f"j{i}".encode() for i in range(30)}
+    # From scratch (a new owner's empty disk): records first, the index at the end.
     restored = make_backend(kind, tmp_path / "restored")
     plan = plan_restore(restored, 0, len(changelog))
-    assert (plan.start, plan.end, plan.wiped) == (0, len(changelog), False)
+    assert (plan.start, plan.end, plan.wiped, plan.fresh) == (0, len(changelog), False, True)
     for start in range(0, len(changelog), 7):  # in batches, as the engine reads them
         batch = changelog[start : start + 7]
-        apply_batch(restored, batch, batch[-1][0] + 1)
-    assert restored.checkpoint() == len(changelog)
+        apply_batch(restored, batch, batch[-1][0] + 1, fresh=True)
+    assert restored.index_pending()  # a crash now would start over, not trust a half index
+    rebuild_index(restored)
+    assert not restored.index_pending() and restored.checkpoint() == len(changelog)
     assert wheel_keys(PartitionState(restored)) == wheel_keys(live)
-    jobs = {f"j{i}".encode() for i in range(30)}
     assert {k: restored.jobs.get(k) for k in jobs} == {k: live_backend.jobs.get(k) for k in jobs}
-    live_backend.close()
-    restored.close()
+    # Catching up a tail: each record re-indexed as it is applied.
+    tail = make_backend(kind, tmp_path / "tail")
+    half = len(changelog) // 2
+    plan = plan_restore(tail, 0, half)
+    apply_batch(tail, changelog[:half], half, fresh=True)
+    rebuild_index(tail)
+    plan = plan_restore(tail, 0, len(changelog))
+    assert (plan.start, plan.fresh) == (half, False)
+    for start in range(half, len(changelog), 5):
+        batch = changelog[start : start + 5]
+        apply_batch(tail, batch, batch[-1][0] + 1)
+    assert wheel_keys(PartitionState(tail)) == wheel_keys(live)
+    assert {k: tail.jobs.get(k) for k in jobs} == {k: live_backend.jobs.get(k) for k in jobs}
+    for b in (live_backend, restored, tail):
+        b.close()
 
 
 def test_a_checkpoint_that_does_not_fit_the_changelog_is_wiped(backend: StateBackend) -> None:
@@ -169,5 +185,5 @@ def test_a_checkpoint_that_does_not_fit_the_changelog_is_wiped(backend: StateBac
     state.commit(checkpoint=500)
     assert plan_restore(backend, 0, 800).start == 500  # fits: only the tail is read
     plan = plan_restore(backend, 0, 100)  # the changelog is shorter: it was recreated
-    assert plan.wiped and plan.start == 0
+    assert plan.wiped and plan.fresh and plan.start == 0
     assert backend.checkpoint() is None and backend.jobs.get(b"a") is None
