@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     # SIGTERM: how long in-flight runs may finish before they are handed back (FAILED, retry 0).
     # Keep it below the orchestrator's kill timeout (Kubernetes: 30 s by default).
     worker_shutdown_grace_ms: int = 25_000
+    # A run still executing after this long gets its own STARTED event; a quicker one only its
+    # SUCCEEDED/FAILED, which carries the start (started_ms). 0: STARTED before every run.
+    worker_started_event_ms: int = 100
 
     # Status (consumers/status)
     clickhouse_url: str | None = None
