@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     # A run still executing after this long gets its own STARTED event; a quicker one only its
     # SUCCEEDED/FAILED, which carries the start (started_ms). 0: STARTED before every run.
     worker_started_event_ms: int = 100
+    # How often finished work's offsets are committed: a SIGKILLed worker's runs finished since
+    # the last commit are delivered (and executed) again by the next owner of the partition.
+    worker_commit_interval_ms: int = 100
 
     # Status (consumers/status)
     clickhouse_url: str | None = None
