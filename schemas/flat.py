@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 # Field kinds. A union with null adds _NULLABLE; the value's own kind is the low bits.
-_STRING, _LONG, _INT, _BOOL, _ENUM, _NULL = range(6)
+# The first four start with a zigzag varint.
+_STRING, _LONG, _INT, _ENUM, _BOOL, _NULL = range(6)
 _NULLABLE = 8
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_LONG_RANGE = (_LONG_MIN, _LONG_MAX)
 _PRIMITIVES = {"string": _STRING, "long": _LONG, "int": _INT, "boolean": _BOOL, "null": _NULL}
 
 
@@ -54,7 +56,7 @@ def _kind(schema: Any) -> tuple[int, tuple[str, ...] | None] | None:
 class FlatRecord:
     """Reader and writer of one flat record schema; build with :meth:`compile`."""
 
-    __slots__ = ("names", "_kinds", "_symbols", "_index")
+    __slots__ = ("names", "_kinds", "_symbols", "_index", "_fields")
 
     def __init__(
         self, names: tuple[str, ...], kinds: tuple[int, ...], symbols: tuple[Any, ...]
@@ -65,6 +67,7 @@ class FlatRecord:
         self._index = tuple(
             None if s is None else {name: i for i, name in enumerate(s)} for s in symbols
         )
+        self._fields = tuple(zip(kinds, symbols, strict=True))
 
     @classmethod
     def compile(cls, parsed: Any) -> FlatRecord | None:
@@ -88,73 +91,68 @@ class FlatRecord:
         symbol strings). Raises :class:`FlatError` for anything it will not vouch for."""
         out: list[Any] = []
         append = out.append
-        end_of_data = len(data)
-        symbols = self._symbols
+        size = len(data)
         try:
-            for i, kind in enumerate(self._kinds):
-                if kind & _NULLABLE:
-                    branch = data[pos]
+            for kind, syms in self._fields:
+                if kind >= _NULLABLE:
+                    b = data[pos]
                     pos += 1
-                    if branch == 0:
+                    if b == 0:
                         append(None)
                         continue
-                    if branch != 2:  # zigzag 1
-                        raise FlatError(f"union branch byte {branch}")
-                    kind &= 7
-                if kind == _NULL:
-                    append(None)
-                    continue
-                if kind == _BOOL:
+                    if b != 2:  # zigzag 1: the second branch
+                        raise FlatError(f"union branch byte {b}")
+                    kind -= _NULLABLE
+                if kind <= _ENUM:  # string, long, int, enum: a zigzag varint first
+                    b = data[pos]
+                    pos += 1
+                    if b < 0x80:
+                        n = (b >> 1) ^ -(b & 1)
+                    else:
+                        n = b & 0x7F
+                        shift = 7
+                        while True:
+                            b = data[pos]
+                            pos += 1
+                            n |= (b & 0x7F) << shift
+                            if b < 0x80:
+                                break
+                            shift += 7
+                            if shift > 63:
+                                raise FlatError("varint longer than 10 bytes")
+                        n = (n >> 1) ^ -(n & 1)
+                        if shift >= 28 and kind != _STRING:  # only long varints can overflow
+                            low, high = (_INT_MIN, _INT_MAX) if kind != _LONG else _LONG_RANGE
+                            if n < low or n > high:
+                                raise FlatError("integer out of range")
+                    if kind == _STRING:
+                        if n < 0:
+                            raise FlatError("negative string length")
+                        end = pos + n
+                        if end > size:
+                            raise FlatError("string past the end")
+                        append(data[pos:end].decode("utf-8"))
+                        pos = end
+                    elif kind == _ENUM:
+                        if n < 0 or n >= len(syms):
+                            raise FlatError(f"enum index {n}")
+                        append(syms[n])
+                    else:
+                        append(n)
+                elif kind == _BOOL:
                     b = data[pos]
                     pos += 1
                     if b > 1:
                         raise FlatError(f"boolean byte {b}")
                     append(b == 1)
-                    continue
-                b = data[pos]
-                pos += 1
-                if b < 0x80:
-                    n = b
-                else:
-                    n = b & 0x7F
-                    shift = 7
-                    while True:
-                        b = data[pos]
-                        pos += 1
-                        n |= (b & 0x7F) << shift
-                        if b < 0x80:
-                            break
-                        shift += 7
-                        if shift > 63:
-                            raise FlatError("varint longer than 10 bytes")
-                n = (n >> 1) ^ -(n & 1)
-                if kind == _STRING:
-                    if n < 0:
-                        raise FlatError("negative string length")
-                    end = pos + n
-                    if end > end_of_data:
-                        raise FlatError("string past the end")
-                    append(data[pos:end].decode("utf-8"))
-                    pos = end
-                elif kind == _LONG:
-                    if n < _LONG_MIN or n > _LONG_MAX:
-                        raise FlatError("long out of range")
-                    append(n)
-                elif kind == _INT:
-                    if n < _INT_MIN or n > _INT_MAX:
-                        raise FlatError("int out of range")
-                    append(n)
-                else:  # enum
-                    syms = symbols[i]
-                    if n < 0 or n >= len(syms):
-                        raise FlatError(f"enum index {n}")
-                    append(syms[n])
+                else:  # null
+                    append(None)
         except IndexError:
             raise FlatError("truncated") from None
         except UnicodeDecodeError:
             raise FlatError("string is not UTF-8") from None
-        if pos != end_of_data:
-            raise FlatError(f"{end_of_data - pos} trailing bytes")
+        if pos != size:
+            raise FlatError(f"{size - pos} trailing bytes")
         return out
 
     # --- encode ---------------------------------------------------------------------------
