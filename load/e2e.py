@@ -696,15 +696,13 @@ def plot(result: Result, path: Path) -> bool:
         return False
     tl = result.timeline
     fig, (late, rate) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
-    if tl.get("start"):
-        xs, ys = zip(*tl["start"], strict=True)
-        late.scatter(xs, ys, s=2, label="start lateness", alpha=0.5)
-    if tl.get("fire"):
-        xs, ys = zip(*tl["fire"], strict=True)
-        late.scatter(xs, ys, s=2, label="fire lateness", alpha=0.5)
+    for key, label in (("fire", "fire lateness"), ("start", "start lateness")):
+        if tl.get(key):
+            xs, ys = zip(*tl[key], strict=True)
+            late.scatter(xs, [max(1.0, y) for y in ys], s=2, label=label, alpha=0.5)
     late.axhline(PASS_P99_MS, color="red", linewidth=0.8, linestyle="--", label="2 s")
-    late.set_ylabel("lateness (ms)")
-    late.set_yscale("symlog", linthresh=10)
+    late.set_ylabel("lateness (ms, by due time; under 1 ms shown as 1)")
+    late.set_yscale("log")
     late.legend(loc="upper left", markerscale=4)
     late.set_title(
         f"{result.config['jobs']:,} jobs at {result.config['rate']:,.0f}/s, "
