@@ -177,3 +177,38 @@ def test_a_forged_run_with_a_token_from_the_future_fences_nothing_else(
     tail.wait_for(later.run_id, State.SUCCEEDED)
     assert not [e for e in tail.events if e.state is State.STALE]
     assert counter.read_text().splitlines() == [f"{real.run_id}:1", f"{later.run_id}:1"]
+
+
+def test_time_limits_fail_the_run_and_a_stuck_thread_keeps_its_slot(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """Over its ``timeout_ms`` a run is FAILED (retryable) at the limit. An async task is
+    cancelled; a sync task's thread cannot be, so it keeps its concurrency slot until it
+    returns: with one slot the next run starts only then."""
+    counter = tmp_path / "count.txt"
+    slow_async = make_run(settings, "demo.sleep", {"seconds": 30}, timeout_ms=300)
+    stuck_job, after_job = same_partition_jobs(settings, 2)  # fetched in this order
+    stuck_sync = make_run(
+        settings,
+        "demo.count",
+        {"path": str(counter), "sleep_s": 2},
+        job_id=stuck_job,
+        timeout_ms=300,
+    )
+    after = make_run(settings, "demo.count", {"path": str(counter)}, job_id=after_job)
+    produce_runs(settings, [slow_async])
+    log_path = tmp_path / "worker.log"
+    start_worker(procs, jobwheel_env, log_path, "--concurrency", "1")
+
+    failed = tail.wait_for(slow_async.run_id, State.FAILED)[0]
+    assert failed.reason is not None and failed.reason.startswith("timed out")
+    assert failed.retry_delay_ms is not None  # attempt 1 of 3: the scheduler retries it
+
+    produce_runs(settings, [stuck_sync, after])
+    stuck = tail.wait_for(stuck_sync.run_id, State.FAILED)[0]
+    assert stuck.reason is not None and stuck.reason.startswith("timed out")
+    assert stuck.duration_ms is not None and stuck.duration_ms < 2000  # not the thread's end
+    done = tail.wait_for(after.run_id, State.SUCCEEDED)[0]
+    stuck_started = stuck.started_ms or tail.of(stuck_sync.run_id, State.STARTED)[0].event_time_ms
+    assert done.started_ms is not None and done.started_ms >= stuck_started + 2000
+    assert "keeps its thread until it returns" in log_path.read_text()
