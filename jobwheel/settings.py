@@ -85,13 +85,19 @@ class Settings(BaseSettings):
     # SIGTERM: how long in-flight runs may finish before they are handed back (FAILED, retry 0).
     # Keep it below the orchestrator's kill timeout (Kubernetes: 30 s by default).
     worker_shutdown_grace_ms: int = 25_000
+    # A run still executing after this long gets its own STARTED event; a quicker one only its
+    # SUCCEEDED/FAILED, which carries the start (started_ms). 0: STARTED before every run.
+    worker_started_event_ms: int = 100
+    # How often finished work's offsets are committed: a SIGKILLed worker's runs finished since
+    # the last commit are delivered (and executed) again by the next owner of the partition.
+    worker_commit_interval_ms: int = 100
 
     # Status (consumers/status)
     clickhouse_url: str | None = None
     status_group: str = "jobwheel-status"
     status_ttl_days: int = 30
     clickhouse_database: str = "jobwheel"
-    status_batch_size: int = 5000
+    status_batch_size: int = 20_000
     status_batch_ms: int = 500
     api_host: str = "127.0.0.1"
     api_port: int = 8080

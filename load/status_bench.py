@@ -91,7 +91,9 @@ def timed(fn: Callable[[], object], repeat: int = 20) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=120_000, help="about; rounded to jobs x 6")
-    parser.add_argument("--batch-size", type=int, default=5000)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="default JOBWHEEL_STATUS_BATCH_SIZE"
+    )
     parser.add_argument("--batch-ms", type=int, default=500)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--bootstrap", help="broker (default JOBWHEEL_BOOTSTRAP_SERVERS)")
@@ -122,6 +124,7 @@ def main() -> None:
         store = StatusStore.from_settings(settings)
         print(f"store opened and migrated in {time.monotonic() - opened:.2f}s")
         sink = StatusSink(settings, store, batch_size=args.batch_size, batch_ms=args.batch_ms)
+        batch_size = sink.batch_size
         first_insert: list[float] = []
         original = store.insert_events
 
@@ -132,19 +135,26 @@ def main() -> None:
 
         store.insert_events = insert_and_time  # type: ignore[method-assign]
         started = time.monotonic()
+        cpu_started = time.process_time()
         thread = threading.Thread(target=sink.run, daemon=True)
         thread.start()
         while sink.stats.inserted < len(events):
             time.sleep(0.01)
         done = time.monotonic()
+        cpu_s = time.process_time() - cpu_started
         sink.stop()
         thread.join(60)
         store.insert_events = original  # type: ignore[method-assign]
+        print(
+            f"sink CPU (this process: consumer, decoding and the embedded engine): {cpu_s:.2f}s, "
+            f"{cpu_s / len(events) * 1e6:.1f} us per event, "
+            f"{cpu_s / len(events) * 5 * 1000:.3f} ms per job of five events"
+        )
 
         steady = done - first_insert[0]
         print(
             f"sink: {len(events)} events in {sink.stats.batches} batches "
-            f"(batch size {args.batch_size}, {args.batch_ms} ms): "
+            f"(batch size {batch_size}, {args.batch_ms} ms): "
             f"{len(events) / steady:,.0f} events/s steady ({steady:.2f}s from first insert), "
             f"{len(events) / (done - started):,.0f} events/s including group join and start"
         )
@@ -155,11 +165,11 @@ def main() -> None:
             settings.clickhouse_dsn, database="bench_raw", ttl_days=settings.status_ttl_days
         )
         t = time.monotonic()
-        for i in range(0, len(rows), args.batch_size):
-            raw.insert_events(rows[i : i + args.batch_size])
+        for i in range(0, len(rows), batch_size):
+            raw.insert_events(rows[i : i + batch_size])
         raw_s = time.monotonic() - t
         print(
-            f"store alone: {len(rows)} rows in batches of {args.batch_size}: "
+            f"store alone: {len(rows)} rows in batches of {batch_size}: "
             f"{len(rows) / raw_s:,.0f} events/s (materialized views included)"
         )
         raw.close()

@@ -1,4 +1,4 @@
-"""Throughput of one ``jobwheel worker`` process on ``demo.echo``.
+"""Throughput of one ``jobwheel worker`` process on ``demo.echo`` (or ``--task``).
 
 Produces N runs to a fresh runs topic (transactionally, keyed by job id, as the scheduler
 does), starts one worker subprocess and reads the acks topic until every run's SUCCEEDED event
@@ -7,6 +7,7 @@ over the steady part (first to last SUCCEEDED).
 
     jobwheel broker start                       # or pass --start-broker
     python -m load.worker_bench --runs 20000 --concurrency 8
+    python -m load.worker_bench --task load.noop --log-level INFO   # async no-op, default logging
 
 No assertions: it prints numbers. The whole pipeline is on this machine (broker, producer of
 the status events, the reader), so figures are for comparison between changes, not capacity.
@@ -36,7 +37,7 @@ from schemas.models import Run, State, StatusEvent
 from schemas.partitioning import key_for, partition_for
 
 
-def produce_runs(settings: Settings, n: int, codec: Codec) -> float:
+def produce_runs(settings: Settings, n: int, codec: Codec, task: str = "demo.echo") -> float:
     producer = Producer(
         producer_config(settings, **{"transactional.id": f"bench-{uuid.uuid4().hex}"})
     )
@@ -51,7 +52,7 @@ def produce_runs(settings: Settings, n: int, codec: Codec) -> float:
             run = Run(
                 run_id=f"{job_id}@{now}",
                 job_id=job_id,
-                task="demo.echo",
+                task=task,
                 args_json=json.dumps({"i": i}),
                 seq=1,
                 scheduled_time_ms=now,
@@ -76,7 +77,7 @@ def produce_runs(settings: Settings, n: int, codec: Codec) -> float:
     return time.monotonic() - started
 
 
-def worker_env(settings: Settings, concurrency: int) -> dict[str, str]:
+def worker_env(settings: Settings, concurrency: int, log_level: str = "WARNING") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
     env.update(
         JOBWHEEL_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
@@ -85,7 +86,7 @@ def worker_env(settings: Settings, concurrency: int) -> dict[str, str]:
         JOBWHEEL_PARTITIONS=str(settings.partitions),
         JOBWHEEL_WORKER_GROUP=settings.worker_group,
         JOBWHEEL_WORKER_CONCURRENCY=str(concurrency),
-        JOBWHEEL_LOG_LEVEL="WARNING",
+        JOBWHEEL_LOG_LEVEL=log_level,
         JOBWHEEL_LOG_FORMAT="text",
     )
     return env
@@ -140,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-broker", action="store_true", help="start a local broker")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--profile", metavar="FILE", help="run the worker under cProfile")
+    parser.add_argument(
+        "--task",
+        default="demo.echo",
+        help="task of every run: demo.echo (sync, default), load.noop (async), load.noop_sync",
+    )
+    parser.add_argument(
+        "--log-level", default="WARNING", help="the worker's JOBWHEEL_LOG_LEVEL (WARNING)"
+    )
     args = parser.parse_args(argv)
 
     codec = Codec()
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_group=f"{prefix}-workers",
         )
         ensure_topics(settings)
-        produce_s = produce_runs(settings, args.runs, codec)
+        produce_s = produce_runs(settings, args.runs, codec, args.task)
         print(f"produced {args.runs} runs in {produce_s:.2f}s ({args.runs / produce_s:,.0f}/s)")
 
         log_path = Path(tempfile.gettempdir()) / f"{prefix}-worker.log"
@@ -168,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                     "jobwheel.cli",
                     "worker",
                     "--tasks",
-                    "consumers.demo",
+                    "consumers.demo,load.tasks",
                 ],
-                env=worker_env(settings, args.concurrency),
+                env=worker_env(settings, args.concurrency, args.log_level),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -191,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     total_s = (times[-1] - started_ns) / 1e9
     steady_s = (times[-1] - times[0]) / 1e9
     print(
-        f"worker (concurrency {args.concurrency}, {args.partitions} partitions): "
+        f"worker ({args.task}, concurrency {args.concurrency}, {args.partitions} partitions, "
+        f"log level {args.log_level}): "
         f"{args.runs} runs SUCCEEDED in {total_s:.2f}s from process start "
         f"({args.runs / total_s:,.0f} runs/s), first result after "
         f"{(times[0] - started_ns) / 1e9:.2f}s, steady {args.runs / max(steady_s, 1e-9):,.0f} "

@@ -34,6 +34,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 
 from jobwheel.errors import ConfigError, SchemaDecodeError, SchemaRegistryError, ValidationError
+from schemas.flat import FlatError, FlatRecord
 from schemas.models import (
     After,
     At,
@@ -354,6 +355,7 @@ KINDS: dict[str, _Kind] = {
 class _Writer:
     version: SchemaVersion
     to_avro: Callable[[Any], dict[str, Any]]
+    flat: FlatRecord | None = None  # the fast path when the model's fields are the schema's
 
 
 @dataclass(frozen=True)
@@ -364,6 +366,36 @@ class _Reader:
     reader: dict[str, Any] | None
     from_avro: Callable[[dict[str, Any]], Any]
     label: str
+    full_name: str = ""
+    flat: FlatRecord | None = None  # the fast path for a flat writer schema (Run, StatusEvent)
+
+
+def _flat_writer(version: SchemaVersion, model: type) -> FlatRecord | None:
+    """A fast writer when every schema field is a model attribute of the same name."""
+    flat = FlatRecord.compile(version.parsed)
+    if flat is None or not dataclasses.is_dataclass(model):
+        return None
+    attributes = {f.name for f in dataclasses.fields(model)}
+    return flat if set(flat.names) <= attributes else None
+
+
+def _flat_reader(writer: dict[str, Any], current: SchemaVersion, model: type) -> FlatRecord | None:
+    """A fast reader for ``writer`` when resolving it to ``current`` is only "fields the writer
+    lacks take their defaults", and those defaults are the model's own."""
+    flat = FlatRecord.compile(writer)
+    if flat is None or not dataclasses.is_dataclass(model):
+        return None
+    reader_fields = {f["name"]: f for f in current.parsed["fields"]}
+    if not set(flat.names) <= set(reader_fields):
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(model)}
+    for name, f in reader_fields.items():
+        if name in flat.names:
+            if f["type"] != next(w["type"] for w in writer["fields"] if w["name"] == name):
+                return None  # a promotion or a changed type: leave it to fastavro
+        elif "default" not in f or defaults.get(name, dataclasses.MISSING) != f["default"]:
+            return None
+    return flat
 
 
 class Codec:
@@ -390,7 +422,9 @@ class Codec:
         for full_name, kind in KINDS.items():
             current = self.catalogue.current(full_name)
             self._current[full_name] = current
-            self._writers[kind.model] = _Writer(current, kind.to_avro)
+            self._writers[kind.model] = _Writer(
+                current, kind.to_avro, _flat_writer(current, kind.model)
+            )
         for v in self.catalogue.versions:
             kind = KINDS.get(v.full_name)
             if kind is None:
@@ -405,11 +439,14 @@ class Codec:
     def _reader_for(self, writer: dict[str, Any], full_name: str, label: str) -> _Reader:
         current = self._current[full_name]
         same = to_parsing_canonical_form(writer) == current.canonical
+        kind = KINDS[full_name]
         return _Reader(
             writer=writer,
             reader=None if same else current.parsed,
-            from_avro=KINDS[full_name].from_avro,
+            from_avro=kind.from_avro,
             label=label,
+            full_name=full_name,
+            flat=_flat_reader(writer, current, kind.model),
         )
 
     # encode ----------------------------------------------------------------------------
@@ -423,6 +460,14 @@ class Codec:
                 f"cannot encode {type(value).__name__}; expected JobCommand/Run/StatusEvent",
             )
         header = self._headers.get(type(value)) or self._registry_header(type(value), writer)
+        if writer.flat is not None:
+            fast = bytearray(header)
+            try:
+                writer.flat.encode([getattr(value, name) for name in writer.flat.names], fast)
+            except FlatError:
+                pass  # fastavro decides: it encodes the value or says what is wrong with it
+            else:
+                return bytes(fast)
         out = io.BytesIO()
         out.write(header)
         try:
@@ -487,6 +532,12 @@ class Codec:
                 "c301 (Avro single-object) or 00 (Confluent wire format)",
                 raw=data,
             )
+        if reader.flat is not None:
+            try:
+                values = reader.flat.decode(data, start)
+                return reader.from_avro(dict(zip(reader.flat.names, values, strict=True)))
+            except (FlatError, ValueError, TypeError):
+                pass  # fastavro decides, with its own error message
         body = io.BytesIO(data)
         body.seek(start)
         try:
@@ -539,6 +590,22 @@ class Codec:
         reader = self._reader_for(writer, full_name, f"{full_name} (registry id {schema_id})")
         self._registry_readers[schema_id] = reader
         return reader
+
+    def decode_fields(self, data: bytes) -> tuple[str, tuple[str, ...], list[Any]] | None:
+        """``(record full name, field names, values)`` of a single-object framed record of a
+        flat schema, straight from the bytes without building a model (readers that only
+        copy fields, like the status sink); None when the fast path does not apply or refuses
+        the bytes: use :meth:`decode`, which also says what is wrong with them."""
+        if type(data) is not bytes or data[:2] != SINGLE_OBJECT_MAGIC:
+            return None
+        reader = self._readers.get(data[2:_SINGLE_HEADER])
+        if reader is None or reader.flat is None:
+            return None
+        try:
+            values = reader.flat.decode(data, _SINGLE_HEADER)
+        except FlatError:
+            return None
+        return reader.full_name, reader.flat.names, values
 
     # introspection ---------------------------------------------------------------------
 

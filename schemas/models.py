@@ -166,3 +166,5 @@ class StatusEvent:
     next_fire_ms: int | None = None
     deadline_ms: int | None = None
     retry_delay_ms: int | None = None
+    #: status_event.v2: a quick run's start, carried by its terminal event instead of a STARTED
+    started_ms: int | None = None

@@ -109,6 +109,46 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
+#: How each written ``status_events`` column may be filled: (nullable, kind, low, high).
+_COLUMN_RULES: dict[str, tuple[bool, type, int, int]] = {
+    **{c: (False, str, 0, 0) for c in ("event_id", "job_id", "state", "source")},
+    **{
+        c: (True, str, 0, 0) for c in ("run_id", "task", "worker", "error", "reason", "result_json")
+    },
+    **{c: (False, int, -(2**31), 2**31 - 1) for c in ("attempt", "kafka_partition")},
+    **{c: (False, int, -(2**63), 2**63 - 1) for c in ("seq", "event_time_ms", "kafka_offset")},
+    **{
+        c: (True, int, -(2**63), 2**63 - 1)
+        for c in (
+            "scheduled_time_ms",
+            "duration_ms",
+            "next_fire_ms",
+            "deadline_ms",
+            "retry_delay_ms",
+        )
+    },
+}
+
+
+def row_fits(row: Sequence[Any]) -> str | None:
+    """Why ``row`` (in :data:`EVENT_COLUMNS` order) cannot be inserted, or None when it can.
+
+    One value out of its column's range fails the insert of the whole batch, and the sink would
+    retry that batch forever: readers of foreign bytes check rows before batching them.
+    """
+    for name, value in zip(EVENT_COLUMNS, row, strict=True):
+        nullable, kind, low, high = _COLUMN_RULES[name]
+        if value is None:
+            if nullable:
+                continue
+            return f"{name} is missing"
+        if type(value) is not kind:
+            return f"{name} is a {type(value).__name__}, not a {kind.__name__}"
+        if kind is int and not low <= value <= high:
+            return f"{name} {value} is out of its column's range"
+    return None
+
+
 def event_row(
     event: StatusEvent, partition: int = -1, offset: int = -1, *, source: str | None = None
 ) -> list[Any]:
@@ -375,13 +415,27 @@ class StatusStore:
     def insert_events(
         self, rows: Sequence[Sequence[Any]], *, dedup_token: str | None = None
     ) -> int:
-        """Insert :func:`event_row` rows; ``dedup_token`` drops an identical retried batch."""
+        """Insert :func:`event_row` rows; ``dedup_token`` drops an identical retried batch.
+
+        Sent column by column (the client serializes a column at a time anyway, so handing it
+        rows costs a transposition per value in Python). Settings, for the ingest rate:
+        ``parallel_view_processing`` runs the two materialized views side by side instead of
+        one after the other; ``optimize_on_insert = 0`` skips collapsing duplicate keys inside
+        the inserted block, which merges and every reader (FINAL, argMax) do anyway.
+        """
         if not rows:
             return 0
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
+        settings: dict[str, Any] = {"parallel_view_processing": 1, "optimize_on_insert": 0}
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        columns = [list(column) for column in zip(*rows, strict=True)]
         try:
             self.client.insert(
-                "status_events", rows, column_names=list(EVENT_COLUMNS), settings=settings
+                "status_events",
+                columns,
+                column_names=list(EVENT_COLUMNS),
+                column_oriented=True,
+                settings=settings,
             )
         except Exception as exc:
             raise StoreError(f"inserting {len(rows)} status events failed: {exc}") from exc

@@ -74,6 +74,8 @@ def result_to_json(result: Any, limit: int = RESULT_LIMIT_BYTES) -> str:
     A result too large is replaced by ``{"truncated": true, "bytes": N, "head": "..."}`` rather
     than cut mid-token, so whatever reads ``result_json`` can still parse it.
     """
+    if result is None:  # most tasks return nothing
+        return "null"
     try:
         text = json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError):  # e.g. a circular structure
@@ -106,6 +108,32 @@ def decode_args(args_json: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (value,), {}
 
 
+class _Signature:
+    """A task function's signature, with a quick yes for the usual call (keyword arguments
+    only) that ``Signature.bind`` answers in about ten times the time."""
+
+    __slots__ = ("signature", "_names", "_required", "_var_keyword", "_quick")
+
+    def __init__(self, signature: inspect.Signature | None) -> None:
+        self.signature = signature
+        params = list(signature.parameters.values()) if signature is not None else []
+        kinds = {p.kind for p in params}
+        by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        self._names = frozenset(p.name for p in params if p.kind in by_name)
+        self._required = frozenset(
+            p.name for p in params if p.kind in by_name and p.default is inspect.Parameter.empty
+        )
+        self._var_keyword = inspect.Parameter.VAR_KEYWORD in kinds
+        # Positional-only parameters make keyword binding subtle: leave those to bind().
+        self._quick = inspect.Parameter.POSITIONAL_ONLY not in kinds
+
+    def accepts_keywords(self, kwargs: dict[str, Any]) -> bool:
+        """True when ``fn(**kwargs)`` certainly binds; False means "ask bind()"."""
+        if not self._quick or not self._required.issubset(kwargs):
+            return False
+        return self._var_keyword or self._names.issuperset(kwargs)
+
+
 class _NotRetryable(Exception):
     """A failure no further attempt can fix; carries the error text and the reason."""
 
@@ -115,8 +143,22 @@ class _NotRetryable(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A run that can execute: its task and decoded arguments, checked against the signature."""
+
+    spec: TaskSpec
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    timeout_ms: int | None
+
+
 class Executor:
     """Executes runs with the tasks of one registry.
+
+    :meth:`execute` does everything for one run. The worker pool uses the parts separately
+    (:meth:`prepare`, then :meth:`run_async` on its event loop or :meth:`call_sync` in one of
+    its threads) so that a fast task costs no extra asyncio task or thread hand-off.
 
     :param threads: the pool sync tasks run in; size it to the worker's concurrency.
     :param rng: the random source of backoff jitter (seed it in tests).
@@ -135,7 +177,7 @@ class Executor:
         self._rng = rng or random.Random()
         self._result_limit = result_limit_bytes
         self._running_threads: set[concurrent.futures.Future[Any]] = set()
-        self._signatures: dict[Callable[..., Any], inspect.Signature | None] = {}
+        self._signatures: dict[Callable[..., Any], _Signature] = {}
 
     @property
     def busy_threads(self) -> int:
@@ -143,80 +185,133 @@ class Executor:
         handed back (a thread cannot be stopped, only waited for)."""
         return sum(1 for f in list(self._running_threads) if not f.done())
 
+    def track_thread(self, future: concurrent.futures.Future[Any]) -> None:
+        """Count ``future`` (a sync task's thread) in :attr:`busy_threads` until it is done."""
+        self._running_threads.add(future)
+        future.add_done_callback(self._running_threads.discard)
+
     async def execute(self, run: Run, heartbeat: Callable[[], None] = lambda: None) -> Outcome:
         """Run ``run`` to a terminal outcome. Never raises for task failures; only
         ``asyncio.CancelledError`` (the worker is shutting down) propagates."""
         started = time.monotonic()
+        prepared = self.prepare(run, started)
+        if isinstance(prepared, Outcome):
+            return prepared
+        if prepared.spec.is_async:
+            return await self.run_async(run, prepared, heartbeat, started)
+        token = set_context(RunContext(run=run, heartbeat=heartbeat))
+        try:
+            ctx = contextvars.copy_context()
+        finally:
+            reset_context(token)
+        thread_future = self._threads.submit(ctx.run, self.call_sync, run, prepared, started)
+        self.track_thread(thread_future)
+        timeout_ms = prepared.timeout_ms
+        timer: asyncio.Timeout | None = None
+        try:
+            async with asyncio.timeout(timeout_ms / 1000 if timeout_ms else None) as timer:
+                return await asyncio.wrap_future(thread_future)
+        except TimeoutError:
+            if timer is not None and timer.expired():
+                return self.timed_out(run, prepared, _elapsed_ms(started), thread_future)
+            raise
 
-        def elapsed_ms() -> int:
-            return int((time.monotonic() - started) * 1000)
-
+    def prepare(self, run: Run, started: float) -> Prepared | Outcome:
+        """The task and arguments of ``run``, or the FAILED outcome of a run that cannot start
+        (unknown task, arguments that are not JSON or do not fit): it never executes."""
         try:
             spec = self.registry.get(run.task)
         except TaskError as exc:
             return Outcome(
                 State.FAILED,
-                elapsed_ms(),
+                _elapsed_ms(started),
                 error=format_error(exc),
                 reason=f"unknown task {run.task!r}: not registered in this worker; not retried",
             )
         try:
             args, kwargs = self._arguments(spec, run)
         except _NotRetryable as exc:
-            return Outcome(State.FAILED, elapsed_ms(), error=exc.error, reason=exc.reason)
-
+            return Outcome(State.FAILED, _elapsed_ms(started), error=exc.error, reason=exc.reason)
         timeout_ms = run.timeout_ms if run.timeout_ms is not None else spec.timeout_ms
+        return Prepared(spec, args, kwargs, timeout_ms)
+
+    async def run_async(
+        self, run: Run, prepared: Prepared, heartbeat: Callable[[], None], started: float
+    ) -> Outcome:
+        """Await an async task in the calling asyncio task, within its time limit."""
+        spec = prepared.spec
         token = set_context(RunContext(run=run, heartbeat=heartbeat))
-        thread_future: concurrent.futures.Future[Any] | None = None
         timer: asyncio.Timeout | None = None
         try:
-            async with asyncio.timeout(timeout_ms / 1000 if timeout_ms else None) as timer:
-                if spec.is_async:
-                    result = await spec.fn(*args, **kwargs)
-                else:
-                    ctx = contextvars.copy_context()
-                    thread_future = self._threads.submit(ctx.run, spec.fn, *args, **kwargs)
-                    self._running_threads.add(thread_future)
-                    thread_future.add_done_callback(self._running_threads.discard)
-                    result = await asyncio.wrap_future(thread_future)
+            if prepared.timeout_ms:
+                async with asyncio.timeout(prepared.timeout_ms / 1000) as timer:
+                    result = await spec.fn(*prepared.args, **prepared.kwargs)
+            else:
+                result = await spec.fn(*prepared.args, **prepared.kwargs)
         except TimeoutError as exc:
             if timer is not None and timer.expired():
-                lingering = thread_future if thread_future and not thread_future.done() else None
-                if lingering is not None:
-                    log.warning(
-                        "sync task over its timeout keeps its thread until it returns",
-                        extra={"run_id": run.run_id, "attempt": run.attempt, "task": run.task},
-                    )
-                return self._failed(
-                    run,
-                    spec,
-                    elapsed_ms(),
-                    error=f"TimeoutError: task {spec.name!r} exceeded its timeout of "
-                    f"{timeout_ms} ms",
-                    reason="timed out",
-                    lingering=lingering,
-                )
-            return self._failed(run, spec, elapsed_ms(), error=format_error(exc))
-        except Retry as exc:
+                return self.timed_out(run, prepared, _elapsed_ms(started), None)
+            return self._failed(run, spec, _elapsed_ms(started), error=format_error(exc))
+        except (Exception, SystemExit) as exc:  # a task's sys.exit() must not stop the worker
+            return self._from_exception(run, spec, _elapsed_ms(started), exc)
+        finally:
+            reset_context(token)
+        return self._succeeded(result, _elapsed_ms(started))
+
+    def call_sync(self, run: Run, prepared: Prepared, started: float) -> Outcome:
+        """Call a sync task in this thread (the caller's contextvars must hold the run's
+        context). Time limits are the caller's: a thread cannot be interrupted."""
+        spec = prepared.spec
+        try:
+            result = spec.fn(*prepared.args, **prepared.kwargs)
+        except (Exception, SystemExit) as exc:
+            return self._from_exception(run, spec, _elapsed_ms(started), exc)
+        return self._succeeded(result, _elapsed_ms(started))
+
+    def timed_out(
+        self,
+        run: Run,
+        prepared: Prepared,
+        duration_ms: int,
+        thread: concurrent.futures.Future[Any] | None,
+    ) -> Outcome:
+        """FAILED for being over the time limit; ``thread``: a sync task's, still running."""
+        lingering = thread if thread is not None and not thread.done() else None
+        if lingering is not None:
+            log.warning(
+                "sync task over its timeout keeps its thread until it returns",
+                extra={"run_id": run.run_id, "attempt": run.attempt, "task": run.task},
+            )
+        return self._failed(
+            run,
+            prepared.spec,
+            duration_ms,
+            error=f"TimeoutError: task {prepared.spec.name!r} exceeded its timeout of "
+            f"{prepared.timeout_ms} ms",
+            reason="timed out",
+            lingering=lingering,
+        )
+
+    def _succeeded(self, result: Any, duration_ms: int) -> Outcome:
+        return Outcome(
+            State.SUCCEEDED, duration_ms, result_json=result_to_json(result, self._result_limit)
+        )
+
+    def _from_exception(
+        self, run: Run, spec: TaskSpec, duration_ms: int, exc: BaseException
+    ) -> Outcome:
+        if isinstance(exc, Retry):
             return self._failed(
                 run,
                 spec,
-                elapsed_ms(),
+                duration_ms,
                 error=format_error(exc),
                 reason=f"task asked for a retry: {exc}",
                 delay_ms=exc.delay_ms,
             )
-        except (Exception, SystemExit) as exc:  # a task's sys.exit() must not stop the worker
-            return self._failed(run, spec, elapsed_ms(), error=format_error(exc))
-        finally:
-            reset_context(token)
-        return Outcome(
-            State.SUCCEEDED,
-            elapsed_ms(),
-            result_json=result_to_json(result, self._result_limit),
-        )
+        return self._failed(run, spec, duration_ms, error=format_error(exc))
 
-    def _signature(self, spec: TaskSpec) -> inspect.Signature | None:
+    def _signature(self, spec: TaskSpec) -> _Signature:
         """Cached: inspecting a function costs more than a fast task's whole execution."""
         try:
             return self._signatures[spec.fn]
@@ -226,8 +321,8 @@ class Executor:
             signature: inspect.Signature | None = inspect.signature(spec.fn)
         except (TypeError, ValueError):
             signature = None
-        self._signatures[spec.fn] = signature
-        return signature
+        self._signatures[spec.fn] = _Signature(signature)
+        return self._signatures[spec.fn]
 
     def _arguments(self, spec: TaskSpec, run: Run) -> tuple[tuple[Any, ...], dict[str, Any]]:
         try:
@@ -237,15 +332,17 @@ class Executor:
                 format_error(exc), "args_json is not valid JSON; not retried"
             ) from None
         signature = self._signature(spec)
-        if signature is None:  # some builtins have no signature: let the call decide
+        if signature.signature is None:  # some builtins have no signature: the call decides
+            return args, kwargs
+        if not args and signature.accepts_keywords(kwargs):
             return args, kwargs
         try:
-            signature.bind(*args, **kwargs)
+            signature.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise _NotRetryable(
                 format_error(exc),
-                f"arguments do not match the signature of task {spec.name!r}{signature}; "
-                "not retried",
+                f"arguments do not match the signature of task {spec.name!r}"
+                f"{signature.signature}; not retried",
             ) from None
         return args, kwargs
 
@@ -281,3 +378,7 @@ class Executor:
             retry_delay_ms=retry,
             lingering=lingering,
         )
+
+
+def _elapsed_ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

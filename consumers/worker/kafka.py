@@ -7,12 +7,11 @@ plain :class:`Record` values, so the pool's logic never handles client objects.
 Threading: a confluent-kafka consumer may be used from one thread at a time, and rebalance
 callbacks run inside ``consume()`` on the calling thread. The pool therefore calls every
 :class:`RunsConsumer` method from one dedicated thread. The producer is thread-safe; its delivery
-callbacks are served by a small polling thread and handed to the event loop.
+callbacks are served by a small polling thread (see :class:`StatusProducer`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -176,12 +175,20 @@ class RunsConsumer:
             log.warning("closing the runs consumer failed", extra={"error": str(exc)})
 
 
+#: ``on_delivery(error)`` of :meth:`StatusProducer.produce`: None once the broker has the record.
+DeliveryReport = Callable[[DeliveryError | None], None]
+
+
 class StatusProducer:
-    """Produces the worker's events; :meth:`enqueue` returns a future resolved on broker ack.
+    """Produces the worker's events; each record's delivery report calls its ``on_delivery``.
 
     Uses ``producers.kafka.producer_config`` (idempotent, acks=all, murmur2 partitioner): the
     scheduler that owns a job's partition reads its acknowledgements from the same partition
     number of the acks topic, so the partitioner must be the one every other producer uses.
+
+    Delivery reports are served by one polling thread of this object, and ``on_delivery`` runs
+    there: it must be quick and thread-safe (the pool marks offsets done under its lock and
+    hands anything else to its event loop in batches).
     """
 
     def __init__(self, settings: Settings, **overrides: Any) -> None:
@@ -206,58 +213,32 @@ class StatusProducer:
         while not self._stop.is_set():
             self._producer.poll(0.05)
 
-    async def enqueue(
+    def produce(
         self,
         topic: str,
         key: bytes,
         value: bytes,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[None]:
-        """Hand a record to the producer (waiting while its queue is full); await the returned
-        future for the broker's acknowledgement (raises :class:`DeliveryError`)."""
-        while True:
-            future = self.enqueue_nowait(topic, key, value, headers)
-            if future is not None:
-                return future
-            await asyncio.sleep(0.01)
+        headers: list[tuple[str, bytes]] | None,
+        on_delivery: DeliveryReport,
+    ) -> bool:
+        """Hand a record to the producer; False (nothing queued) while its local queue is full.
+        Records produced in call order are delivered in that order (idempotent producer)."""
 
-    def enqueue_nowait(
-        self,
-        topic: str,
-        key: bytes,
-        value: bytes,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[None] | None:
-        """Like :meth:`enqueue` but never waits: None when the local queue is full. Call it on
-        the event loop; records enqueued in call order are delivered in that order."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def resolve(err: KafkaError | None) -> None:
-            if future.done():
-                return
+        def report(err: KafkaError | None, _msg: Any) -> None:
             if err is None:
-                future.set_result(None)
+                on_delivery(None)
             else:
-                future.set_exception(
+                on_delivery(
                     DeliveryError(f"status event not delivered: {err.str()}", code=err.name())
                 )
 
-        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(resolve, err)
-            except RuntimeError:  # the loop is gone (shutdown): nobody waits any more
-                pass
-
         try:
-            self._producer.produce(
-                topic, value=value, key=key, headers=headers, on_delivery=on_delivery
-            )
+            self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
         except BufferError:
-            return None
+            return False
         except KafkaException as exc:
             raise _broker_error(exc, "producing a status event failed") from exc
-        return future
+        return True
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries; returns how many are still undelivered."""

@@ -22,7 +22,7 @@ class Middleware:
     """Override the hooks you need; each is called on the event loop, so keep them fast."""
 
     def before_process(self, run: Run) -> None:
-        """The run is about to execute (its STARTED event has been sent)."""
+        """The run is about to execute (its STARTED event follows unless it ends quickly)."""
 
     def after_process(self, run: Run, outcome: Outcome) -> None:
         """The run reached SUCCEEDED or FAILED and its event was delivered."""
@@ -32,10 +32,17 @@ class Middleware:
 
 
 class LoggingMiddleware(Middleware):
-    """One structured line per state change: the trail operators grep by run_id."""
+    """One structured line per state change: the trail operators grep by run_id.
+
+    Started and succeeded runs are logged at DEBUG (``JOBWHEEL_LOG_LEVEL=DEBUG`` for the full
+    trail): two JSON lines per run cost more CPU than running a small task, and the status
+    store has every event anyway. Failures and skips stay at WARNING and INFO.
+    """
 
     def before_process(self, run: Run) -> None:
-        log.info(
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        log.debug(
             "run started",
             extra={
                 "run_id": run.run_id,
@@ -46,6 +53,8 @@ class LoggingMiddleware(Middleware):
         )
 
     def after_process(self, run: Run, outcome: Outcome) -> None:
+        if outcome.state is State.SUCCEEDED and not log.isEnabledFor(logging.DEBUG):
+            return
         extra = {
             "run_id": run.run_id,
             "attempt": run.attempt,
@@ -54,7 +63,7 @@ class LoggingMiddleware(Middleware):
             "duration_ms": outcome.duration_ms,
         }
         if outcome.state is State.SUCCEEDED:
-            log.info("run succeeded", extra=extra)
+            log.debug("run succeeded", extra=extra)
         else:
             extra.update(
                 error=outcome.error, reason=outcome.reason, retry_delay_ms=outcome.retry_delay_ms

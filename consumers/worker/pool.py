@@ -7,40 +7,53 @@ A committed offset is a promise that every run before it is finished. The pool k
 promise with manual commits of a per-partition *contiguous watermark*
 (:class:`~consumers.worker.tracking.OffsetTracker`): a run's offset counts as done only when the
 run reached a terminal state **and its status event was acknowledged by the broker** (SUCCEEDED,
-FAILED, STALE; a bad record counts as done once logged). The watermark is the first offset still
-pending, so a long run holds back commits of its partition while shorter runs behind it finish.
+FAILED, STALE; a bad record counts as done once logged). The broker's acknowledgement marks the
+offset done right in the producer's delivery report, so that rule costs no round trip through
+the event loop. The watermark is the first offset still pending, so a long run holds back
+commits of its partition while shorter runs behind it finish. Watermarks that moved are
+committed every ``JOBWHEEL_WORKER_COMMIT_INTERVAL_MS`` (100 ms).
 
 Consequences:
 
 * A crash (SIGKILL, OOM, lost node) loses nothing: every run without a delivered terminal
-  event is re-delivered to the partition's next owner. Some finished runs may be re-delivered
-  too (at-least-once); event ids are deterministic (``run_id:attempt:STATE``) so readers dedupe.
+  event is re-delivered to the partition's next owner. Runs finished within the last commit
+  interval are re-delivered too (at-least-once); event ids are deterministic
+  (``run_id:attempt:STATE``) so readers dedupe.
 * Why not commit on fetch (at-most-once) or after execution but before the event? The scheduler
   learns the outcome only from the event; an offset committed before the event is delivered can
   lose the run for good if the process dies in between.
 * On revoke (a rebalance moves a partition away) the watermark of what is done is committed
   synchronously and the partition is dropped: nothing beyond done work is ever committed, and
   nothing is committed for a partition this member no longer owns. Runs of that partition still
-  executing finish and emit their events; the new owner gets their records again (duplicate
-  execution is the price of not blocking the rebalance).
+  executing finish and emit their events; fetched runs not started yet are left to the new
+  owner.
 * The scheduler's visibility timeout is the second safety net: a run whose worker is gone
   stops heartbeating and is re-dispatched with attempt + 1, whether or not any offset moves.
 
-Duplicates, stale attempts and fencing
---------------------------------------
-* The same ``(run_id, attempt)`` delivered again while it is running is not executed twice; its
-  offset is completed together with the running execution.
-* An attempt lower than the latest one seen for the run (bounded LRU) is dropped with a STALE
-  event: the scheduler has already moved on to a newer attempt.
-* A fencing token lower than the highest seen for the run's scheduler partition comes from a
-  replaced (fenced) owner: dropped with STALE.
+Events of a run
+---------------
+A run that finishes within ``JOBWHEEL_WORKER_STARTED_EVENT_MS`` (100 ms) sends one record, its
+SUCCEEDED or FAILED, carrying ``started_ms``; a longer one sends STARTED when that time has
+passed (stamped with its real start), HEARTBEATs every third of its visibility timeout, then
+its verdict. All of a run's records are produced from the event loop in that order, so none
+overtakes another.
+
+Duplicates and stale attempts
+-----------------------------
+* The same ``(run_id, attempt)`` delivered again while it is waiting, running, or finished but
+  not yet acknowledged is not executed twice; its offset is completed with that execution.
+* An attempt lower than the latest one seen for the run, or a fencing token lower than the
+  highest seen for the run (bounded LRU), is dropped with a STALE event: the scheduler has
+  moved on. Both checks are per run, so a forged or corrupt record cannot stop other jobs.
 
 Concurrency and shutdown
 ------------------------
-At most ``concurrency`` runs execute at once (an asyncio semaphore; sync tasks in a thread pool of
-the same size). When the local backlog is full the pool pauses its partitions but keeps polling,
-so long runs never make it miss ``max.poll.interval.ms`` and drop out of the group. Scale out by
-starting more processes in the same consumer group.
+At most ``concurrency`` runs execute at once. Async tasks run as one asyncio task each on the
+pool's event loop; sync tasks run in a thread pool of the same size and report back in batches
+(one loop wake-up for however many finished meanwhile). When the local backlog is full the pool
+pauses its partitions but keeps polling, so long runs never make it miss
+``max.poll.interval.ms`` and drop out of the group. Scale out by starting more processes in the
+same consumer group.
 
 ``stop()`` (SIGTERM/SIGINT) stops fetching, waits up to the grace period for running runs, then
 hands the rest back with FAILED ``retry_delay_ms=0`` reason "worker shutdown" (the scheduler
@@ -53,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -60,17 +74,19 @@ import random
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from consumers.worker.executor import Executor, Outcome
+from consumers.worker.context import RunContext, reset_context, set_context
+from consumers.worker.executor import Executor, Outcome, Prepared, format_error
 from consumers.worker.kafka import Record, RunsConsumer, StatusProducer
 from consumers.worker.middleware import Middleware, default_middleware
 from consumers.worker.registry import TaskRegistry, default_registry
-from consumers.worker.tracking import FencingTokens, LatestAttempts, OffsetTracker
+from consumers.worker.tracking import LatestAttempts, OffsetTracker
 from jobwheel.clock import Clock, SystemClock
-from jobwheel.errors import BrokerError, SchemaDecodeError
+from jobwheel.errors import BrokerError, DeliveryError, SchemaDecodeError
 from jobwheel.settings import Settings
 from schemas.models import HANDBACK_REASON, Run, State, StatusEvent
 from schemas.partitioning import key_for
@@ -81,27 +97,47 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 POLL_TIMEOUT_S = 0.1
-COMMIT_INTERVAL_S = 0.2
-FETCH_BATCH = 200
+FETCH_BATCH = 500
+SWEEP_INTERVAL_S = 0.05
+FULL_WAIT_S = 1.0
 HAND_BACK_TIMEOUT_S = 10.0
+_MAX_REDELIVERY_DELAY_S = 5.0
+
+#: An encoded acks record: topic, key, value, headers.
+_AckRecord = tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Execution:
-    """One (run_id, attempt) being executed and every offset that delivered it."""
+    """One (run_id, attempt): waiting, executing or acknowledging, and every offset that
+    delivered it. ``offsets`` and ``acked`` are shared with the delivery thread (pool lock)."""
 
     run: Run
     offsets: list[tuple[OffsetTracker, int]]
-    started: float = field(default_factory=time.monotonic)
-    exec_task: asyncio.Task[Outcome] | None = None
-    outcome: Outcome | None = None
+    started: float = 0.0  # monotonic
+    started_ms: int | None = None  # wall clock; None: never started (could not)
+    started_sent: bool = False
+    prepared: Prepared | None = None
+    task: asyncio.Task[None] | None = None  # an async task's run
+    thread: concurrent.futures.Future[None] | None = None  # a sync task's run
+    deadline: float | None = None  # monotonic; sync tasks' time limit (async: asyncio.timeout)
+    beat_interval: float = 0.0
+    next_beat: float = 0.0
     heartbeats: int = 0
-    beat: asyncio.TimerHandle | None = None
     last_heartbeat_ms: int = 0
+    holds_slot: bool = False
+    handing_back: bool = False
+    outcome: Outcome | None = None
+    acked: bool = False
+    redeliveries: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.run.run_id, self.run.attempt)
 
 
 class WorkerPool:
@@ -140,6 +176,8 @@ class WorkerPool:
         self._codec = Codec(settings.schema_registry_url)
         self._runs_topic = settings.topics.runs
         self._acks_topic = settings.topics.acks
+        self._started_event_s = max(0, settings.worker_started_event_ms) / 1000
+        self._commit_interval_s = max(0, settings.worker_commit_interval_ms) / 1000
         self._task_threads = concurrent.futures.ThreadPoolExecutor(
             self.concurrency, thread_name_prefix="jobwheel-task"
         )
@@ -147,23 +185,29 @@ class WorkerPool:
         self._kafka_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="jobwheel-consumer"
         )
-        # Consumer-thread state, shared with the loop under the lock.
+        # Shared by the consumer thread, the delivery thread and the loop: trackers.
         self._lock = threading.Lock()
         self._trackers: dict[int, OffsetTracker] = {}
         self._paused = False
         self._last_commit = 0.0
+        # Handed to the loop by other threads (deque appends and pops are atomic).
+        self._acked: deque[_Execution] = deque()  # verdict delivered: reap (hooks, forget)
+        self._completions: deque[tuple[_Execution, Outcome]] = deque()  # sync tasks returned
+        self._wake_pending = False
         # Loop state.
         self._latest = LatestAttempts(latest_attempts_capacity)
-        self._fencing = FencingTokens()
         self._inflight: dict[tuple[str, int], _Execution] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._backlog: asyncio.Queue[tuple[OffsetTracker, Record]] = asyncio.Queue()
-        self._high_water = max(20 * self.concurrency, 1_000)  # fetched, not started
-        self._slots = asyncio.Semaphore(self.concurrency)
+        self._backlog: deque[_Execution] = deque()  # fetched, not started
+        self._active: set[_Execution] = set()  # executing
+        self._running = 0  # executions holding a concurrency slot
+        self._high_water = max(20 * self.concurrency, 1_000)
         self._stop_requested = asyncio.Event()
         self._hurry = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._room = asyncio.Event()  # set: the backlog has drained to half its high water
         self._draining = False
         self._closing = False
+        self._sweeper: asyncio.TimerHandle | None = None
         self._consumer: RunsConsumer | None = None
         self._producer: StatusProducer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -201,16 +245,18 @@ class WorkerPool:
                 "tasks": self.registry.describe(),
             },
         )
+        self._sweeper = self._loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         fetch = asyncio.create_task(self._fetch_loop(), name="jobwheel-fetch")
-        dispatch = asyncio.create_task(self._dispatch_loop(), name="jobwheel-dispatch")
         stop = asyncio.create_task(self._stop_requested.wait())
-        await asyncio.wait({fetch, dispatch, stop}, return_when=asyncio.FIRST_COMPLETED)
-        fatal = _task_error(fetch) or _task_error(dispatch)
+        await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        fatal = _task_error(fetch)
         try:
-            await self._shutdown(dispatch)
+            await self._shutdown()
         finally:
             self._closing = True
             stop.cancel()
+            if self._sweeper is not None:
+                self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError, BrokerError):
                 await fetch
             await self._close()
@@ -284,10 +330,18 @@ class WorkerPool:
             self._consumer.resume(self._consumer.assignment())
             self._paused = False
         now = time.monotonic()
-        if now - self._last_commit >= COMMIT_INTERVAL_S:
+        if now - self._last_commit >= self._commit_interval_s:
             self._last_commit = now
             self._commit(asynchronous=True)
-        records = self._consumer.consume(FETCH_BATCH, POLL_TIMEOUT_S)
+        # Take what is there without waiting; with nothing there, wait for the first record
+        # only (a batch call would hold early records back until the batch fills or times
+        # out), no longer than until the next commit is due.
+        records = self._consumer.consume(FETCH_BATCH, 0)
+        if not records:
+            timeout = min(POLL_TIMEOUT_S, max(0.005, self._commit_interval_s))
+            records = self._consumer.consume(1, timeout)
+            if records:
+                records += self._consumer.consume(FETCH_BATCH - 1, 0)
         out: list[tuple[OffsetTracker, Record]] = []
         with self._lock:
             for record in records:
@@ -303,41 +357,33 @@ class WorkerPool:
         return out
 
     async def _fetch_loop(self) -> None:
-        """Poll until closing. While draining, partitions stay paused but polling goes on, so
-        the group membership and the rebalance callbacks keep working."""
-        pause = False
+        """Poll until closing, in batches, handing every record to :meth:`_accept`.
+
+        Flow control: with the local backlog at its high water mark the loop stops taking
+        records and waits for it to drain to half. A short wait leaves the client's prefetched
+        records in place (pausing the partitions would drop them and cost a fetch round trip on
+        resume, which capped a worker at about 1,200 quick runs per second). When the backlog
+        stays full (long runs), the partitions are paused and polling goes on, so group
+        membership and rebalance callbacks keep working; the same while draining.
+        """
         while not self._closing:
-            # Hysteresis: every pause/resume cycle costs a fetch round trip, so pause at the high
-            # water mark and resume only once the backlog is down to half of it.
-            size = self._backlog.qsize()
-            if size >= self._high_water:
-                pause = True
-            elif size <= self._high_water // 2:
-                pause = False
-            pause = pause or self._draining
+            pause = self._draining
+            if not pause and len(self._backlog) >= self._high_water:
+                self._room.clear()
+                try:
+                    await asyncio.wait_for(self._room.wait(), FULL_WAIT_S)
+                    continue
+                except TimeoutError:
+                    pause = True
             items = await self._in_consumer_thread(self._poll_step, pause)
-            for item in items:
-                self._backlog.put_nowait(item)
+            self._reap()
+            if self._draining:
+                continue  # not started: left uncommitted for the partition's next owner
+            for tracker, record in items:
+                self._accept(tracker, record)
+            self._start_ready()
 
-    # --- dispatch -------------------------------------------------------------------------
-
-    async def _dispatch_loop(self) -> None:
-        while True:
-            tracker, record = await self._backlog.get()
-            run = self._decode(tracker, record)
-            if run is None or tracker.revoked:
-                continue
-            if self._admit(run, tracker, record.offset):
-                continue
-            await self._slots.acquire()
-            execution = _Execution(run, [(tracker, record.offset)])
-            self._inflight[(run.run_id, run.attempt)] = execution
-            self._spawn(self._process(execution), f"run {run.run_id}#{run.attempt}")
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    # --- admission ------------------------------------------------------------------------
 
     def _decode(self, tracker: OffsetTracker, record: Record) -> Run | None:
         """A record that is not a Run is logged and skipped (and committed past): retrying
@@ -358,94 +404,201 @@ class WorkerPool:
                     "error": str(exc),
                 },
             )
-            self._done(tracker, record.offset)
+            self._done([(tracker, record.offset)])
             return None
         return value
 
-    def _admit(self, run: Run, tracker: OffsetTracker, offset: int) -> bool:
-        """Decide before executing: fenced or stale (emit STALE), duplicate (join the running
-        execution). Returns True when the run is handled without executing."""
-        newer_token = self._fencing.observe(run.partition, run.fencing_token)
-        if newer_token is not None:
-            reason = f"fenced: token {run.fencing_token} < {newer_token}"
-            self._spawn(self._stale(run, tracker, offset, reason), f"stale {run.run_id}")
-            return True
-        newer_attempt = self._latest.observe(run.run_id, run.attempt)
-        if newer_attempt is not None:
-            reason = (
-                f"stale attempt: {run.attempt} < {newer_attempt}, a newer attempt of this run "
-                "was already dispatched"
-            )
-            self._spawn(self._stale(run, tracker, offset, reason), f"stale {run.run_id}")
-            return True
-        running = self._inflight.get((run.run_id, run.attempt))
-        if running is not None:
-            running.offsets.append((tracker, offset))
-            self._hook("after_skip", run, None, "duplicate delivery while the attempt is running")
-            return True
-        return False
+    def _accept(self, tracker: OffsetTracker, record: Record) -> None:
+        """Decide before executing: stale (emit STALE), duplicate (join the execution of the same
+        attempt), else queue it."""
+        run = self._decode(tracker, record)
+        if run is None or tracker.revoked:
+            return
+        stale = self._latest.observe(run.run_id, run.attempt, run.fencing_token)
+        if stale is not None:
+            self._stale(run, [(tracker, record.offset)], stale)
+            return
+        known = self._inflight.get((run.run_id, run.attempt))
+        if known is not None:
+            with self._lock:
+                if known.acked:  # finished and acknowledged: this copy is done as well
+                    tracker.mark_done(record.offset)
+                else:
+                    known.offsets.append((tracker, record.offset))
+            self._hook("after_skip", run, None, "duplicate delivery of a known attempt")
+            return
+        execution = _Execution(run, [(tracker, record.offset)])
+        self._inflight[execution.key] = execution
+        self._backlog.append(execution)
+
+    def _start_ready(self) -> None:
+        """Start waiting runs while slots are free (after a fetch and whenever a run ends)."""
+        while self._running < self.concurrency and self._backlog and not self._draining:
+            ex = self._backlog.popleft()
+            if not self._room.is_set() and len(self._backlog) <= self._high_water // 2:
+                self._room.set()
+            if all(tracker.revoked for tracker, _ in ex.offsets):
+                self._inflight.pop(ex.key, None)  # the partition moved: its new owner runs it
+                continue
+            newer = self._latest.newer_attempt(ex.run.run_id, ex.run.attempt)
+            if newer is not None:
+                self._inflight.pop(ex.key, None)
+                reason = (
+                    f"stale attempt: {ex.run.attempt} < {newer}, a newer attempt of this run "
+                    "arrived while it waited"
+                )
+                self._stale(ex.run, ex.offsets, reason)
+                continue
+            self._start(ex)
 
     # --- one run --------------------------------------------------------------------------
 
-    async def _process(self, ex: _Execution) -> None:
-        """Execute one attempt and acknowledge it.
-
-        The concurrency slot covers execution only (plus a timed-out sync task's thread until it
-        really returns), not the wait for the broker's acknowledgement of the terminal event:
-        that wait is cheap bookkeeping, and holding slots through it capped a fast task at
-        ``concurrency / round-trip`` runs per second.
-        """
+    def _start(self, ex: _Execution) -> None:
         run = ex.run
-        released = False
-
-        def release(_: object = None) -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._slots.release()
-
+        ex.started = time.monotonic()
+        ex.started_ms = self._clock.now_ms()
+        prepared = self._executor.prepare(run, ex.started)
+        if isinstance(prepared, Outcome):  # unknown task, bad arguments: it never starts
+            ex.started_ms = None
+            self._finish(ex, prepared)
+            return
+        loop = self._loop
+        assert loop is not None
+        self._running += 1
+        ex.holds_slot = True
+        ex.prepared = prepared
+        ex.beat_interval = max(0.05, run.visibility_timeout_ms / 3000)
+        ex.next_beat = ex.started + ex.beat_interval
+        self._active.add(ex)
+        self._hook("before_process", run)
+        if self._started_event_s == 0:
+            self._send_started(ex)
+        if prepared.spec.is_async:
+            ex.task = loop.create_task(self._run_async(ex, prepared))
+            return
+        if prepared.timeout_ms:
+            ex.deadline = ex.started + prepared.timeout_ms / 1000
+        token = set_context(RunContext(run=run, heartbeat=functools.partial(self._beat, ex)))
         try:
-            if run.task in self.registry:  # an unknown task never starts: FAILED only
-                await self._send(self._event(run, State.STARTED, deadline_ms=self._deadline(run)))
-                self._hook("before_process", run)
-            self._schedule_heartbeat(ex)
-            ex.exec_task = asyncio.create_task(
-                self._executor.execute(run, heartbeat=lambda: self._heartbeat_threadsafe(ex))
-            )
-            try:
-                outcome = await ex.exec_task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-                outcome = self._hand_back_outcome(ex)
-            finally:
-                if ex.beat is not None:
-                    ex.beat.cancel()
-            ex.outcome = outcome
-            if outcome.lingering is not None and not self._draining:
-                # A timed-out sync task still occupies its thread: keep the slot until it ends.
-                lingering = outcome.lingering
-                loop = asyncio.get_running_loop()
-                lingering.add_done_callback(lambda _f: loop.call_soon_threadsafe(release))
-            else:
-                release()
-            if await self._deliver(self._final_event(run, outcome)):
-                self._hook("after_process", run, outcome)
-                for tracker, offset in ex.offsets:
-                    self._done(tracker, offset)
-            self._inflight.pop((run.run_id, run.attempt), None)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception(
-                "processing a run failed; its offset stays uncommitted",
-                extra={"run_id": run.run_id, "attempt": run.attempt},
-            )
-            self._inflight.pop((run.run_id, run.attempt), None)
+            ctx = contextvars.copy_context()
         finally:
-            if ex.outcome is None or ex.outcome.lingering is None or self._draining:
-                release()
+            reset_context(token)
+        ex.thread = self._task_threads.submit(ctx.run, self._call_sync, ex, prepared)
+        self._executor.track_thread(ex.thread)
+
+    async def _run_async(self, ex: _Execution, prepared: Prepared) -> None:
+        try:
+            outcome = await self._executor.run_async(
+                ex.run, prepared, functools.partial(self._beat, ex), ex.started
+            )
+        except asyncio.CancelledError:
+            if not ex.handing_back:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            outcome = self._hand_back_outcome(ex)
+        self._finish(ex, outcome)
+        self._start_ready()
+
+    def _call_sync(self, ex: _Execution, prepared: Prepared) -> None:
+        """In a task thread: call the function, hand the outcome to the loop."""
+        try:
+            outcome = self._executor.call_sync(ex.run, prepared, ex.started)
+        except BaseException as exc:  # whatever escapes the executor is the run's failure
+            outcome = Outcome(State.FAILED, 0, error=format_error(exc), reason="worker error")
+        self._completions.append((ex, outcome))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._threadsafe(self._drain_completions)
+
+    def _drain_completions(self) -> None:
+        self._wake_pending = False
+        while self._completions:
+            ex, outcome = self._completions.popleft()
+            if ex.outcome is None:
+                self._finish(ex, outcome)
+            elif ex.holds_slot:  # timed out earlier; its thread has now returned
+                ex.holds_slot = False
+                self._running -= 1
+        self._start_ready()
+
+    def _finish(self, ex: _Execution, outcome: Outcome) -> None:
+        """The run's verdict: free its slot (a timed-out sync task keeps it until its thread
+        returns) and send the terminal event; the broker's acknowledgement completes it.
+        Callers start the next runs (not here: a row of runs that cannot start would recurse)."""
+        if ex.outcome is not None:
+            return
+        ex.outcome = outcome
+        self._active.discard(ex)
+        if ex.holds_slot and (outcome.lingering is None or self._draining):
+            ex.holds_slot = False
+            self._running -= 1
+        started_ms = ex.started_ms if not ex.started_sent else None
+        event = self._event(
+            ex.run,
+            outcome.state,
+            duration_ms=outcome.duration_ms,
+            result_json=outcome.result_json,
+            error=outcome.error,
+            reason=outcome.reason,
+            retry_delay_ms=outcome.retry_delay_ms,
+            started_ms=started_ms,
+        )
+        self._send_verdict(ex, self._record(event))
+        if self._draining and not self._active:
+            self._idle.set()
+
+    def _send_verdict(self, ex: _Execution, record: _AckRecord) -> None:
+        assert self._producer is not None
+        try:
+            queued = self._producer.produce(
+                *record, on_delivery=functools.partial(self._verdict_delivered, ex, record)
+            )
+        except BrokerError as exc:
+            queued = False
+            log.warning(
+                "status event not queued; retrying",
+                extra={"run_id": ex.run.run_id, "error": str(exc)},
+            )
+        if not queued:  # local queue full (or refused): try again shortly
+            self._retry_later(ex, record)
+
+    def _verdict_delivered(
+        self, ex: _Execution, record: _AckRecord, error: DeliveryError | None
+    ) -> None:
+        """Delivery thread: the broker has the verdict, so the run's offsets are done."""
+        if error is None:
+            with self._lock:
+                ex.acked = True
+                for tracker, offset in ex.offsets:
+                    tracker.mark_done(offset)
+            self._acked.append(ex)
+            return
+        log.warning(
+            "status event not delivered; retrying",
+            extra={"run_id": ex.run.run_id, "attempt": ex.run.attempt, "error": str(error)},
+        )
+        self._threadsafe(self._retry_later, ex, record)
+
+    def _retry_later(self, ex: _Execution, record: _AckRecord) -> None:
+        """Send until acknowledged: the offset commit waits for the verdict, so giving up would
+        stall the partition. Gives up only when the pool is closing (the record is then
+        re-delivered to the next owner)."""
+        if self._closing or self._loop is None:
+            return
+        delay = min(0.1 * 2**ex.redeliveries, _MAX_REDELIVERY_DELAY_S)
+        ex.redeliveries += 1
+        self._loop.call_later(delay, self._send_verdict, ex, record)
+
+    def _reap(self) -> None:
+        """Forget acknowledged executions and tell the middleware (after the broker ack)."""
+        while self._acked:
+            ex = self._acked.popleft()
+            if self._inflight.get(ex.key) is ex:
+                del self._inflight[ex.key]
+            if ex.outcome is not None and ex.outcome.state is not State.STALE:
+                self._hook("after_process", ex.run, ex.outcome)
 
     def _hand_back_outcome(self, ex: _Execution) -> Outcome:
         return Outcome(
@@ -456,45 +609,75 @@ class WorkerPool:
             retry_delay_ms=0,
         )
 
-    async def _stale(self, run: Run, tracker: OffsetTracker, offset: int, reason: str) -> None:
-        if await self._deliver(self._event(run, State.STALE, reason=reason)):
-            self._done(tracker, offset)
+    def _stale(self, run: Run, offsets: list[tuple[OffsetTracker, int]], reason: str) -> None:
+        """A STALE event; the offsets are done once the broker has it."""
+        assert self._producer is not None
+        record = self._record(self._event(run, State.STALE, reason=reason))
+        ex = _Execution(run, offsets)  # only for the delivery bookkeeping
+        ex.outcome = Outcome(State.STALE, 0, reason=reason)
+        self._send_verdict(ex, record)
         self._hook("after_skip", run, State.STALE, reason)
 
-    def _done(self, tracker: OffsetTracker, offset: int) -> None:
+    def _done(self, offsets: list[tuple[OffsetTracker, int]]) -> None:
         with self._lock:
-            tracker.mark_done(offset)
+            for tracker, offset in offsets:
+                tracker.mark_done(offset)
 
-    # --- heartbeats -----------------------------------------------------------------------
-
-    def _schedule_heartbeat(self, ex: _Execution) -> None:
-        """Beat every third of the visibility timeout: two beats may be lost before the
-        scheduler's deadline passes. A timer, not a task: this runs for every execution."""
-        loop = asyncio.get_running_loop()
-        interval_s = max(0.05, ex.run.visibility_timeout_ms / 3 / 1000)
-
-        def tick() -> None:
-            self._heartbeat(ex, explicit=False)
-            ex.beat = loop.call_later(interval_s, tick)
-
-        ex.beat = loop.call_later(interval_s, tick)
-
-    def _heartbeat_threadsafe(self, ex: _Execution) -> None:
-        """``heartbeat()`` called by task code, from a worker thread or the loop."""
+    def _threadsafe(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._heartbeat, ex, True)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(fn, *args)
+
+    # --- STARTED, heartbeats, time limits -------------------------------------------------
+
+    def _sweep(self) -> None:
+        """Every SWEEP_INTERVAL_S: STARTED for runs past the quick-run time, heartbeats every
+        third of the visibility timeout, sync tasks over their time limit. One timer for all
+        runs instead of timers per run."""
+        now = time.monotonic()
+        for ex in list(self._active):
+            if ex.outcome is not None:
+                continue
+            if not ex.started_sent and now - ex.started >= self._started_event_s:
+                self._send_started(ex)
+            if now >= ex.next_beat:
+                ex.next_beat = now + ex.beat_interval
+                self._heartbeat(ex, explicit=False)
+            if ex.deadline is not None and now >= ex.deadline and ex.prepared is not None:
+                duration_ms = int((now - ex.started) * 1000)
+                self._finish(
+                    ex, self._executor.timed_out(ex.run, ex.prepared, duration_ms, ex.thread)
+                )
+        if not self._closing and self._loop is not None:
+            self._sweeper = self._loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def _send_started(self, ex: _Execution) -> None:
+        ex.started_sent = True
+        now = self._clock.now_ms()
+        event = self._event(
+            ex.run,
+            State.STARTED,
+            now_ms=ex.started_ms,  # when it started, not when this record is sent
+            deadline_ms=now + ex.run.visibility_timeout_ms,
+        )
+        self._send_info(ex, event)
+
+    def _beat(self, ex: _Execution) -> None:
+        """``heartbeat()`` called by task code, from a task thread or the loop."""
+        self._threadsafe(self._heartbeat, ex, True)
 
     def _heartbeat(self, ex: _Execution, explicit: bool) -> None:
         if ex.outcome is not None or self._closing:
             return
         now = self._clock.now_ms()
         # Explicit calls are rate limited: a task calling heartbeat() in a loop must not flood
-        # the status topic; a tenth of the visibility timeout keeps deadlines comfortably fresh.
+        # the acks topic; a tenth of the visibility timeout keeps deadlines comfortably fresh.
         if explicit and now - ex.last_heartbeat_ms < max(100, ex.run.visibility_timeout_ms // 10):
             return
+        if not ex.started_sent:
+            self._send_started(ex)  # a heartbeat never comes before its STARTED
         ex.heartbeats += 1
         ex.last_heartbeat_ms = now
         event = self._event(
@@ -504,23 +687,37 @@ class WorkerPool:
             now_ms=now,  # the deadline is "this heartbeat + the visibility timeout"
             deadline_ms=now + ex.run.visibility_timeout_ms,
         )
-        # Enqueued right here, not in a task: a heartbeat must never overtake the run's
-        # terminal event, which _process enqueues after this callback.
+        self._send_info(ex, event)
+
+    def _send_info(self, ex: _Execution, event: StatusEvent) -> None:
+        """STARTED and HEARTBEAT: sent once, never waited for (a lost one costs nothing the
+        next heartbeat or the verdict does not make up for). Produced on the loop, before the
+        run's verdict, so neither overtakes it."""
         assert self._producer is not None
+        state = event.state.value
+        run_id = ex.run.run_id
+
+        def report(error: DeliveryError | None) -> None:
+            if error is not None:
+                log.warning(
+                    "status event not delivered",
+                    extra={"run_id": run_id, "state": state, "error": str(error)},
+                )
+
         try:
-            delivery = self._producer.enqueue_nowait(*self._record(event))
+            queued = self._producer.produce(*self._record(event), on_delivery=report)
         except BrokerError as exc:
-            delivery = None
-            log.warning("heartbeat not sent", extra={"run_id": ex.run.run_id, "error": str(exc)})
-        if delivery is None:
-            log.warning("heartbeat dropped: producer queue full", extra={"run_id": ex.run.run_id})
+            log.warning(
+                "status event not sent", extra={"run_id": run_id, "state": state, "error": str(exc)}
+            )
             return
-        delivery.add_done_callback(_log_heartbeat_failure)
+        if not queued:
+            log.warning(
+                "status event dropped: producer queue full",
+                extra={"run_id": run_id, "state": state},
+            )
 
     # --- status events --------------------------------------------------------------------
-
-    def _deadline(self, run: Run) -> int:
-        return self._clock.now_ms() + run.visibility_timeout_ms
 
     def _event(
         self,
@@ -546,46 +743,11 @@ class WorkerPool:
             **fields,
         )
 
-    def _final_event(self, run: Run, outcome: Outcome) -> StatusEvent:
-        return self._event(
-            run,
-            outcome.state,
-            duration_ms=outcome.duration_ms,
-            result_json=outcome.result_json,
-            error=outcome.error,
-            reason=outcome.reason,
-            retry_delay_ms=outcome.retry_delay_ms,
-        )
-
-    def _record(self, event: StatusEvent) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
+    def _record(self, event: StatusEvent) -> _AckRecord:
         """The acks record of an event: keyed by job id (so it lands in the job's partition),
         its state in a header (so the scheduler skips STARTED without decoding it)."""
         headers = [(STATE_HEADER, event.state.value.encode())]
         return self._acks_topic, key_for(event.job_id), self._codec.encode(event), headers
-
-    async def _send(self, event: StatusEvent) -> asyncio.Future[None]:
-        """Enqueue an event on the acks topic."""
-        assert self._producer is not None
-        return await self._producer.enqueue(*self._record(event))
-
-    async def _deliver(self, event: StatusEvent) -> bool:
-        """Send until acknowledged: the offset commit waits for this event, so giving up would
-        stall the partition. Gives up only when the pool is closing (the record is then
-        re-delivered to the next owner)."""
-        delay = 0.1
-        while True:
-            try:
-                await (await self._send(event))
-                return True
-            except BrokerError as exc:
-                log.warning(
-                    "status event not delivered; retrying",
-                    extra={"run_id": event.run_id, "state": event.state.value, "error": str(exc)},
-                )
-                if self._closing:
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     def _hook(self, name: str, *args: Any) -> None:
         for mw in self.middleware:
@@ -596,41 +758,49 @@ class WorkerPool:
 
     # --- shutdown -------------------------------------------------------------------------
 
-    async def _shutdown(self, dispatch: asyncio.Task[None]) -> None:
+    async def _shutdown(self) -> None:
         self._draining = True
-        dispatch.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await dispatch
-        running = [ex for ex in self._inflight.values() if ex.outcome is None]
         log.info(
             "worker stopping",
-            extra={"running": len(running), "grace_s": self.grace_s},
+            extra={
+                "running": len(self._active),
+                "waiting": len(self._backlog),
+                "grace_s": self.grace_s,
+            },
         )
-        pending = {t for t in self._tasks if not t.done()}
-        if pending:
-            everything = asyncio.ensure_future(asyncio.wait(pending))
+        if self._active:
+            self._idle.clear()
+            idle = asyncio.ensure_future(self._idle.wait())
             hurry = asyncio.ensure_future(self._hurry.wait())
             await asyncio.wait(
-                {everything, hurry}, timeout=self.grace_s, return_when=asyncio.FIRST_COMPLETED
+                {idle, hurry}, timeout=self.grace_s, return_when=asyncio.FIRST_COMPLETED
             )
-            everything.cancel()
+            idle.cancel()
             hurry.cancel()
         # Hand back what is still executing: FAILED with retry 0, so it is re-dispatched at once.
-        handed = [ex for ex in self._inflight.values() if ex.outcome is None and ex.exec_task]
-        for ex in handed:
-            assert ex.exec_task is not None
-            ex.exec_task.cancel()
+        tasks: list[asyncio.Task[None]] = []
+        for ex in list(self._active):
             log.warning(
                 "run handed back",
                 extra={"run_id": ex.run.run_id, "attempt": ex.run.attempt, "reason": "shutdown"},
             )
-        pending = {t for t in self._tasks if not t.done()}
-        if pending:
-            _done, still = await asyncio.wait(pending, timeout=HAND_BACK_TIMEOUT_S)
+            if ex.task is not None and not ex.task.done():
+                ex.handing_back = True
+                ex.task.cancel()
+                tasks.append(ex.task)
+            else:  # a sync task: its thread cannot be stopped, the run is given up here
+                self._finish(ex, self._hand_back_outcome(ex))
+        if tasks:
+            _done, still = await asyncio.wait(tasks, timeout=HAND_BACK_TIMEOUT_S)
             for task in still:
                 task.cancel()
-            if still:
-                await asyncio.wait(still, timeout=1.0)
+        # Wait for the verdicts' acknowledgements, which complete the offsets committed last.
+        if self._producer is not None:
+            producer = self._producer
+            await asyncio.get_running_loop().run_in_executor(
+                None, producer.flush, HAND_BACK_TIMEOUT_S
+            )
+        self._reap()
 
     async def _close(self) -> None:
         if self._consumer is not None:
@@ -655,8 +825,3 @@ def _task_error(task: asyncio.Task[Any]) -> BaseException | None:
     if not task.done() or task.cancelled():
         return None
     return task.exception()
-
-
-def _log_heartbeat_failure(future: asyncio.Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("heartbeat not delivered", extra={"error": str(future.exception())})

@@ -73,58 +73,57 @@ class OffsetTracker:
 
 
 class LatestAttempts:
-    """The highest attempt dispatched per run id, in bounded LRU memory.
+    """The latest attempt and the highest fencing token dispatched per run id, in bounded LRU
+    memory.
 
     The scheduler only re-dispatches a run with a higher attempt, so a lower attempt arriving
     later is an old record (a re-fire after a scheduler crash, a redelivery after a rebalance)
     whose attempt the scheduler has already given up on. Running it again would race the newer
-    attempt. Memory is bounded: forgetting a very old run only costs the ability to recognise its
-    stale records, which then run (at-least-once), never a lost run.
+    attempt. Likewise a lower fencing token than one already seen *for the same run* comes from
+    an owner that has since been replaced.
+
+    Everything is kept per run, never per partition: a forged or corrupt record can then only
+    make later records of its own run id look stale, never a whole partition's (a partition-wide
+    "highest token" let one record with a token from the future fence every later run). Fencing
+    proper is the broker's: a replaced owner's transactions abort, and workers read
+    ``read_committed``.
+
+    Memory is bounded: forgetting a very old run only costs the ability to recognise its stale
+    records, which then run (at-least-once), never a lost run.
     """
 
     def __init__(self, capacity: int = 100_000) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._latest: OrderedDict[str, int] = OrderedDict()
+        self._latest: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
-    def observe(self, run_id: str, attempt: int) -> int | None:
-        """Record a dispatched attempt; returns the newer attempt if this one is stale."""
+    def observe(self, run_id: str, attempt: int, fencing_token: int = 0) -> str | None:
+        """Record a dispatched attempt; returns why it is stale, or None when it may run."""
         latest = self._latest.get(run_id)
-        if latest is not None:
-            self._latest.move_to_end(run_id)
-            if attempt < latest:
-                return latest
-            if attempt == latest:
-                return None
-        self._latest[run_id] = attempt
+        if latest is None:
+            self._latest[run_id] = (attempt, fencing_token)
+            if len(self._latest) > self.capacity:
+                self._latest.popitem(last=False)
+            return None
         self._latest.move_to_end(run_id)
-        while len(self._latest) > self.capacity:
-            self._latest.popitem(last=False)
+        seen_attempt, seen_token = latest
+        if fencing_token < seen_token:
+            return f"fenced: token {fencing_token} < {seen_token}"
+        if attempt < seen_attempt:
+            return (
+                f"stale attempt: {attempt} < {seen_attempt}, a newer attempt of this run was "
+                "already dispatched"
+            )
+        if attempt != seen_attempt or fencing_token != seen_token:
+            self._latest[run_id] = (attempt, fencing_token)
         return None
+
+    def newer_attempt(self, run_id: str, attempt: int) -> int | None:
+        """The latest attempt seen for ``run_id`` if it is newer than ``attempt`` (a run that
+        waited in the local backlog while its next attempt arrived); LRU order untouched."""
+        latest = self._latest.get(run_id)
+        return latest[0] if latest is not None and latest[0] > attempt else None
 
     def __len__(self) -> int:
         return len(self._latest)
-
-
-class FencingTokens:
-    """The highest fencing token seen per scheduler partition.
-
-    A new owner of a scheduler partition dispatches with a higher token (its ownership epoch).
-    A run carrying a lower token than one already seen for its partition comes from an owner
-    that has been replaced (fenced), so its dispatch decision is not authoritative.
-    """
-
-    def __init__(self) -> None:
-        self._max: dict[int, int] = {}
-
-    def observe(self, partition: int, token: int) -> int | None:
-        """Record a token; returns the higher token already seen if this one is fenced."""
-        current = self._max.get(partition)
-        if current is not None and token < current:
-            return current
-        self._max[partition] = token
-        return None
-
-    def get(self, partition: int) -> int | None:
-        return self._max.get(partition)

@@ -95,11 +95,15 @@ def test_every_job_succeeds_while_workers_are_killed(
         assert dead == [], dead[:3]
         assert kills >= 2, f"only {kills} kills before every job was done: no chaos to speak of"
         attempts = Counter(r.attempt for r, _ in tail.runs)
+        # A run with two SUCCEEDED ran again after it had finished (not just been cut short).
+        verdicts = Counter(e.run_id for e in tail.events(state=State.SUCCEEDED))
+        duplicates = len(executions) - JOBS
         with capsys.disabled():
             print(
                 f"\n[chaos] {JOBS} jobs, {kills} worker SIGKILLs: all SUCCEEDED; executions "
-                f"{len(executions)} (duplicates {len(executions) - JOBS}, on "
-                f"{sum(1 for c in per_job.values() if c > 1)} jobs); dispatches by attempt "
+                f"{len(executions)} (duplicates {duplicates}, {duplicates / kills:.1f} per kill, "
+                f"on {sum(1 for c in per_job.values() if c > 1)} jobs; runs that ran again after "
+                f"succeeding {sum(1 for c in verdicts.values() if c > 1)}); dispatches by attempt "
                 f"{dict(sorted(attempts.items()))}"
             )
     finally:

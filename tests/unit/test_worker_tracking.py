@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.worker.tracking import FencingTokens, LatestAttempts, OffsetTracker
+from consumers.worker.tracking import LatestAttempts, OffsetTracker
 
 
 def test_watermark_waits_for_the_oldest_unfinished_run() -> None:
@@ -56,10 +56,16 @@ def test_offsets_must_increase() -> None:
 def test_older_attempt_after_a_newer_one_is_stale() -> None:
     latest = LatestAttempts()
     assert latest.observe("r", 2) is None
-    assert latest.observe("r", 1) == 2
+    assert (
+        latest.observe("r", 1) == "stale attempt: 1 < 2, a newer attempt of this run was "
+        "already dispatched"
+    )
     assert latest.observe("r", 2) is None  # the same attempt again is a duplicate, not stale
     assert latest.observe("r", 3) is None
-    assert latest.observe("r", 2) == 3
+    assert latest.observe("r", 2) is not None
+    assert latest.newer_attempt("r", 2) == 3
+    assert latest.newer_attempt("r", 3) is None
+    assert latest.newer_attempt("other", 1) is None
 
 
 def test_latest_attempts_memory_is_bounded_lru() -> None:
@@ -69,15 +75,17 @@ def test_latest_attempts_memory_is_bounded_lru() -> None:
     latest.observe("a", 5)  # touch a: b is now the least recent
     latest.observe("c", 5)
     assert len(latest) == 2
-    assert latest.observe("a", 1) == 5
+    assert latest.observe("a", 1) is not None
     assert latest.observe("b", 1) is None  # forgotten: runs (at-least-once), never lost
 
 
-def test_lower_fencing_token_is_fenced_per_partition() -> None:
-    tokens = FencingTokens()
-    assert tokens.observe(0, 3) is None
-    assert tokens.observe(1, 1) is None  # other partitions have their own epochs
-    assert tokens.observe(0, 2) == 3
-    assert tokens.observe(0, 3) is None
-    assert tokens.observe(0, 4) is None
-    assert tokens.get(0) == 4
+def test_a_lower_fencing_token_is_fenced_for_its_own_run_only() -> None:
+    latest = LatestAttempts()
+    assert latest.observe("r", 1, fencing_token=5) is None
+    assert latest.observe("r", 1, fencing_token=4) == "fenced: token 4 < 5"
+    assert latest.observe("r", 2, fencing_token=4) == "fenced: token 4 < 5"
+    assert latest.observe("r", 1, fencing_token=6) is None  # a new owner re-fired the run
+    # A token from the future on one run (forged, corrupt) fences nothing else.
+    assert latest.observe("forged", 1, fencing_token=2**62) is None
+    assert latest.observe("s", 1, fencing_token=1) is None
+    assert latest.observe("s", 1, fencing_token=1) is None

@@ -1,0 +1,815 @@
+"""End-to-end load generator: SDK submit -> scheduler -> worker -> task body, on real processes.
+
+    python -m load.e2e --rate 1000 --window 10                  # 10,000 jobs due over 10 s
+    python -m load.e2e --rate 500 --scan                        # double until it breaks
+    python -m load.e2e --schedulers 2 --workers 2 --partitions 8
+
+Starts its own Kafka broker on free ports (or uses ``--bootstrap``), fresh topics, then the
+services as the CLI starts them: ``--schedulers`` x ``jobwheel scheduler``, ``--workers`` x
+``jobwheel worker --tasks load.tasks`` and one ``jobwheel sink`` (embedded store). Readiness is
+a probe job per partition run end to end (never a log line): every partition has a scheduler
+and a worker, and the sink has stored the probes' events. Then N one-off ``load.noop`` jobs,
+due uniformly over ``--window`` seconds from ``--lead`` seconds on (``--rate`` per second), go
+out through the SDK in one burst. The task notes its start (``load/tasks.py``).
+
+It reports submitted/s; fired/s and fire lateness (when a ``read_committed`` consumer, as a
+worker, first sees the run, minus its scheduled time); started/s and start lateness (the task's
+start minus the scheduled time); lost jobs (no start at the end: must be 0); duplicate
+executions (starts beyond the first of a run id); CPU seconds per job of each kind of process
+(scheduler, worker, sink, broker: from /proc) and peak RSS. It writes ``result.json`` and, with
+matplotlib installed (``pip install -e '.[bench]'``), ``result.png`` (lateness and throughput
+over time) to ``--out``. ``--scan`` doubles the rate until p99 start lateness passes 2 s or a
+job is lost, and reports the highest passing rate.
+
+No assertions: it prints numbers. Everything shares this machine, so compare runs with each
+other, not with a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from jobwheel.settings import Settings
+
+PASS_P99_MS = 2000
+
+
+# --- the counting (pure) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """One execution of the task, as ``load.tasks`` noted it."""
+
+    run_id: str
+    attempt: int
+    scheduled_ms: int
+    start_ms: float
+    pid: int
+
+    @property
+    def job_id(self) -> str:
+        return self.run_id.rsplit("@", 1)[0]
+
+
+@dataclass(frozen=True)
+class Fire:
+    """A run record as a worker would first see it."""
+
+    run_id: str
+    attempt: int
+    scheduled_ms: int
+    seen_ms: float
+
+
+def parse_starts(text: str) -> list[Start]:
+    """Lines of ``run_id attempt scheduled_ms start_ns pid``; a torn last line is skipped."""
+    out: list[Start] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 5:
+            continue
+        try:
+            out.append(
+                Start(parts[0], int(parts[1]), int(parts[2]), int(parts[3]) / 1e6, int(parts[4]))
+            )
+        except ValueError:
+            continue
+    return out
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50/p90/p99/max (nearest rank), None when there is nothing to rank."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
+
+    return {"p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99), "max": ordered[-1]}
+
+
+@dataclass
+class Tally:
+    """What happened to the submitted jobs."""
+
+    jobs: int
+    started_jobs: int
+    lost: list[str]
+    executions: int
+    duplicates: int
+    duplicated_runs: list[str]
+    fired_runs: int
+    start_lateness_ms: dict[str, float | None]
+    fire_lateness_ms: dict[str, float | None]
+    fired_per_s: float | None
+    started_per_s: float | None
+
+
+def tally(expected: dict[str, int], fires: Sequence[Fire], starts: Sequence[Start]) -> Tally:
+    """Count against ``expected`` (job id -> scheduled ms); anything else (probes) is ignored.
+
+    A job is lost when none of its runs started. Every start of a run id after its first is a
+    duplicate execution (a redelivery, a re-dispatched attempt). Lateness uses the first fire
+    and the first start of each run; rates span the first to the last of them.
+    """
+    ours = [s for s in starts if s.job_id in expected]
+    first_start: dict[str, Start] = {}
+    for s in sorted(ours, key=lambda s: s.start_ms):
+        first_start.setdefault(s.run_id, s)
+    started_jobs = {s.job_id for s in first_start.values()}
+    per_run = Counter(s.run_id for s in ours)
+    first_fire: dict[str, Fire] = {}
+    for f in sorted(fires, key=lambda f: f.seen_ms):
+        if f.run_id.rsplit("@", 1)[0] in expected:
+            first_fire.setdefault(f.run_id, f)
+    start_late = [s.start_ms - s.scheduled_ms for s in first_start.values()]
+    fire_late = [f.seen_ms - f.scheduled_ms for f in first_fire.values()]
+    return Tally(
+        jobs=len(expected),
+        started_jobs=len(started_jobs),
+        lost=sorted(set(expected) - started_jobs),
+        executions=len(ours),
+        duplicates=len(ours) - len(per_run),
+        duplicated_runs=sorted(r for r, n in per_run.items() if n > 1),
+        fired_runs=len(first_fire),
+        start_lateness_ms=percentiles(start_late),
+        fire_lateness_ms=percentiles(fire_late),
+        fired_per_s=_rate([f.seen_ms for f in first_fire.values()]),
+        started_per_s=_rate([s.start_ms for s in first_start.values()]),
+    )
+
+
+def _rate(times_ms: Sequence[float]) -> float | None:
+    if len(times_ms) < 2:
+        return None
+    span_s = (max(times_ms) - min(times_ms)) / 1000
+    return len(times_ms) / span_s if span_s > 0 else None
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far (/proc), None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss_mib(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of ``pid`` in MiB, None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class Service:
+    role: str  # scheduler, worker, sink, broker
+    pid: int
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    cpu_start: float | None = None
+
+
+def service_env(settings: Settings, data_dir: Path, log_level: str) -> dict[str, str]:
+    """os.environ without JOBWHEEL_*, plus what reproduces ``settings`` in a subprocess."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    env.update(
+        JOBWHEEL_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+        JOBWHEEL_KAFKA_CONFIG=json.dumps(settings.kafka_config),
+        JOBWHEEL_TOPIC_PREFIX=settings.topic_prefix,
+        JOBWHEEL_PARTITIONS=str(settings.partitions),
+        JOBWHEEL_SCHEDULER_APP_ID=settings.scheduler_app_id,
+        JOBWHEEL_WORKER_GROUP=settings.worker_group,
+        JOBWHEEL_STATUS_GROUP=settings.status_group,
+        JOBWHEEL_DATA_DIR=str(data_dir),
+        JOBWHEEL_LOG_LEVEL=log_level,
+        JOBWHEEL_LOG_FORMAT="json",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def spawn(role: str, args: list[str], env: dict[str, str], log: Path) -> Service:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobwheel.cli", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Service(role, proc.pid, proc, log)
+
+
+def stop_services(services: Sequence[Service], timeout_s: float = 30.0) -> None:
+    for s in services:
+        if s.proc is not None and s.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(s.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for s in services:
+        if s.proc is None:
+            continue
+        try:
+            s.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(s.proc.pid, signal.SIGKILL)
+            s.proc.wait()
+
+
+# --- one run ------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    rate: float = 1000.0
+    window_s: float = 10.0
+    lead_s: float = 5.0
+    schedulers: int = 1
+    workers: int = 1
+    partitions: int = 4
+    concurrency: int | None = None
+    settle_s: float = 2.0
+    timeout_s: float = 120.0
+    log_level: str = "INFO"
+    # Test hooks: make the counting find a lost job and a duplicate execution on purpose.
+    sabotage_lose: int = 0  # this many jobs are expected but never submitted
+    sabotage_duplicate: int = 0  # this many fired runs are dispatched again (attempt 2)
+
+    @property
+    def jobs(self) -> int:
+        return max(1, round(self.rate * self.window_s))
+
+
+@dataclass
+class Result:
+    config: dict[str, Any]
+    submitted: int
+    submit_s: float
+    submitted_per_s: float
+    tally: dict[str, Any]
+    cpu_s_per_job: dict[str, float | None]
+    cpu_s: dict[str, float | None]
+    peak_rss_mib: dict[str, list[float | None]]
+    passed: bool
+    timeline: dict[str, Any] = field(default_factory=dict)
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line every few seconds when not a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self._last = 0.0
+
+    def show(self, fired: int, started: int, elapsed_s: float, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < (0.25 if self.tty else 5.0):
+            return
+        self._last = now
+        width = 30
+        done = int(width * started / max(1, self.total))
+        bar = "#" * done + "." * (width - done)
+        line = (
+            f"[{bar}] fired {fired:,}/{self.total:,}  started {started:,}/{self.total:,}  "
+            f"+{elapsed_s:.1f}s"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+class RunsReader:
+    """Reads the runs topic (read_committed, as a worker) in a thread: first sight of each
+    run. Also produces copies of fired runs on request (the duplicate sabotage)."""
+
+    def __init__(self, settings: Settings, duplicate: int = 0) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        from schemas.codec import default_codec
+
+        self.settings = settings
+        self.fires: list[Fire] = []
+        self.duplicated: list[str] = []
+        self._duplicate = duplicate
+        self._codec = default_codec()
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            settings.librdkafka(
+                **{
+                    "group.id": f"e2e-reader-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 10,
+                }
+            )
+        )
+        self._consumer.assign(
+            [
+                TopicPartition(settings.topics.runs, p, OFFSET_BEGINNING)
+                for p in range(settings.partitions)
+            ]
+        )
+        self._thread = threading.Thread(target=self._loop, name="e2e-runs-reader", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from schemas.models import Run
+
+        while not self._stop.is_set():
+            # What is there now, else wait for one record only: a batch call would hold the
+            # first records back until the batch filled, and that would count as lateness.
+            messages = self._consumer.consume(1000, 0)
+            if not messages:
+                messages = self._consumer.consume(1, 0.1)
+                if messages:
+                    messages += self._consumer.consume(999, 0)
+            seen_ms = time.time() * 1000
+            for msg in messages:
+                if msg.error() or msg.value() is None:
+                    continue
+                try:
+                    run = self._codec.decode(msg.value())
+                except Exception:  # not a Run (not ours to judge here)
+                    continue
+                if isinstance(run, Run):
+                    fire = Fire(run.run_id, run.attempt, run.scheduled_time_ms, seen_ms)
+                    self.fires.append(fire)
+                    if self._duplicate and run.job_id.startswith("e2e-") and run.attempt == 1:
+                        self._duplicate -= 1
+                        self._produce_again(msg.key(), run)
+                        self.duplicated.append(run.run_id)
+
+    def _produce_again(self, key: bytes, run: Any) -> None:
+        """The run once more as attempt 2, as the scheduler re-dispatches a run whose verdict
+        did not arrive in time: the worker executes it again."""
+        import dataclasses
+
+        from confluent_kafka import Producer
+
+        from producers.kafka import producer_config
+
+        value = self._codec.encode(dataclasses.replace(run, attempt=run.attempt + 1))
+
+        producer = Producer(
+            producer_config(self.settings, **{"transactional.id": f"e2e-{uuid.uuid4().hex}"})
+        )
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(self.settings.topics.runs, key=key, value=value)
+        producer.commit_transaction(30)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
+def read_starts(directory: Path) -> list[Start]:
+    starts: list[Start] = []
+    for path in sorted(directory.glob("starts-*.txt")):
+        with contextlib.suppress(OSError):
+            starts += parse_starts(path.read_text())
+    return starts
+
+
+def jobs_per_partition(settings: Settings, prefix: str) -> list[str]:
+    """One job id per partition (the readiness probes)."""
+    from schemas.partitioning import partition_for
+
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < settings.partitions:
+        job_id = f"{prefix}-{i}"
+        found.setdefault(partition_for(job_id, settings.partitions), job_id)
+        i += 1
+    return [found[p] for p in sorted(found)]
+
+
+def group_members(admin: Any, group: str) -> int:
+    try:
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except Exception:
+        return 0
+    return len(description.members)
+
+
+def sink_committed(settings: Settings) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
+    try:
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (settings.topics.status, settings.topics.acks)
+            for p in range(settings.partitions)
+        ]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10))
+    except Exception:
+        return 0
+    finally:
+        consumer.close()
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str, services: Sequence[Service]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        for s in services:
+            if s.proc is not None and s.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{s.role} (pid {s.pid}) exited while waiting for {what}; {s.log}"
+                )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def run_once(
+    config: Config, bootstrap: str, out_dir: Path, broker_pid: int | None = None
+) -> Result:
+    """One load run on fresh topics and fresh processes; see the module doc."""
+    from deploy.topics import ensure_topics
+
+    prefix = f"e2e{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        partitions=config.partitions,
+        scheduler_app_id=f"{prefix}-scheduler",
+        worker_group=f"{prefix}-workers",
+        status_group=f"{prefix}-status",
+    )
+    ensure_topics(settings)
+    run_dir = out_dir / prefix
+    starts_dir = run_dir / "starts"
+    probe_dir = run_dir / "probe"
+    starts_dir.mkdir(parents=True)
+    probe_dir.mkdir(parents=True)
+
+    services: list[Service] = []
+    for i in range(config.schedulers):
+        env = service_env(settings, run_dir / f"scheduler-{i}", config.log_level)
+        services.append(spawn("scheduler", ["scheduler"], env, run_dir / f"scheduler-{i}.log"))
+    worker_args = ["worker", "--tasks", "load.tasks"]
+    if config.concurrency:
+        worker_args += ["--concurrency", str(config.concurrency)]
+    for i in range(config.workers):
+        env = service_env(settings, run_dir / f"worker-{i}", config.log_level)
+        services.append(spawn("worker", worker_args, env, run_dir / f"worker-{i}.log"))
+    env = service_env(settings, run_dir / "sink", config.log_level)
+    services.append(spawn("sink", ["sink"], env, run_dir / "sink.log"))
+    if broker_pid is not None:
+        services.append(Service("broker", broker_pid))
+    # The generator's own clients log warnings only (librdkafka's informational lines about
+    # closing clients are noise next to the progress bar).
+    quiet = settings.model_copy(update={"kafka_config": {**settings.kafka_config, "log_level": 4}})
+    reader = RunsReader(quiet, duplicate=config.sabotage_duplicate)
+    try:
+        return _drive(config, quiet, services, reader, starts_dir, probe_dir)
+    finally:
+        reader.close()
+        stop_services(services)
+
+
+def _drive(
+    config: Config,
+    settings: Settings,
+    services: list[Service],
+    reader: RunsReader,
+    starts_dir: Path,
+    probe_dir: Path,
+) -> Result:
+    from confluent_kafka.admin import AdminClient
+
+    from producers.client import JobClient, JobSpec
+
+    # Ready: every process in its group, a probe per partition run, the sink storing.
+    admin = AdminClient(settings.librdkafka())
+    wait_for(
+        lambda: group_members(admin, settings.worker_group) >= config.workers,
+        120,
+        "the workers to join their group",
+        services,
+    )
+    wait_for(
+        lambda: group_members(admin, settings.scheduler_app_id) >= config.schedulers,
+        120,
+        "the schedulers to join their group",
+        services,
+    )
+    probes = jobs_per_partition(settings, "probe")
+    with JobClient(settings) as client:
+        client.schedule_many(
+            [
+                JobSpec(task="load.noop", job_id=j, args={"out": str(probe_dir)}, now=True)
+                for j in probes
+            ]
+        )
+    wait_for(
+        lambda: {s.job_id for s in read_starts(probe_dir)} >= set(probes),
+        180,
+        "a probe job on every partition to run end to end",
+        services,
+    )
+    wait_for(lambda: sink_committed(settings) > 0, 120, "the sink to store events", services)
+
+    for s in services:
+        s.cpu_start = proc_cpu_s(s.pid)
+
+    n = config.jobs
+    first_due_ms = int((time.time() + config.lead_s) * 1000)
+    expected = {f"e2e-{i}": first_due_ms + int(i * 1000 / config.rate) for i in range(n)}
+    to_submit = list(expected.items())[config.sabotage_lose :]
+    specs = [
+        JobSpec(
+            task="load.noop",
+            job_id=job_id,
+            args={"out": str(starts_dir)},
+            at=datetime.fromtimestamp(due_ms / 1000, UTC),
+            visibility_timeout=timedelta(seconds=30),
+        )
+        for job_id, due_ms in to_submit
+    ]
+    submit_started = time.monotonic()
+    with JobClient(settings) as client:
+        client.schedule_many(specs)
+    submit_s = time.monotonic() - submit_started
+
+    progress = Progress(n)
+    began = time.monotonic()
+    last_due_s = (max(expected.values()) - time.time() * 1000) / 1000
+    deadline = began + max(0.0, last_due_s) + config.timeout_s
+    while True:
+        starts = read_starts(starts_dir)
+        started = len({s.job_id for s in starts if s.job_id in expected})
+        fired = len({f.run_id for f in reader.fires if f.run_id.startswith("e2e-")})
+        progress.show(fired, started, time.monotonic() - began)
+        if started >= len(to_submit) or time.monotonic() > deadline:
+            break
+        for s in services:
+            if s.proc is not None and s.proc.poll() is not None:
+                raise RuntimeError(f"{s.role} (pid {s.pid}) exited during the run; see {s.log}")
+        time.sleep(0.2)
+    time.sleep(config.settle_s)  # late duplicates
+    starts = read_starts(starts_dir)
+    counted = tally(expected, list(reader.fires), starts)
+    progress.show(counted.fired_runs, counted.started_jobs, time.monotonic() - began, final=True)
+
+    cpu: dict[str, float | None] = {}
+    rss: dict[str, list[float | None]] = {}
+    for s in services:
+        end = proc_cpu_s(s.pid)
+        used = None if end is None or s.cpu_start is None else end - s.cpu_start
+        if s.role in cpu and cpu[s.role] is not None and used is not None:
+            cpu[s.role] = (cpu[s.role] or 0.0) + used
+        elif s.role not in cpu:
+            cpu[s.role] = used
+        rss.setdefault(s.role, []).append(proc_peak_rss_mib(s.pid))
+    per_job = {role: None if v is None else v / n for role, v in cpu.items()}
+    p99 = counted.start_lateness_ms["p99"]
+    passed = not counted.lost and p99 is not None and p99 <= PASS_P99_MS
+    return Result(
+        config=asdict(config) | {"jobs": n, "topic_prefix": settings.topic_prefix},
+        submitted=len(to_submit),
+        submit_s=submit_s,
+        submitted_per_s=len(to_submit) / submit_s if submit_s > 0 else float("inf"),
+        tally=asdict(counted) | {"sabotaged_duplicates": reader.duplicated},
+        cpu_s_per_job=per_job,
+        cpu_s=cpu,
+        peak_rss_mib=rss,
+        passed=passed,
+        timeline=_timeline(expected, reader.fires, starts),
+    )
+
+
+def _timeline(
+    expected: dict[str, int], fires: Sequence[Fire], starts: Sequence[Start]
+) -> dict[str, Any]:
+    """Per-job points for the plot, times in seconds from the first due time."""
+    if not expected:
+        return {}
+    t0 = min(expected.values())
+    first: dict[str, Start] = {}
+    for s in sorted(starts, key=lambda s: s.start_ms):
+        if s.job_id in expected:
+            first.setdefault(s.run_id, s)
+    fired: dict[str, Fire] = {}
+    for f in sorted(fires, key=lambda f: f.seen_ms):
+        if f.run_id.rsplit("@", 1)[0] in expected:
+            fired.setdefault(f.run_id, f)
+    return {
+        "t0_ms": t0,
+        "start": [
+            [round((s.scheduled_ms - t0) / 1000, 3), round(s.start_ms - s.scheduled_ms, 1)]
+            for s in first.values()
+        ],
+        "fire": [
+            [round((f.scheduled_ms - t0) / 1000, 3), round(f.seen_ms - f.scheduled_ms, 1)]
+            for f in fired.values()
+        ],
+        "started_at": sorted(round((s.start_ms - t0) / 1000, 3) for s in first.values()),
+        "fired_at": sorted(round((f.seen_ms - t0) / 1000, 3) for f in fired.values()),
+        "due_at": sorted(round((d - t0) / 1000, 3) for d in expected.values()),
+    }
+
+
+# --- output -------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def report(result: Result) -> str:
+    t = result.tally
+    c = result.config
+    fl, sl = t["fire_lateness_ms"], t["start_lateness_ms"]
+    lines = [
+        f"e2e: {c['jobs']:,} jobs at {c['rate']:,.0f}/s over {c['window_s']:.0f}s "
+        f"(lead {c['lead_s']:.0f}s), {c['schedulers']} scheduler(s), {c['workers']} worker(s), "
+        f"{c['partitions']} partitions",
+        f"submitted {result.submitted:,} in {result.submit_s:.2f}s "
+        f"({result.submitted_per_s:,.0f}/s)",
+        f"fired {t['fired_runs']:,} ({_ms(t['fired_per_s'])}/s); fire lateness ms "
+        f"p50 {_ms(fl['p50'])} p90 {_ms(fl['p90'])} p99 {_ms(fl['p99'])} max {_ms(fl['max'])}",
+        f"started {t['started_jobs']:,} jobs ({_ms(t['started_per_s'])}/s); start lateness ms "
+        f"p50 {_ms(sl['p50'])} p90 {_ms(sl['p90'])} p99 {_ms(sl['p99'])} max {_ms(sl['max'])}",
+        f"lost {len(t['lost'])}{' ' + str(t['lost'][:5]) if t['lost'] else ''}; "
+        f"executions {t['executions']:,}, duplicate executions {t['duplicates']}",
+        "CPU ms per job: "
+        + ", ".join(
+            f"{role} {_ms(None if v is None else v * 1000) if v is None else f'{v * 1000:.3f}'}"
+            for role, v in result.cpu_s_per_job.items()
+        ),
+        "peak RSS MiB: "
+        + ", ".join(
+            f"{role} {[round(v) if v is not None else None for v in vs]}"
+            for role, vs in result.peak_rss_mib.items()
+        ),
+        f"verdict: {'PASS' if result.passed else 'FAIL'} (p99 start lateness <= "
+        f"{PASS_P99_MS} ms and nothing lost)",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: Result, path: Path) -> bool:
+    """Lateness and throughput over time as a PNG; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    tl = result.timeline
+    fig, (late, rate) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for key, label in (("fire", "fire lateness"), ("start", "start lateness")):
+        if tl.get(key):
+            xs, ys = zip(*tl[key], strict=True)
+            late.scatter(xs, [max(1.0, y) for y in ys], s=2, label=label, alpha=0.5)
+    late.axhline(PASS_P99_MS, color="red", linewidth=0.8, linestyle="--", label="2 s")
+    late.set_ylabel("lateness (ms, by due time; under 1 ms shown as 1)")
+    late.set_yscale("log")
+    late.legend(loc="upper left", markerscale=4)
+    late.set_title(
+        f"{result.config['jobs']:,} jobs at {result.config['rate']:,.0f}/s, "
+        f"{result.config['schedulers']} scheduler(s), {result.config['workers']} worker(s)"
+    )
+    for key, label in (("due_at", "due"), ("fired_at", "fired"), ("started_at", "started")):
+        times = tl.get(key) or []
+        if times:
+            lo, hi = int(min(times)), int(max(times)) + 1
+            counts = Counter(int(t) for t in times)
+            seconds = list(range(lo, hi + 1))
+            rate.step(seconds, [counts.get(s, 0) for s in seconds], where="post", label=label)
+    rate.set_ylabel("per second")
+    rate.set_xlabel("seconds from the first due time")
+    rate.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+@contextlib.contextmanager
+def own_broker(bootstrap: str | None, work: Path) -> Iterator[tuple[str, int | None]]:
+    """``(bootstrap, broker pid or None)``: the given broker, or a fresh local one."""
+    if bootstrap:
+        yield bootstrap, None
+        return
+    from deploy.broker import LocalBroker, free_port
+
+    broker = LocalBroker(work / "kafka", port=free_port(), controller_port=free_port(), heap="1g")
+    broker.start(die_with_parent=True)
+    try:
+        yield broker.bootstrap, broker.running_pid()
+    finally:
+        broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=1000.0, help="jobs due per second (1000)")
+    parser.add_argument("--window", type=float, default=10.0, help="seconds of due times (10)")
+    parser.add_argument("--lead", type=float, default=5.0, help="first due time after submit (5 s)")
+    parser.add_argument("--schedulers", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=None, help="per worker (setting)")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--out", type=Path, help="results directory (default: a temp dir)")
+    parser.add_argument("--scan", action="store_true", help="double the rate until it fails")
+    parser.add_argument("--max-rate", type=float, default=64_000.0, help="--scan stops here")
+    parser.add_argument("--timeout", type=float, default=120.0, help="after the last due time")
+    parser.add_argument("--log-level", default="INFO", help="services' JOBWHEEL_LOG_LEVEL")
+    args = parser.parse_args(argv)
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="jobwheel-e2e-"))
+    out.mkdir(parents=True, exist_ok=True)
+    config = Config(
+        rate=args.rate,
+        window_s=args.window,
+        lead_s=args.lead,
+        schedulers=args.schedulers,
+        workers=args.workers,
+        partitions=args.partitions,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        log_level=args.log_level,
+    )
+    results: list[Result] = []
+    with own_broker(args.bootstrap, out) as (bootstrap, broker_pid):
+        while True:
+            result = run_once(config, bootstrap, out, broker_pid)
+            results.append(result)
+            step = len(results)
+            name = "result" if not args.scan else f"result-{step}-{int(config.rate)}"
+            (out / f"{name}.json").write_text(json.dumps(asdict(result), indent=1))
+            plotted = plot(result, out / f"{name}.png")
+            print(report(result))
+            print(
+                f"written: {out / (name + '.json')}"
+                + (
+                    f", {out / (name + '.png')}"
+                    if plotted
+                    else " (no plot: pip install -e '.[bench]')"
+                )
+            )
+            if not args.scan or not result.passed or config.rate * 2 > args.max_rate:
+                break
+            config = Config(**{**asdict(config), "rate": config.rate * 2})
+    if args.scan:
+        passing = [r.config["rate"] for r in results if r.passed]
+        print(
+            f"scan: highest passing rate {max(passing):,.0f} jobs/s"
+            if passing
+            else "scan: no rate passed"
+        )
+        summary = [
+            {
+                "rate": r.config["rate"],
+                "passed": r.passed,
+                "p99_start_ms": r.tally["start_lateness_ms"]["p99"],
+                "lost": len(r.tally["lost"]),
+            }
+            for r in results
+        ]
+        (out / "scan.json").write_text(json.dumps(summary, indent=1))
+    return 0 if results[-1].passed or args.scan else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The end-to-end load generator's counting (``load/e2e.py``): lost jobs, duplicate executions,
+lateness and rates from the task's start notes and the runs a worker would see."""
+
+from __future__ import annotations
+
+from load.e2e import Fire, Start, parse_starts, percentiles, tally
+
+
+def test_a_lost_job_and_a_duplicate_execution_are_counted() -> None:
+    expected = {"e2e-0": 1_000, "e2e-1": 2_000, "e2e-2": 3_000}
+    fires = [
+        Fire("e2e-0@1000", 1, 1_000, 1_010),
+        Fire("e2e-1@2000", 1, 2_000, 2_020),
+        Fire("e2e-1@2000", 2, 2_000, 9_000),  # re-dispatched: not a second first sight
+        Fire("probe-0@5", 1, 5, 6),  # not one of ours
+    ]
+    starts = parse_starts(
+        "e2e-0@1000 1 1000 1015000000 11\n"
+        "e2e-1@2000 1 2000 2030000000 11\n"
+        "e2e-1@2000 2 2000 9010000000 12\n"  # the same run executed again
+        "probe-0@5 1 5 7000000 11\n"
+        "e2e-2@3000 1 30"  # torn last line: ignored
+    )
+    t = tally(expected, fires, starts)
+    assert t.lost == ["e2e-2"]
+    assert (t.jobs, t.started_jobs, t.executions, t.duplicates) == (3, 2, 3, 1)
+    assert t.duplicated_runs == ["e2e-1@2000"]
+    assert t.fired_runs == 2
+    assert t.start_lateness_ms["max"] == 30 and t.start_lateness_ms["p50"] == 15
+    assert t.fire_lateness_ms["max"] == 20
+    assert t.started_per_s == 2 / ((2_030 - 1_015) / 1000)
+
+
+def test_nothing_lost_nothing_doubled() -> None:
+    expected = {f"e2e-{i}": i for i in range(100)}
+    starts = [Start(f"e2e-{i}@{i}", 1, i, i + 5.0, 1) for i in range(100)]
+    t = tally(expected, [], starts)
+    assert (t.lost, t.duplicates, t.started_jobs) == ([], 0, 100)
+    assert t.fire_lateness_ms["p99"] is None and t.fired_per_s is None
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentiles(values) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
+    assert percentiles([7]) == {"p50": 7, "p90": 7, "p99": 7, "max": 7}

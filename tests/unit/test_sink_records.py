@@ -1,0 +1,155 @@
+"""The status sink's record handler against anything a topic can hold: random bytes, random
+Avro-shaped records, valid events. Nothing may escape it, every bad record is skipped with a
+reason and counted, and every row it keeps can be inserted (one row out of range would fail
+its whole batch forever). Quick runs' STARTED rows come from their verdicts."""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any
+
+import pytest
+from fastavro import schemaless_writer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumers.status.sink import StatusSink
+from consumers.status.store import EVENT_COLUMNS, event_row, row_fits
+from jobwheel.settings import Settings
+from schemas.codec import Codec, SchemaCatalogue
+from schemas.models import Run, State, StatusEvent
+
+CODEC = Codec()
+CATALOGUE = SchemaCatalogue.load()
+VERSIONS = [v for v in CATALOGUE.versions]
+STATUS_VERSIONS = [v for v in VERSIONS if v.full_name == "io.jobwheel.StatusEvent"]
+SETTINGS = Settings(_env_file=None, topic_prefix="p")  # type: ignore[call-arg]
+TOPICS = [SETTINGS.topics.status, SETTINGS.topics.acks]
+
+
+def new_sink() -> StatusSink:
+    """The handler needs no store and no consumer: it only fills the batch."""
+    return StatusSink(SETTINGS, store=None)  # type: ignore[arg-type]
+
+
+def fields_of(version: Any) -> list[tuple[str, Any]]:
+    return [(f["name"], f["type"]) for f in version.parsed["fields"]]
+
+
+# Values that fit each Avro type, and some that only fit its encoding (wide ints).
+def value_for(avro_type: Any) -> st.SearchStrategy[Any]:
+    if isinstance(avro_type, list):
+        return st.one_of(*[value_for(t) for t in avro_type])
+    if isinstance(avro_type, dict) and avro_type.get("type") == "enum":
+        return st.sampled_from(avro_type["symbols"])
+    return {
+        "null": st.none(),
+        "string": st.text(max_size=30),
+        "int": st.integers(-(2**40), 2**40),  # fastavro writes "int" beyond 32 bits
+        "long": st.integers(-(2**63), 2**63 - 1),
+        "boolean": st.booleans(),
+    }[avro_type]
+
+
+@st.composite
+def avro_records(draw: st.DrawFn) -> bytes:
+    """A record body written by fastavro with a known schema, framed with its fingerprint,
+    then perhaps cut or padded."""
+    version = draw(st.sampled_from(VERSIONS))
+    if version.full_name != "io.jobwheel.StatusEvent":
+        return version.fingerprint  # the header of another record type, nothing else
+    record = {name: draw(value_for(t)) for name, t in fields_of(version)}
+    body = io.BytesIO()
+    schemaless_writer(body, version.parsed, record)
+    data = b"\xc3\x01" + version.fingerprint + body.getvalue()
+    cut = draw(st.integers(0, 3))
+    if cut == 1:
+        data = data[: draw(st.integers(0, len(data) - 1))]
+    elif cut == 2:
+        data += draw(st.binary(min_size=1, max_size=4))
+    return data
+
+
+records = st.one_of(
+    st.binary(max_size=80),
+    st.binary(max_size=80).map(lambda b: b"\xc3\x01" + STATUS_VERSIONS[-1].fingerprint + b),
+    avro_records(),
+    st.none(),
+)
+
+
+@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.lists(st.tuples(st.sampled_from(TOPICS), records), max_size=8))
+def test_no_record_escapes_the_handler_and_every_kept_row_fits(
+    batch: list[tuple[str, bytes | None]],
+) -> None:
+    sink = new_sink()
+    for offset, (topic, value) in enumerate(batch):
+        before = (sink.stats.undecodable, len(sink._batch.rows))
+        sink.handle(topic, 0, offset, value)  # must not raise
+        skipped = sink.stats.undecodable - before[0]
+        kept = len(sink._batch.rows) - before[1]
+        assert (skipped, kept) in ((1, 0), (0, 1), (0, 2))
+        if skipped:
+            assert sink.stats.last_undecodable  # with a reason
+    assert sink.stats.consumed == len(batch)
+    for row in sink._batch.rows:
+        assert len(row) == len(EVENT_COLUMNS)
+        assert row_fits(row) is None, row
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    state=st.sampled_from(list(State)),
+    started=st.none() | st.integers(0, 2**45),
+    attempt=st.integers(0, 2**31 - 1),
+    topic=st.sampled_from(TOPICS),
+)
+def test_a_valid_event_becomes_its_row_and_a_quick_verdict_its_started_row(
+    state: State, started: int | None, attempt: int, topic: str
+) -> None:
+    event = StatusEvent(
+        f"r@1:{attempt}:{state}",
+        "job",
+        state,
+        2**41,
+        "claimed-by-the-writer",
+        run_id="r@1",
+        seq=4,
+        attempt=attempt,
+        task="t",
+        scheduled_time_ms=2**40,
+        worker="w:1",
+        duration_ms=3,
+        started_ms=started,
+    )
+    sink = new_sink()
+    sink.handle(topic, 2, 17, CODEC.encode(event))
+    source = "worker" if topic == SETTINGS.topics.acks else "scheduler"
+    row, *more = sink._batch.rows
+    assert row == event_row(event, 2, 17, source=source)  # the source is the topic's word
+    if started is not None and state in (State.SUCCEEDED, State.FAILED):
+        (started_row,) = more
+        as_dict = dict(zip(EVENT_COLUMNS, started_row, strict=True))
+        assert as_dict["event_id"] == f"r@1:{attempt}:STARTED"
+        assert (as_dict["state"], as_dict["event_time_ms"]) == ("STARTED", started)
+        assert (as_dict["run_id"], as_dict["attempt"], as_dict["worker"]) == ("r@1", attempt, "w:1")
+    else:
+        assert more == []
+
+
+def test_bad_records_are_logged_with_the_reason(caplog: pytest.LogCaptureFixture) -> None:
+    sink = new_sink()
+    wide = StatusEvent("e", "j", State.SCHEDULED, 1, "scheduler", attempt=2**40)
+    run = Run("r@1", "r", "t", "{}", 1, 1, 1, 1, 3, None, 30_000, 30_001, 0, 1)
+    with caplog.at_level(logging.WARNING):
+        for offset, value in enumerate([b"garbage", None, CODEC.encode(wide), CODEC.encode(run)]):
+            sink.handle(SETTINGS.topics.status, 0, offset, value)
+    assert sink.stats.undecodable == 4 and sink._batch.rows == []
+    reasons = [r.error for r in caplog.records if r.getMessage().startswith("undecodable")]
+    assert len(reasons) == 4
+    assert "not a jobwheel message" in reasons[0]
+    assert "no value" in reasons[1]
+    assert "attempt" in reasons[2] and "range" in reasons[2]
+    assert "Run" in reasons[3]
