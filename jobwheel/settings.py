@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # Upper bound of one transaction's lifetime: a killed scheduler's open transaction holds
     # back read_committed readers of its partitions this long at most.
     scheduler_transaction_timeout_ms: int = 10_000
+    # Under load, loop iterations share one transaction for at most this long (fewer, larger
+    # transactions); outputs become visible when it commits, so it adds up to this to a fire.
+    scheduler_commit_interval_ms: int = 25
     # Records consumed, and due timers handled per partition, in one loop iteration.
     scheduler_max_batch: int = 2000
     dispatch_batch_limit: int = 2000

@@ -69,6 +69,9 @@ def job_id(value: Any, field: str = "job_id") -> str:
         raise ValidationError(
             field, f"must be 1..{MAX_ID_CHARS} characters, got {len(value)}: {clip(value)}"
         )
+    # The common case in one C-level check: printable ASCII has no whitespace but the space.
+    if value.isascii() and value.isprintable() and " " not in value:
+        return value
     for ch in value:
         if ch.isspace() or not ch.isprintable():
             raise ValidationError(

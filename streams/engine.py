@@ -12,7 +12,11 @@ Kafka Streams' model (EOS v2, KIP-447), in one thread per process:
    letters, one changelog record per changed job, and the consumed offsets of every owned
    partition (``send_offsets_to_transaction``, with the group's metadata and a progress note
    for ``jobwheel health``). Then write the buffered changes to the local RocksDB with the new
-   changelog checkpoint. Nothing waits in memory across transactions.
+   changelog checkpoint. Nothing waits in memory across transactions. Under load, consecutive
+   iterations share one transaction for up to ``JOBWHEEL_SCHEDULER_COMMIT_INTERVAL_MS`` (fewer,
+   larger transactions); an iteration that finds nothing more to do commits at once. A
+   partition that leaves before its work committed forgets that work: its next owner reads the
+   same input from the committed offsets and decides the same things again.
 
 If the transaction aborts, the buffers are discarded and the inputs are rewound to the last
 commit, so the batch is processed again from committed state (run ids and event ids are
@@ -187,6 +191,11 @@ class SchedulerEngine:
         self._instance = ""
         self._backoff_s = 0.0
         self._turn = 0
+        # The transaction being built: its outputs and the partitions it changed.
+        self._out: list[_Out] = []
+        self._touched: set[int] = set()
+        self._txn_since: float | None = None
+        self._commit_interval_s = settings.scheduler_commit_interval_ms / 1000
         self._last_status_log = 0.0
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
@@ -217,6 +226,8 @@ class SchedulerEngine:
                 self.step()
                 if on_iteration is not None:
                     on_iteration()
+            if self.producer is not None:
+                self._commit_pending()
         finally:
             self._disconnect()
             self.directory.unlock()
@@ -257,6 +268,7 @@ class SchedulerEngine:
         local checkpoint)."""
         self.stats.resets += 1
         log.error("dropping all partitions and rejoining the group", extra={"reason": reason})
+        self._out, self._touched, self._txn_since = [], set(), None
         for task in list(self.tasks.values()):
             task.state.discard()
         self._disconnect()
@@ -276,21 +288,21 @@ class SchedulerEngine:
         log.info("partitions assigned; restoring", extra={"partitions": sorted(partitions)})
 
     def _on_revoke(self, partitions: list[int]) -> None:
+        self._drop_pending(partitions)
         for p in partitions:
             task = self.tasks.get(p)
             if task is not None:
                 self._close_task(task, "revoked")
 
     def _on_lost(self, partitions: list[int]) -> None:
+        self._drop_pending(partitions)
         for p in partitions:
             task = self.tasks.get(p)
             if task is not None:
-                task.state.discard()
                 self._close_task(task, "lost")
 
     def _close_task(self, task: PartitionTask, why: str) -> None:
-        """Give a partition up. Nothing is uncommitted here: every iteration commits before
-        the next poll, and an aborted iteration has discarded its changes."""
+        """Give a partition up, with whatever it had not committed (see :meth:`_drop_pending`)."""
         self.tasks.pop(task.partition, None)
         if self.acks is not None:
             self.acks.unassign(task.partition)
@@ -316,14 +328,14 @@ class SchedulerEngine:
             log.error("polling failed", extra={"error": str(exc)})
             self._stop.wait(1.0)
             return
+        polled_at = time.monotonic()
         if self.settings.scheduler_fault_delay_ms:
             time.sleep(self.settings.scheduler_fault_delay_ms / 1000)
         self._restore(
             RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
         )
         now = self.clock.now_ms()
-        out: list[_Out] = []
-        touched: set[int] = set()
+        out, touched = self._out, self._touched
         for record in requests:
             self._on_request(record, now, out, touched)
         for record in acks:
@@ -332,19 +344,47 @@ class SchedulerEngine:
         # others of the transaction's record budget.
         ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
         self._turn += 1
+        handled = 0
         for i in range(len(ready)):
-            self._punctuate(ready[(self._turn + i) % len(ready)], now, out, touched)
+            handled += self._punctuate(ready[(self._turn + i) % len(ready)], now, out, touched)
         if touched or out:
-            self._commit(out, touched)
+            if self._txn_since is None:
+                self._txn_since = polled_at  # the transaction's work began with this poll
+            # Under load, iterations share a transaction for up to the commit interval: fewer,
+            # larger transactions. When an iteration found nothing more to do, commit at once.
+            idle = not (requests or acks or handled)
+            if (
+                idle
+                or len(out) >= MAX_TRANSACTION_RECORDS
+                or time.monotonic() - self._txn_since >= self._commit_interval_s
+                or self._stop.is_set()
+            ):
+                self._commit_pending()
         else:
             self._backoff_s = 0.0
         self._maybe_log_status()
 
+    def _commit_pending(self) -> None:
+        out, touched = self._out, self._touched
+        self._out, self._touched, self._txn_since = [], set(), None
+        if out or touched:
+            self._commit(out, touched)
+
+    def _drop_pending(self, partitions: list[int]) -> None:
+        """Partitions leave before the transaction carrying their work committed: forget that
+        work (their new owner reads the same input again from the committed offsets)."""
+        gone = set(partitions)
+        if gone & self._touched:
+            self._out = [r for r in self._out if r.partition not in gone]
+            self._touched -= gone
+
     def _wait_s(self) -> float:
         """How long the next poll may block: not at all while there is work to do, else until
-        the next timer, at most :data:`IDLE_WAIT_S`."""
+        the next timer (or the open transaction's commit), at most :data:`IDLE_WAIT_S`."""
         if self._backoff_s:
             return self._backoff_s
+        if self._txn_since is not None:
+            return max(0.0, self._commit_interval_s - (time.monotonic() - self._txn_since))
         ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
         if any(t.phase is Phase.RESTORING for t in self.tasks.values()) or any(
             t.behind for t in ready
@@ -451,12 +491,13 @@ class SchedulerEngine:
         """How far (broker time) this partition's acks have been read (see the module doc)."""
         return task.acks_seen_ms
 
-    def _punctuate(self, task: PartitionTask, now: int, out: list[_Out], touched: set[int]) -> None:
+    def _punctuate(self, task: PartitionTask, now: int, out: list[_Out], touched: set[int]) -> int:
+        """Handle the partition's due timers; returns how many."""
         assert task.processor is not None
         budget = MAX_TRANSACTION_RECORDS - len(out)
         if budget <= 0:
             task.behind = True  # its turn comes in the next transaction
-            return
+            return 0
         limit = self.settings.dispatch_batch_limit
         watermark = self._acks_watermark(task)
         result, handled = task.processor.punctuate(now, limit, watermark, budget)
@@ -465,6 +506,7 @@ class SchedulerEngine:
             touched.add(task.partition)
             self.stats.fired += len(result.runs)
             self._emit(task, result, out)
+        return handled
 
     # --- output -----------------------------------------------------------------------------
 

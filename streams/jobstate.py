@@ -17,15 +17,20 @@ Encoding (version 2): one version byte, the record's timers in a small binary he
 restore can rebuild the index without parsing the rest), then the record as JSON::
 
     0x02 | u16 n | n x (u8 wheel, u64 due_ms, u16 tag length, tag UTF-8) | JSON
+
+The JSON is written and read with orjson: a job's record is encoded on every change and decoded
+on every look, three and two times in a one-off job's life, and the standard library's json
+took a tenth of the scheduler's CPU per job.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from jobwheel.errors import StateError
 from schemas.models import (
@@ -188,7 +193,7 @@ def _header(job: JobRecord) -> bytes:
 
 def encode_job(job: JobRecord) -> bytes:
     spec = job.spec
-    body = json.dumps(
+    body = orjson.dumps(
         {
             "job_id": job.job_id,
             "spec": {
@@ -213,9 +218,8 @@ def encode_job(job: JobRecord) -> bytes:
                 for r in job.active.values()
             ],
             "recent": job.recent_commands,
-        },
-        separators=(",", ":"),
-    ).encode()
+        }
+    )
     return _header(job) + body
 
 
@@ -231,7 +235,7 @@ def decode_job(data: bytes) -> JobRecord:
         pos = _HEAD.size
         for _ in range(count):
             pos += _TIMER.size + _TIMER.unpack_from(data, pos)[2]
-        raw = json.loads(data[pos:])
+        raw = orjson.loads(data[pos:])
         s = raw["spec"]
         spec = ScheduleJob(
             task=s["task"],
@@ -260,5 +264,12 @@ def decode_job(data: bytes) -> JobRecord:
             active=active,
             recent_commands=list(raw["recent"]),
         )
-    except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+    except (
+        orjson.JSONDecodeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        struct.error,
+    ) as exc:
         raise StateError(f"job state is corrupt ({type(exc).__name__}: {exc})") from exc
