@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     job_retention_ms: int = 24 * 3600 * 1000
     # Local state memory, per process (shared by every owned partition).
     rocksdb_block_cache_bytes: int = 64 * 1024 * 1024
+    # Keep a warm copy of every partition this process does not own (standby replicas), so a
+    # failover replays only the changelog's tail; costs reading the other processes' changelog.
+    scheduler_standby: bool = True
     # Fault injection for tests of a lagging scheduler: sleep this long in every iteration.
     scheduler_fault_delay_ms: int = 0
 

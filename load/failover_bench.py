@@ -216,6 +216,15 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
     ready = b.events("partition ready")
     restored = sum(e["restored_records"] for e in ready)
     slowest = max((e["restore_s"] for e in ready), default=0.0)
+    assigned = b.events("partitions assigned; restoring")
+    if assigned:
+        print(
+            f"phases after the kill: new owner assigned partitions at "
+            f"{assigned[0]['ts'] - kill_at:.1f}s (the session timeout), last partition ready "
+            f"at {max(e['ts'] for e in ready) - kill_at:.1f}s"
+            if ready
+            else ""
+        )
     print(
         f"kill -9 of the owner of {args.jobs} pending jobs: the probe due 5 s after the kill "
         f"fired {fired_at - kill_at:.1f}s after it on a process with an empty disk"

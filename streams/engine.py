@@ -38,6 +38,13 @@ unfinished runs to the partition's next worker (workers commit only finished run
 checkpoint, so a restart on the same disk replays only the tail) in slices between iterations,
 then their inputs resume and they are *ready*. The ownership epoch (fencing token on runs) is
 bumped and changelogged on every claim.
+
+**Standby replicas** (``JOBWHEEL_SCHEDULER_STANDBY``, on by default; Kafka Streams'
+``num.standby.replicas``): every partition this process does not own is kept as a warm copy,
+read from the changelog between iterations. When such a partition is assigned here (its owner
+died, or a rebalance moved it) only the changelog's tail is left to read: a failover costs the
+session timeout, not a restore of the whole partition. The price is reading every other
+process's changelog too.
 """
 
 from __future__ import annotations
@@ -94,6 +101,8 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.1
 #: Time given to restoring per iteration while other partitions are ready.
 RESTORE_SLICE_S = 0.2
+#: Time given to keeping standby copies up to date per iteration.
+STANDBY_SLICE_S = 0.05
 #: Acks whose state changes nothing the scheduler decides on; skipped by header, not decoded.
 SKIPPED_ACKS = {b"STALE"}
 #: Records one transaction may carry from punctuation: a partition far behind (a day of
@@ -107,8 +116,9 @@ _EPOCH = struct.Struct(">q")
 
 
 class Phase(enum.StrEnum):
-    RESTORING = "restoring"
-    READY = "ready"
+    STANDBY = "standby"  # not ours: a warm copy, kept up to date from the changelog
+    RESTORING = "restoring"  # ours: catching up with the changelog, inputs paused
+    READY = "ready"  # ours: processing
 
 
 @dataclass
@@ -197,6 +207,8 @@ class SchedulerEngine:
         self._txn_since: float | None = None
         self._commit_interval_s = settings.scheduler_commit_interval_ms / 1000
         self._last_status_log = 0.0
+        self._logged_counters: tuple[int, ...] = ()
+        self._closing = False
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
         self.acks: AcksConsumer | None = None
@@ -253,10 +265,14 @@ class SchedulerEngine:
         self.input.subscribe(self._on_assign, self._on_revoke, self._on_lost)
 
     def _disconnect(self) -> None:
-        if self.input is not None:
-            self.input.close()  # runs the revoke callback: partitions are closed there
-        for task in list(self.tasks.values()):
-            self._close_task(task, "stopped")
+        self._closing = True  # what the revoke callback gives up is closed, not kept as standby
+        try:
+            if self.input is not None:
+                self.input.close()  # runs the revoke callback
+            for task in list(self.tasks.values()):
+                self._close_task(task, "stopped")
+        finally:
+            self._closing = False
         for client in (self.acks, self.changelog, self.producer):
             if client is not None:
                 client.close()
@@ -280,12 +296,32 @@ class SchedulerEngine:
     def _on_assign(self, partitions: list[int]) -> None:
         if not partitions:
             return
+        warm = []
         for p in partitions:
-            if p in self.tasks:
-                continue
-            backend = RocksDBBackend(self.directory.partition(p), self.resources)
-            self.tasks[p] = PartitionTask(p, backend, PartitionState(backend))
-        log.info("partitions assigned; restoring", extra={"partitions": sorted(partitions)})
+            task = self.tasks.get(p)
+            if task is None:
+                self.tasks[p] = self._open_task(p, Phase.RESTORING)
+            elif task.phase is Phase.STANDBY:
+                warm.append(p)
+                task.phase = Phase.RESTORING
+                task.restore_reading = False  # measure the tail to catch up with
+                task.restore_started = time.monotonic()
+        log.info(
+            "partitions assigned; restoring",
+            extra={"partitions": sorted(partitions), "from_standby": warm},
+        )
+
+    def _open_task(self, partition: int, phase: Phase) -> PartitionTask:
+        backend = RocksDBBackend(self.directory.partition(partition), self.resources)
+        return PartitionTask(partition, backend, PartitionState(backend), phase=phase)
+
+    def _standby_all(self) -> None:
+        """Keep a warm copy of every partition not owned here (see the module doc)."""
+        if not self.settings.scheduler_standby:
+            return
+        for p in range(self.settings.partitions):
+            if p not in self.tasks:
+                self.tasks[p] = self._open_task(p, Phase.STANDBY)
 
     def _on_revoke(self, partitions: list[int]) -> None:
         self._drop_pending(partitions)
@@ -302,16 +338,26 @@ class SchedulerEngine:
                 self._close_task(task, "lost")
 
     def _close_task(self, task: PartitionTask, why: str) -> None:
-        """Give a partition up, with whatever it had not committed (see :meth:`_drop_pending`)."""
-        self.tasks.pop(task.partition, None)
+        """Give a partition up, with whatever it had not committed (see :meth:`_drop_pending`):
+        keep it as a standby copy, or close it."""
         if self.acks is not None:
             self.acks.unassign(task.partition)
         if self.changelog is not None:
             self.changelog.unassign(task.partition)
         task.state.discard()
-        task.backend.close()
-        level = logging.WARNING if why == "lost" else logging.INFO
-        log.log(level, f"partition {why}", extra={"partition": task.partition})
+        was_owned = task.phase is not Phase.STANDBY
+        if self.settings.scheduler_standby and not self._closing and not self._stop.is_set():
+            task.phase = Phase.STANDBY
+            task.processor = None
+            task.restore_reading = False
+            task.requests_next = task.acks_next = None
+            task.behind = False
+        else:
+            self.tasks.pop(task.partition, None)
+            task.backend.close()
+        if was_owned:
+            level = logging.WARNING if why == "lost" else logging.INFO
+            log.log(level, f"partition {why}", extra={"partition": task.partition})
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -334,6 +380,7 @@ class SchedulerEngine:
         self._restore(
             RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
         )
+        self._standby_all()
         now = self.clock.now_ms()
         out, touched = self._out, self._touched
         for record in requests:
@@ -383,8 +430,6 @@ class SchedulerEngine:
         the next timer (or the open transaction's commit), at most :data:`IDLE_WAIT_S`."""
         if self._backoff_s:
             return self._backoff_s
-        if self._txn_since is not None:
-            return max(0.0, self._commit_interval_s - (time.monotonic() - self._txn_since))
         ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
         if any(t.phase is Phase.RESTORING for t in self.tasks.values()) or any(
             t.behind for t in ready
@@ -392,6 +437,8 @@ class SchedulerEngine:
             return 0.0
         now = self.clock.now_ms()
         wait = IDLE_WAIT_S
+        if self._txn_since is not None:
+            wait = max(0.0, self._commit_interval_s - (time.monotonic() - self._txn_since))
         for task in ready:
             assert task.processor is not None
             due = task.processor.next_due_ms(self._acks_watermark(task))
@@ -706,31 +753,50 @@ class SchedulerEngine:
     # --- restore ----------------------------------------------------------------------------
 
     def _restore(self, budget_s: float) -> None:
-        restoring = [t for t in self.tasks.values() if t.phase is Phase.RESTORING]
-        if not restoring:
-            return
+        """Read the changelog for the partitions that need it: restoring ones first (the
+        standby copies' partitions are paused meanwhile), then the standby copies, within
+        ``budget_s`` (a slice between iterations while other partitions are processing)."""
         assert self.changelog is not None
-        for task in restoring:
-            if not task.restore_reading:
-                self._start_restore(task)
-        deadline = time.monotonic() + budget_s
+        pending = [
+            t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore_reading
+        ]
+        for task in pending:
+            self._start_restore(task)
+        reading = {
+            t.partition: t
+            for t in self.tasks.values()
+            if t.phase is not Phase.READY and t.restore_reading
+        }
+        if not reading:
+            return
+        restoring = any(t.phase is Phase.RESTORING for t in reading.values())
+        for task in reading.values():  # restoring partitions first
+            if task.phase is Phase.STANDBY and restoring:
+                self.changelog.pause(task.partition)
+            else:
+                self.changelog.resume(task.partition)
+        deadline = time.monotonic() + (budget_s if restoring else STANDBY_SLICE_S)
         while True:
-            reading = {
-                t.partition: t
-                for t in self.tasks.values()
-                if t.phase is Phase.RESTORING and t.restore_reading
-            }
             for task in list(reading.values()):
                 position = self.changelog.position(task.partition)
-                if position is not None and position >= task.restore_end:
+                if position is None or position < task.restore_end:
+                    continue
+                if task.phase is Phase.RESTORING:
                     self._finish_restore(task)
                     reading.pop(task.partition)
+                elif task.restore_fresh:  # a new standby copy has caught up: index it
+                    rebuild_index(task.backend)
+                    task.restore_fresh = False
             if not reading or time.monotonic() >= deadline:
                 return
+            if restoring and not any(t.phase is Phase.RESTORING for t in reading.values()):
+                return  # restored: the standby copies read again from the next iteration on
             by_partition: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
-            for p, offset, key, value in self.changelog.poll_changes(20_000, 0.05):
+            for p, offset, key, value in self.changelog.poll_changes(20_000, 0.02):
                 if p in reading and key is not None:
                     by_partition.setdefault(p, []).append((offset, key, value))
+            if not by_partition and not restoring:
+                return  # the standby copies are up to date
             for p, batch in by_partition.items():
                 task = reading[p]
                 task.restored += apply_batch(
@@ -738,25 +804,34 @@ class SchedulerEngine:
                 )
 
     def _start_restore(self, task: PartitionTask) -> None:
+        """Measure what is left to read, and read it: from the local checkpoint (or from the
+        start, when there is none or it does not fit) to the changelog's current end."""
         assert self.changelog is not None
         try:
             low, high = self.changelog.watermarks(task.partition)
         except BrokerError as exc:
             log.warning("cannot read the changelog's offsets yet", extra={"error": str(exc)})
             return
-        plan = plan_restore(task.backend, low, high)
-        task.restore_end = plan.end
-        task.restore_fresh = plan.fresh
+        self.changelog.unassign(task.partition)
+        if task.restore_fresh and task.phase is Phase.RESTORING:
+            # A standby copy still on its first pass: carry on where it is.
+            start = task.backend.checkpoint()
+            plan_start, fresh = (start if start is not None else low), True
+        else:
+            plan = plan_restore(task.backend, low, high)
+            plan_start, fresh = plan.start, plan.fresh
+        task.restore_end = high
+        task.restore_fresh = fresh
         task.restore_reading = True
-        task.restore_started = time.monotonic()
-        if plan.start < plan.end:
-            self.changelog.assign(task.partition, plan.start)
+        if plan_start < high or task.phase is Phase.STANDBY:
+            self.changelog.assign(task.partition, plan_start)
         else:
             self._finish_restore(task)
 
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
         self.changelog.unassign(task.partition)
+        task.restore_reading = False
         p = task.partition
         if task.restore_fresh:
             rebuild_index(task.backend)
@@ -799,25 +874,47 @@ class SchedulerEngine:
     # --- visibility -------------------------------------------------------------------------
 
     def owned(self) -> dict[int, str]:
-        return {p: t.phase.value for p, t in sorted(self.tasks.items())}
+        """Partition -> phase, for the partitions this process owns (standby copies aside)."""
+        return {
+            p: t.phase.value for p, t in sorted(self.tasks.items()) if t.phase is not Phase.STANDBY
+        }
+
+    def lag(self) -> dict[int, tuple[int, int]]:
+        """Per owned partition, input not yet read: ``(requests, acks)`` records, from the end
+        offsets of the last fetch responses (no request to the broker)."""
+        assert self.input is not None and self.acks is not None
+        out: dict[int, tuple[int, int]] = {}
+        for task in self.tasks.values():
+            if task.phase is Phase.STANDBY:
+                continue
+            behind = []
+            for consumer, pos in (
+                (self.input, task.requests_next or task.requests_committed),
+                (self.acks, task.acks_next or task.acks_committed),
+            ):
+                end = consumer.cached_end(task.partition)
+                behind.append(max(0, end - pos) if end is not None and pos is not None else 0)
+            out[task.partition] = (behind[0], behind[1])
+        return out
 
     def _maybe_log_status(self) -> None:
+        """Every minute, when there is something to tell (work done, input waiting, a restore
+        going on): which partitions this process owns, in which phase, and how far behind."""
         now = time.monotonic()
         if now - self._last_status_log < STATUS_LOG_INTERVAL_S:
             return
         self._last_status_log = now
-        lag: dict[int, int] = {}
-        assert self.acks is not None
-        for task in self.tasks.values():
-            end = self.acks.cached_end(task.partition)
-            pos = task.acks_next if task.acks_next is not None else task.acks_committed
-            if end is not None and pos is not None and end > pos:
-                lag[task.partition] = end - pos
+        lag = {p: v for p, v in self.lag().items() if any(v)}
+        counters = (self.stats.commands, self.stats.fired, self.stats.acks, self.stats.aborts)
+        restoring = any(t.phase is Phase.RESTORING for t in self.tasks.values())
+        if not lag and not restoring and counters == self._logged_counters:
+            return  # idle: nothing to say
+        self._logged_counters = counters
         log.info(
             "scheduler status",
             extra={
                 "partitions": self.owned(),
-                "acks_lag": lag,
+                "lag": {p: {"requests": r, "acks": a} for p, (r, a) in lag.items()},
                 "commands": self.stats.commands,
                 "fired": self.stats.fired,
                 "acks": self.stats.acks,
