@@ -12,7 +12,9 @@ time is from the event to the last "partition ready" line of the process that ta
 ``restore`` fills one scheduler with ``--jobs`` pending future jobs, schedules a probe job due 5 s
 after the kill, SIGKILLs the owner, starts another scheduler on an empty disk at once, and times
 the probe's fire (the session timeout, the restore from the changelog and the punctuation), with
-the restore rate and the RSS of both processes.
+the restore rate and the RSS of both processes. With ``--warm`` the other scheduler runs from
+the start (owning half the partitions and keeping standby copies of the rest), as in a cluster:
+the probe is due on a partition of the killed one.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from load.harness import broker
 from load.scheduler_bench import cpu_s, env_for, rss_mib
 from producers.client import JobClient, JobSpec
 from schemas.codec import default_codec
+from schemas.partitioning import partition_for
 
 PROTOCOLS = {
     "consumer (KIP-848)": {"JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": "consumer"},
@@ -167,6 +170,16 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
     s = fresh(bootstrap, workdir, args.partitions)
     a = Scheduler(s, workdir, "a", {})
     wait(lambda: a.owned() == set(range(args.partitions)))
+    b = None
+    if args.warm:
+        b = Scheduler(s, workdir, "b-warm", {})
+        wait(
+            lambda: (
+                b is not None
+                and (a.owned() | b.owned()) == set(range(args.partitions))
+                and not a.owned() & b.owned()
+            )
+        )
     later = datetime.now(UTC) + timedelta(days=1)
     t0 = time.time()
     with JobClient(s) as client:
@@ -195,16 +208,21 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         flush=True,
     )
     kill_at = time.time()
+    victim_parts = a.owned()
+    probe = next(
+        f"probe-{i}"
+        for i in range(10_000)
+        if partition_for(f"probe-{i}", args.partitions) in victim_parts
+    )
     with JobClient(s) as client:
-        probe = client.schedule(
-            "probe", task="bench.noop", at=datetime.fromtimestamp(kill_at + 5, UTC)
-        )
+        client.schedule(probe, task="bench.noop", at=datetime.fromtimestamp(kill_at + 5, UTC))
     runs = Consumer(s.librdkafka(**{"group.id": f"fo-{uuid.uuid4().hex[:6]}"}))
     runs.assign([TopicPartition(s.topics.runs, p, OFFSET_END) for p in range(args.partitions)])
     runs.consume(1, 1.0)
     kill_at = time.time()
     a.stop(signal.SIGKILL)
-    b = Scheduler(s, workdir, "b-empty-disk", {})
+    if b is None:
+        b = Scheduler(s, workdir, "b-empty-disk", {})
     codec = default_codec()
     fired_at = None
     peak_rss = 0
@@ -213,10 +231,10 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
             if not m.error() and codec.decode(m.value()).job_id == probe:
                 fired_at = time.time()
         peak_rss = max(peak_rss, rss_mib(b.proc.pid))
-    ready = b.events("partition ready")
+    ready = [e for e in b.events("partition ready") if e["ts"] >= kill_at]
     restored = sum(e["restored_records"] for e in ready)
     slowest = max((e["restore_s"] for e in ready), default=0.0)
-    assigned = b.events("partitions assigned; restoring")
+    assigned = [e for e in b.events("partitions assigned; restoring") if e["ts"] >= kill_at]
     if assigned:
         print(
             f"phases after the kill: new owner assigned partitions at "
@@ -226,8 +244,9 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
             else ""
         )
     print(
-        f"kill -9 of the owner of {args.jobs} pending jobs: the probe due 5 s after the kill "
-        f"fired {fired_at - kill_at:.1f}s after it on a process with an empty disk"
+        f"kill -9 of the owner of {args.jobs} pending jobs ({len(victim_parts)} partitions): "
+        f"the probe due 5 s after the kill fired {fired_at - kill_at:.1f}s after it on "
+        + ("a process with standby copies" if args.warm else "a process with an empty disk")
         if fired_at
         else "the probe never fired"
     )
@@ -245,6 +264,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument(
+        "--warm", action="store_true", help="restore: the other scheduler runs from the start"
+    )
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     args = parser.parse_args()
     with (

@@ -1,0 +1,152 @@
+"""The scheduler's record handlers against anything its topics can hold: random bytes, random
+Avro-shaped commands and events (any field value the encoding allows), keys that match or do
+not. Nothing may escape a handler; a command either changes a job or is answered with a
+REJECTED event, and everything undecodable or invalid is dead-lettered with the reason (a
+valid command for a job the scheduler does not know is answered, not dead-lettered).
+
+The handlers are driven without Kafka: an engine that never connects, one ready partition on an
+in-memory state, records as the consumer wrapper hands them over.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from fastavro import schemaless_writer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobwheel.settings import Settings
+from schemas.codec import SchemaCatalogue, default_codec
+from schemas.models import After, JobCommand, ScheduleJob, State
+from schemas.partitioning import partition_for
+from schemas.topics import ERROR_HEADER
+from streams.engine import Phase, SchedulerEngine, _Out
+from streams.kafka import Record
+from streams.processor import SchedulerProcessor
+from streams.state.partition import MemoryBackend, PartitionState
+
+T0 = 1_800_000_000_000
+SETTINGS = Settings(_env_file=None, topic_prefix="p", partitions=1)  # type: ignore[call-arg]
+TOPICS = SETTINGS.topics
+CATALOGUE = SchemaCatalogue.load()
+CODEC = default_codec()
+
+
+def ready_engine() -> SchedulerEngine:
+    engine = SchedulerEngine(SETTINGS)
+    state = PartitionState(MemoryBackend())
+    from streams.engine import PartitionTask
+
+    task = PartitionTask(0, state.backend, state, phase=Phase.READY)  # type: ignore[arg-type]
+    task.processor = SchedulerProcessor(0, state, fencing_token=1)
+    engine.tasks[0] = task
+    return engine
+
+
+def value_for(avro_type: Any, draw: st.DrawFn, depth: int = 0) -> Any:
+    """A value the Avro encoding of ``avro_type`` accepts, drawn wide (huge and negative
+    numbers, odd text)."""
+    if isinstance(avro_type, list):
+        return value_for(draw(st.sampled_from(avro_type)), draw, depth)
+    if isinstance(avro_type, dict):
+        kind = avro_type.get("type")
+        if kind == "enum":
+            return draw(st.sampled_from(avro_type["symbols"]))
+        if kind == "record":
+            fields = avro_type["fields"]
+            if depth > 3:
+                raise ValueError("too deep")
+            return {f["name"]: value_for(f["type"], draw, depth + 1) for f in fields}
+        return value_for(kind, draw, depth)
+    if isinstance(avro_type, str) and "." in avro_type:
+        raise ValueError("named type reference")
+    return {
+        "null": None,
+        "string": draw(st.text(max_size=40) | st.sampled_from(["", " ", "a\nb", "x" * 300])),
+        "int": draw(st.integers(-(2**31), 2**31 - 1)),
+        "long": draw(st.integers(-(2**63), 2**63 - 1) | st.integers(-5, 10**13)),
+        "boolean": draw(st.booleans()),
+    }[avro_type]
+
+
+@st.composite
+def avro_keyed(draw: st.DrawFn, full_name: str) -> tuple[bytes | None, bytes]:
+    """A record of a real schema version, every field drawn wide, framed as the SDK frames;
+    keyed by its job id most of the time (so the rules behind the key check are reached)."""
+    versions = [v for v in CATALOGUE.versions if v.full_name == full_name]
+    version = draw(st.sampled_from(versions))
+    try:
+        record = value_for(version.parsed, draw)
+    except ValueError:
+        return None, b"\xc3\x01" + version.fingerprint
+    body = io.BytesIO()
+    try:
+        schemaless_writer(body, version.parsed, record)
+    except (ValueError, TypeError, OverflowError):
+        return None, b"\xc3\x01" + version.fingerprint + draw(st.binary(max_size=40))
+    job_id = record.get("job_id")
+    key = job_id.encode("utf-8", "surrogatepass") if isinstance(job_id, str) else None
+    if draw(st.integers(0, 9)) < 3:
+        key = draw(st.none() | st.binary(max_size=20))
+    return key, b"\xc3\x01" + version.fingerprint + body.getvalue()
+
+
+def good_command(job_id: str) -> bytes:
+    body = ScheduleJob("demo.echo", After(5_000))
+    return CODEC.encode(JobCommand(f"c-{job_id}", job_id, T0, body))
+
+
+keys = st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=40).map(str.encode))
+keyed = st.one_of(
+    st.tuples(keys, st.none() | st.binary(max_size=120)),
+    avro_keyed("io.jobwheel.JobCommand"),
+    avro_keyed("io.jobwheel.StatusEvent"),
+    avro_keyed("io.jobwheel.Run"),
+    st.text(min_size=1, max_size=30).map(lambda j: (j.encode(), good_command(j))),
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=keyed, offset=st.integers(0, 10**6))
+def test_any_request_record_changes_a_job_or_is_rejected_and_dead_lettered(
+    record: tuple[bytes | None, bytes | None], offset: int
+) -> None:
+    key, value = record
+    engine = ready_engine()
+    out: list[_Out] = []
+    engine._on_request(Record(TOPICS.requests, 0, offset, key, value, None, T0), T0, out, set())
+    events = [CODEC.decode(r.value) for r in out if r.topic == TOPICS.status]
+    dead = [r for r in out if r.topic == TOPICS.dead_letter]
+    rejected = [e for e in events if e.state is State.REJECTED]
+    if rejected:
+        assert all(e.reason for e in rejected)
+        if dead:  # bad input: the record itself is kept with the reason
+            assert len(dead) == 1 and dict(dead[0].headers or [])[ERROR_HEADER]
+        else:  # a valid command that does not apply (a job it does not know) is only answered
+            assert all("unknown job" in (e.reason or "") for e in rejected), rejected
+    elif dead:
+        raise AssertionError(f"dead-lettered without a REJECTED event: {dead}")
+    else:  # accepted: a valid command for this partition changed (or repeated) a job
+        cmd = CODEC.decode(value or b"")
+        assert isinstance(cmd, JobCommand) and key == cmd.job_id.encode()
+        assert partition_for(cmd.job_id, SETTINGS.partitions) == 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=keyed, state=st.sampled_from([b"STARTED", b"SUCCEEDED", b"x", None]))
+def test_any_ack_record_is_applied_or_dead_lettered_and_never_escapes(
+    record: tuple[bytes | None, bytes | None], state: bytes | None
+) -> None:
+    key, value = record
+    engine = ready_engine()
+    engine._on_request(
+        Record(TOPICS.requests, 0, 0, b"j", good_command("j"), None, T0), T0, [], set()
+    )
+    out: list[_Out] = []
+    headers = None if state is None else [("jobwheel.state", state)]
+    engine._on_ack(Record(TOPICS.acks, 0, 1, key, value, headers, T0), T0, out, set())
+    for r in out:
+        if r.topic == TOPICS.dead_letter:
+            assert dict(r.headers or [])[ERROR_HEADER]
