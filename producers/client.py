@@ -265,9 +265,18 @@ class JobClient:
         return self._control("trigger", job_id, reason)
 
     def _control(self, kind: str, job_id: str, reason: str | None) -> str:
+        return self.control(kind, job_id, reason).command_id
+
+    def control(self, kind: str, job_id: str, reason: str | None = None) -> JobCommand:
+        """Send ``kind`` (cancel, pause, resume, trigger) for a job; returns the command sent.
+        The scheduler answers it with a status event whose id starts with the command id: the
+        job's new state, or REJECTED and why (an unknown job, a job the command does not apply
+        to). The status API serves that answer at ``GET /jobs/{id}/commands/{command_id}``."""
+        if kind not in _CONTROL:
+            raise ValidationError("command", f"{kind!r}; one of {', '.join(_CONTROL)}")
         command = self._c.build_control(kind, job_id, reason, self._c.clock.now_ms())
         self._send([command])
-        return command.command_id
+        return command
 
     def _send(self, commands: list[JobCommand]) -> None:
         encoded = [self._c.encode(c) for c in commands]  # all encodable before any is sent

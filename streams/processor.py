@@ -214,8 +214,8 @@ class SchedulerProcessor:
         if job is None:
             return self.reject(
                 cmd.job_id,
-                f"{type(body).__name__}: unknown job {cmd.job_id!r} (never scheduled, or on "
-                "another partition key)",
+                f"unknown job {cmd.job_id!r}: never scheduled (or finished and forgotten after "
+                "the scheduler's retention); no job is created for it",
                 now_ms,
                 event_id=f"{cmd.command_id}:REJECTED",
             )

@@ -145,6 +145,17 @@ class EventView(BaseModel):
     error: str | None = None
 
 
+class CommandVerdict(BaseModel):
+    job_id: str
+    command_id: str
+    state: str = Field(
+        description="the job's state after the command, or REJECTED (then `reason` says why: "
+        "an unknown job, a job in a state the command does not apply to, an invalid command)"
+    )
+    reason: str | None
+    event_time_ms: int
+
+
 class JobDetail(BaseModel):
     job: JobView
     runs: list[RunView]
@@ -340,6 +351,26 @@ def create_app(
 
     # --- reads ---------------------------------------------------------------------------
 
+    @app.get(
+        "/jobs/{job_id:path}/commands/{command_id}", response_model=CommandVerdict, tags=["status"]
+    )
+    def get_command_verdict(job_id: str, command_id: str) -> Any:
+        """The scheduler's answer to a command (the ``command_id`` of a 202 from
+        ``POST /jobs``, ``/cancel``, ``/pause``, ``/resume``): the job's new state, or
+        REJECTED and why (e.g. an unknown job: no job is created for it). 404 until the answer
+        is in the store, normally within a second. A trigger's answer is its run
+        (``GET /jobs/{id}/runs``), or a REJECTED here."""
+        verdict = queries.command_verdict(store, job_id, command_id)
+        if verdict is None:
+            return JSONResponse(
+                {
+                    "detail": f"no answer from the scheduler for command {clip(command_id)} of "
+                    f"job {clip(job_id)} yet (or not a command of this job)"
+                },
+                status_code=404,
+            )
+        return {"job_id": job_id, "command_id": command_id, **verdict}
+
     @app.get("/jobs/{job_id:path}/runs", response_model=JobRuns, tags=["status"])
     def get_job_runs(
         job_id: str, limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST_LIMIT)] = 100
@@ -363,7 +394,10 @@ def create_app(
 
     @app.get("/jobs", response_model=JobList, tags=["status"])
     def list_jobs(
-        state: Annotated[str | None, Query(description="current state, e.g. FAILED")] = None,
+        state: Annotated[
+            str | None,
+            Query(description="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"),
+        ] = None,
         task: Annotated[str | None, Query(description="task name")] = None,
         since: Annotated[
             str | None,
@@ -388,7 +422,8 @@ def create_app(
 
     @app.get("/stats/states", response_model=StateCounts, tags=["status"])
     def stats_states() -> StateCounts:
-        """Jobs per current state."""
+        """Jobs per state (SCHEDULED, PAUSED, COMPLETED, DEAD, CANCELLED; only those that
+        occur)."""
         counts = queries.state_counts(store)
         return StateCounts(states=counts, total=sum(counts.values()))
 
@@ -428,8 +463,8 @@ def create_app(
 def _not_found(job_id: str) -> JSONResponse:
     return JSONResponse(
         {
-            "detail": f"job {clip(job_id)} not found: the status store has no event for it "
-            "(unknown id, or its first status event has not arrived yet)"
+            "detail": f"unknown job {clip(job_id)}: not found in the status store (never "
+            "scheduled, or its first status event has not arrived yet)"
         },
         status_code=404,
     )

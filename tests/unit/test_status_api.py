@@ -125,10 +125,38 @@ def test_list_filters_and_pages(api: TestClient, filled: int) -> None:
     }
 
 
+def test_a_commands_verdict_is_served_by_its_id(api: TestClient, store: StatusStore) -> None:
+    t0 = now_ms()
+    store.add_events(
+        [
+            event("job-v", State.SCHEDULED, seq=1, t=t0, task="demo.echo", event_id="c0:SCHEDULED"),
+            event("job-v", State.PAUSED, seq=2, t=t0 + 1, event_id="c1:PAUSED"),
+            event("job-v", State.REJECTED, seq=3, t=t0 + 2, event_id="c2:REJECTED", reason="no"),
+            event("ghost", State.REJECTED, seq=0, t=t0, event_id="c3:REJECTED", reason="unknown"),
+        ]
+    )
+    assert api.get("/jobs/job-v/commands/c1").json() == {
+        "job_id": "job-v",
+        "command_id": "c1",
+        "state": "PAUSED",
+        "reason": None,
+        "event_time_ms": t0 + 1,
+    }
+    assert api.get("/jobs/job-v/commands/c2").json()["state"] == "REJECTED"
+    # a made-up id: the scheduler's answer is there, the job is not
+    assert api.get("/jobs/ghost/commands/c3").json()["reason"] == "unknown"
+    assert api.get("/jobs/ghost").status_code == 404
+    assert api.get("/jobs").json()["total"] == 1
+    missing = api.get("/jobs/job-v/commands/c3")  # another job's command
+    assert missing.status_code == 404 and "no answer" in missing.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
         ("state=RUNNING", "state"),
+        ("state=SUCCEEDED", "state"),  # a run's state: runs are in /jobs/{id}/runs and /sql
+        ("state=REJECTED", "state"),
         ("since=last+tuesday", "since"),
         ("until=soon", "until"),
         ("since=1h&until=2h", "since"),
