@@ -169,8 +169,10 @@ def _broker_status(args: argparse.Namespace) -> int:
 
 def _topics_ensure(args: argparse.Namespace) -> int:
     from deploy.topics import ensure_topics
+    from jobwheel.reach import require_reachable
 
     settings = get_settings()
+    require_reachable(settings.bootstrap_servers)
     created = ensure_topics(settings)
     for name in created:
         print(f"created {name}")

@@ -8,7 +8,7 @@ What a user sees is decided here for every subcommand:
 - an error is one line on stderr naming what was wrong and what to do (exit 2 for bad input,
   bad settings included; 1 for everything else), never a traceback;
 - a one-shot command (submit, status, health, ...) reports its outcome itself (stdout, exit
-  code, that one line), so its log stays quiet unless ``JOBWHEEL_LOG_LEVEL`` asks for it;
+  code, that one line), so its log shows errors only (``JOBWHEEL_LOG_LEVEL=DEBUG``: all);
   services (scheduler, worker, serve, sink, up) log at ``JOBWHEEL_LOG_LEVEL``;
 - output cut short by the reader (``jobwheel status ID | head -3``) ends the command quietly;
 - modules named on the command line (``jobwheel worker --tasks my_tasks``) are found in the
@@ -93,11 +93,11 @@ def _foreground(args: argparse.Namespace) -> bool:
 
 
 def _configure_logging(service: bool, settings: object) -> None:
-    from jobwheel.settings import Settings, explicitly_set
+    from jobwheel.settings import Settings
 
     assert isinstance(settings, Settings)
     level = settings.log_level
-    if not service and not explicitly_set("log_level"):
+    if not service and level != "DEBUG":
         level = "ERROR"  # the command prints its own outcome; its log is for debugging
     logs.configure(level, settings.log_format)
     if not service and level != "DEBUG":

@@ -224,12 +224,6 @@ def default_data_dir() -> Path:
         return Path(".jobwheel").absolute()
 
 
-def explicitly_set(name: str) -> bool:
-    """Whether the environment sets ``JOBWHEEL_<NAME>`` (e.g. to honour a log level asked for
-    even where a command would otherwise stay quiet)."""
-    return f"JOBWHEEL_{name.upper()}" in os.environ
-
-
 @functools.cache
 def get_settings() -> Settings:
     return Settings()

@@ -130,6 +130,7 @@ def submit(args: argparse.Namespace) -> int:
         max_args_bytes=settings.max_args_bytes,
     )
     with JobClient(settings) as client:
+        client.check_broker()  # a broker that is down is one line now, not in 30 s
         client.send(command)
     print(command.job_id)
     return 0

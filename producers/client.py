@@ -25,6 +25,7 @@ from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import DeliveryError, ValidationError
+from jobwheel.reach import require_reachable
 from jobwheel.settings import Settings
 from producers import validation as v
 from producers.kafka import Delivered, Producer, producer_config
@@ -196,6 +197,13 @@ class JobClient:
     @property
     def topic(self) -> str:
         return self._c.topic
+
+    def check_broker(self, timeout_s: float = 5.0) -> None:
+        """Fail within ``timeout_s`` when Kafka cannot be reached or the requests topic is
+        missing (:class:`BrokerConnectionError` / :class:`BrokerError`, naming the address),
+        instead of after the delivery timeout (30 s). The CLI calls it before sending."""
+        require_reachable(self._c.settings.bootstrap_servers, min(timeout_s, 2.0))
+        self._c.producer.check_topic(self._c.topic, timeout_s)
 
     def schedule(
         self,

@@ -229,6 +229,7 @@ def control(args: argparse.Namespace) -> int:
     rules.job_id(args.job_id)
     rules.optional_text(args.reason, "reason", rules.MAX_REASON_CHARS)
     with JobClient(settings) as client:
+        client.check_broker()
         command = client.control(args.control, args.job_id, args.reason)
     if args.wait <= 0:
         print(args.job_id)
@@ -448,7 +449,23 @@ def sql(args: argparse.Namespace) -> int:
 
 
 def health(args: argparse.Namespace) -> int:
+    from jobwheel.reach import unreachable
+
     settings = _settings()
+    why = unreachable(settings.bootstrap_servers, min(args.timeout, 2.0))
+    if why is not None:
+        # Everything else asks Kafka, and would only wait out its timeout to say the same.
+        detail = (
+            f"cannot reach Kafka at {settings.bootstrap_servers} ({why}); is the broker "
+            "running? (`jobwheel broker status`)"
+        )
+        if args.json:
+            _print_json(
+                {"ok": False, "checks": [{"check": "broker", "ok": False, "detail": detail}]}
+            )
+        else:
+            print(f"FAIL  {'broker':<10}  {detail}")
+        return 1
     checks = [
         ("broker", lambda: _check_broker(settings, args.timeout)),
         (
@@ -461,10 +478,12 @@ def health(args: argparse.Namespace) -> int:
     ]
     results = []
     for name, check in checks:
+        if results and not results[0]["ok"] and name != "status":
+            continue  # the broker does not answer: asking it again only waits longer
         try:
             ok, detail = check()
         except Exception as exc:
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
+            ok, detail = False, _one_line(exc)
         results.append({"check": name, "ok": ok, "detail": detail})
     if args.json:
         _print_json({"ok": all(r["ok"] for r in results), "checks": results})
@@ -474,10 +493,21 @@ def health(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def _one_line(exc: Exception) -> str:
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(err, KafkaError):
+        return f"{err.str()} ({err.name()})"
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, JobwheelError) else str(exc)
+
+
 def _admin(settings: Settings) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(settings.librdkafka())
+    from jobwheel.logs import librdkafka_logger
+
+    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status")))
 
 
 def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
