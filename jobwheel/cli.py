@@ -27,8 +27,11 @@ from collections.abc import Sequence
 from jobwheel import logs
 from jobwheel.errors import JobwheelError, ValidationError, clip
 
-#: Subcommands that run until stopped; every other one is a one-shot command.
-SERVICES = frozenset({"scheduler", "worker", "serve", "sink", "up"})
+#: Subcommands that run until stopped and log for their log files; every other one is a
+#: one-shot command. ``jobwheel up`` is neither: it talks to a person at a terminal itself, so
+#: its own log shows warnings and errors only (its services' logs are in their files).
+SERVICES = frozenset({"scheduler", "worker", "serve", "sink"})
+_QUIET_LEVEL = {"up": "WARNING"}
 #: Exit code of a command whose reader went away (128 + SIGPIPE, as a C tool would end).
 BROKEN_PIPE = 141
 
@@ -72,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     except (SettingsValidationError, SettingsError) as exc:
         print(f"jobwheel {args.command}: {settings_error(exc)}", file=sys.stderr)
         return 2
-    _configure_logging(args.command in SERVICES or _foreground(args), settings)
+    _configure_logging(args.command, args.command in SERVICES or _foreground(args), settings)
     _importable_from_here()
     try:
         code = int(args.handler(args) or 0)
@@ -92,13 +95,15 @@ def _foreground(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "foreground", False))
 
 
-def _configure_logging(service: bool, settings: object) -> None:
+def _configure_logging(command: str, service: bool, settings: object) -> None:
     from jobwheel.settings import Settings
 
     assert isinstance(settings, Settings)
     level = settings.log_level
     if not service and level != "DEBUG":
-        level = "ERROR"  # the command prints its own outcome; its log is for debugging
+        # the command prints its own outcome; its log is for debugging
+        floor = _QUIET_LEVEL.get(command, "ERROR")
+        level = max(level, floor, key=logging.getLevelName)
     logs.configure(level, settings.log_format)
     if not service and level != "DEBUG":
         # librdkafka's own chatter (reconnect attempts to a broker that is down) is for a
