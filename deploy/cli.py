@@ -93,6 +93,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="use this running Kafka instead of starting the local broker (it is not stopped)",
     )
+    up.add_argument(
+        "--tasks",
+        metavar="MODULE[,MODULE]",
+        default=None,
+        help="task modules of the stack's worker (default consumers.demo), found in the "
+        "current folder too, e.g. --tasks consumers.demo,my_tasks",
+    )
     up.set_defaults(handler=_up)
 
 
@@ -231,6 +238,7 @@ def _up(args: argparse.Namespace) -> int:
         port=args.port,
         controller_port=args.controller_port,
         bootstrap=args.bootstrap,
+        tasks=args.tasks,
     )
     return stack.run(_stop_event(again=stack.ask_again))
 

@@ -106,17 +106,15 @@ def _scheduler_grace(settings: Settings) -> float:
     return settings.scheduler_transaction_timeout_ms / 1000 + STOP_GRACE_S
 
 
-#: The local stack, in start order. Adding a service is one line here.
-SERVICES: list[Service] = [
-    Service(
-        "scheduler",
-        jobwheel("scheduler"),
-        grace=_scheduler_grace,
-        waiting_for=lambda s: "it commits its last transaction and leaves its group",
-    ),
-    Service(
+DEMO_TASKS = "consumers.demo"
+
+
+def worker_service(tasks: str) -> Service:
+    """The stack's worker, running the ``@task`` functions of the modules ``tasks`` names
+    (``jobwheel up --tasks``; the modules are found in the folder ``jobwheel up`` runs in)."""
+    return Service(
         "worker",
-        jobwheel("worker", "--tasks", "consumers.demo"),
+        jobwheel("worker", "--tasks", tasks),
         grace=_worker_grace,
         waiting_for=lambda s: (
             f"runs in flight may finish within "
@@ -125,7 +123,18 @@ SERVICES: list[Service] = [
         ),
         stop_stage=0,
         shown=frozenset({"worker stopping", "worker stopped"}),
+    )
+
+
+#: The local stack, in start order. Adding a service is one line here.
+SERVICES: list[Service] = [
+    Service(
+        "scheduler",
+        jobwheel("scheduler"),
+        grace=_scheduler_grace,
+        waiting_for=lambda s: "it commits its last transaction and leaves its group",
     ),
+    worker_service(DEMO_TASKS),
     Service(
         "api",
         jobwheel("serve"),
@@ -209,6 +218,7 @@ class Stack:
         port: int | None = None,
         controller_port: int | None = None,
         bootstrap: str | None = None,
+        tasks: str | None = None,
         services: list[Service] | None = None,
         out: IO[str] | None = None,
     ) -> None:
@@ -228,6 +238,10 @@ class Stack:
             }
         )
         self.services = list(SERVICES if services is None else services)
+        if tasks is not None:
+            self.services = [
+                worker_service(tasks) if s.name == "worker" else s for s in self.services
+            ]
         self.logs_dir = self.data_dir / "logs"
         self.out = out or sys.stdout
         self._out_lock = threading.Lock()

@@ -18,13 +18,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
-from jobwheel.errors import DeliveryError, ValidationError
+from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
 from jobwheel.reach import require_reachable
 from jobwheel.settings import Settings
 from producers import validation as v
@@ -131,17 +132,31 @@ class _Commands:
         codec: Codec | None,
         producer: Producer | None,
         producer_overrides: Mapping[str, Any] | None,
+        known_tasks: Collection[str] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = settings.topics.requests
         self.clock = clock or SystemClock()
         self.codec = codec or default_codec(settings.schema_registry_url)
+        self.known_tasks = None if known_tasks is None else frozenset(known_tasks)
         self.producer = producer or Producer(
             producer_config(settings, **dict(producer_overrides or {}))
         )
 
     def build_schedule(self, spec: JobSpec, now_ms: int) -> JobCommand:
-        return build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+        command = build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+        task = spec.task
+        if self.known_tasks is not None and task not in self.known_tasks:
+            names = sorted(self.known_tasks)
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            warnings.warn(
+                f"task {task!r} is not one the workers register ({shown or 'none given'}): a "
+                "worker that gets its run fails it without retrying, so the run ends DEAD (and "
+                "a one-off job DEAD); check the name, or the --tasks modules of the workers",
+                UnknownTaskWarning,
+                stacklevel=_caller_level(),
+            )
+        return command
 
     def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
         body = _CONTROL[kind](rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS))
@@ -156,6 +171,19 @@ class _Commands:
 
     def encode(self, command: JobCommand) -> tuple[bytes, bytes]:
         return key_for(command.job_id), self.codec.encode(command)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this module (the
+    caller's ``schedule`` line, however many of our frames are in between)."""
+    import sys
+
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def _batch_error(failures: list[tuple[str, DeliveryError]], total: int) -> DeliveryError:
@@ -173,6 +201,11 @@ class JobClient:
     """Blocking client: every method returns after the broker acknowledged the command.
 
     Safe to share between threads. Use as a context manager or call :meth:`close`.
+
+    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
+    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
+    importing the workers' task modules) scheduling any other name warns
+    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
     """
 
     def __init__(
@@ -184,6 +217,7 @@ class JobClient:
         producer: Producer | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         delivery_timeout_s: float = 60.0,
+        known_tasks: Collection[str] | None = None,
     ) -> None:
         self._c = _Commands(
             settings,
@@ -191,6 +225,7 @@ class JobClient:
             codec=codec,
             producer=producer,
             producer_overrides=producer_overrides,
+            known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
 
@@ -357,6 +392,7 @@ class AsyncJobClient:
         producer: Producer | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         delivery_timeout_s: float = 60.0,
+        known_tasks: Collection[str] | None = None,
     ) -> None:
         self._c = _Commands(
             settings,
@@ -364,6 +400,7 @@ class AsyncJobClient:
             codec=codec,
             producer=producer,
             producer_overrides=producer_overrides,
+            known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
         self._stop = threading.Event()

@@ -58,3 +58,14 @@ def test_every_service_of_the_stack_stops_within_its_own_grace() -> None:
     assert worker.grace(settings) > 40  # at least its own grace, then time to hand back
     assert worker.stop_stage < min(s.stop_stage for s in SERVICES if s.name != "worker")
     assert "40s" in worker.waiting_for(settings)
+
+
+def test_up_tasks_replace_the_workers_modules(tmp_path) -> None:
+    from deploy.stack import Stack
+    from jobwheel.settings import Settings
+
+    stack = Stack(Settings(data_dir=tmp_path), tasks="consumers.demo,my_tasks")  # type: ignore[call-arg]
+    (worker,) = [s for s in stack.services if s.name == "worker"]
+    assert worker.argv[-2:] == ("--tasks", "consumers.demo,my_tasks")
+    assert worker.stop_stage == 0
+    assert [s.name for s in stack.services] == [s.name for s in SERVICES]
