@@ -165,8 +165,27 @@ def _token_required(served: dict[str, str]) -> None:
     assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
 
 
+def _docs_pages_work_offline_and_without_the_token(served: dict[str, str]) -> None:
+    """The real `jobwheel serve` (token set): the docs page and every asset it loads come from
+    it, with no token; the API calls the page makes still need one."""
+    from tests.unit.test_status_api import docs_assets
+
+    base = f"http://127.0.0.1:{served['JOBWHEEL_API_PORT']}"
+    with urllib.request.urlopen(f"{base}/docs", timeout=10) as resp:
+        html = resp.read().decode()
+    urls = docs_assets(html)
+    assert urls and all(u.startswith("/") and not u.startswith("//") for u in urls), urls
+    for url in ["/", *urls]:
+        with urllib.request.urlopen(f"{base}{url}", timeout=10) as resp:
+            assert resp.status == 200 and resp.read(), url
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{base}/stats/states", timeout=10)
+    assert info.value.code == 401
+
+
 def test_read_commands_against_a_running_serve(served: dict[str, str], tmp_path: Path) -> None:
     """One `jobwheel serve` for all read commands (starting it is the slow part)."""
+    _docs_pages_work_offline_and_without_the_token(served)
     _status_prints_the_job_and_its_runs_one_line_each(served)
     _status_of_an_unknown_job_fails_with_a_reason(served)
     _list_filters(served)

@@ -7,6 +7,7 @@ factory that fails the test if called makes sure of.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -233,6 +234,34 @@ def test_openapi_docs_are_served(api: TestClient) -> None:
     assert api.get("/docs").status_code == 200
     paths = api.get("/openapi.json").json()["paths"]
     assert {"/jobs", "/jobs/{job_id}", "/sql", "/health", "/stats/states"} <= set(paths)
+
+
+def docs_assets(html: str) -> list[str]:
+    """Every URL the docs page makes a browser load: scripts, styles, icons, the schema."""
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
+    urls += re.findall(r"""url: ?["']([^"']+)["']""", html)
+    return urls
+
+
+def test_the_docs_page_loads_everything_from_this_server(api: TestClient) -> None:
+    """No network needed: every asset of /docs is a local URL, and each one answers. (Before,
+    Swagger UI's script and style came from a CDN and the page was blank offline.)"""
+    html = api.get("/docs").text
+    urls = docs_assets(html)
+    assert any(u.endswith(".js") for u in urls) and any(u.endswith(".css") for u in urls), urls
+    assert "/openapi.json" in urls
+    for url in urls:
+        assert url.startswith("/") and not url.startswith("//"), f"not local: {url}"
+        r = api.get(url)
+        assert r.status_code == 200, url
+        assert len(r.content) > 100, url
+    assert "cdn" not in html.lower() and "http://" not in html and "https://" not in html
+
+
+def test_the_root_page_points_to_the_docs_and_the_cli(api: TestClient) -> None:
+    r = api.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'href="docs"' in r.text and "jobwheel status JOB_ID" in r.text
 
 
 # --- commands: everything invalid is refused before Kafka -----------------------------------
