@@ -13,6 +13,7 @@ sent) instead of argparse's usage dump.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from typing import Any, NoReturn
 
@@ -131,6 +132,8 @@ def submit(args: argparse.Namespace) -> int:
     )
     with JobClient(settings) as client:
         client.check_broker()  # a broker that is down is one line now, not in 30 s
-        client.send(command)
+        # Issued when sent: `--now` and `--in` count from here, not from before the connection
+        # was made (which would make a --now run look a connection set-up late).
+        client.send(dataclasses.replace(command, issued_at_ms=SystemClock().now_ms()))
     print(command.job_id)
     return 0
