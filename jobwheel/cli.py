@@ -23,9 +23,13 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from jobwheel import logs
 from jobwheel.errors import JobwheelError, ValidationError, clip
+
+if TYPE_CHECKING:
+    from jobwheel.settings import Settings
 
 #: Subcommands that run until stopped and log for their log files; every other one is a
 #: one-shot command. ``jobwheel up`` is neither: it talks to a person at a terminal itself, so
@@ -95,10 +99,7 @@ def _foreground(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "foreground", False))
 
 
-def _configure_logging(command: str, service: bool, settings: object) -> None:
-    from jobwheel.settings import Settings
-
-    assert isinstance(settings, Settings)
+def _configure_logging(command: str, service: bool, settings: Settings) -> None:
     level = settings.log_level
     if not service and level != "DEBUG":
         # the command prints its own outcome; its log is for debugging
