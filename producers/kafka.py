@@ -176,13 +176,15 @@ class Producer:
                 f"Kafka did not answer within {timeout_s:g}s ({text})", code="_TIMED_OUT"
             ) from exc
         found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
-            why = found.error.str() if found is not None and found.error is not None else "absent"
+        err = found.error if found is not None else None
+        if found is None or (err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
             raise BrokerError(
-                f"topic {topic} does not exist on the broker ({why}): create the topics with "
+                f"topic {topic} does not exist on the broker: create the topics with "
                 "`jobwheel topics ensure` (or check JOBWHEEL_TOPIC_PREFIX)",
                 code="UNKNOWN_TOPIC_OR_PART",
             )
+        if err is not None:  # e.g. TOPIC_AUTHORIZATION_FAILED: this principal may not use it
+            raise BrokerError(f"topic {topic}: {err.str()} ({err.name()})", code=err.name())
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery callbacks; returns how many ran."""
