@@ -69,9 +69,15 @@ test: setup lint
 run: setup
 	JOBWHEEL_LOG_FORMAT=$${JOBWHEEL_LOG_FORMAT:-text} $(BIN)/jobwheel up
 
-# Local state and caches; keeps the venv and the jars (distclean removes those too).
+# Local state (the stack's data dir: $$JOBWHEEL_DATA_DIR, by default ~/.local/share/jobwheel)
+# and caches; keeps the venv and the jars (distclean removes those too). The data dir is removed
+# only when its name is jobwheel or .jobwheel, so a JOBWHEEL_DATA_DIR pointing at some other
+# folder is never wiped by mistake.
 clean:
 	-test -x $(BIN)/jobwheel && $(BIN)/jobwheel broker stop
+	-@test -x $(BIN)/python && dir="$$($(BIN)/python -c 'from jobwheel.settings import get_settings; print(get_settings().data_dir)')" \
+	  && case "$$dir" in */jobwheel|*/.jobwheel) echo "rm -rf $$dir"; rm -rf "$$dir";; \
+	     *) echo "not removing $$dir (not named jobwheel)";; esac
 	rm -rf .jobwheel .pytest_cache .ruff_cache build dist
 	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwheel.errors import BrokerError, ConfigError
+from jobwheel.logs import librdkafka_logger
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def apply_acls(
     roles = list(roles)
     for role in roles:
         username(settings, role)
-    admin = AdminClient(settings.librdkafka())
+    admin = AdminClient(settings.librdkafka(logger=librdkafka_logger("deploy")))
     given = dict(passwords or {})
     done: list[Applied] = []
     try:

@@ -387,7 +387,10 @@ class BrokerStatus:
 
     def describe(self) -> str:
         if not self.running:
-            return f"broker not running (data dir {self.data_dir})"
+            return (
+                f"broker not running: none found in {self.data_dir} (to look elsewhere, set "
+                "JOBWHEEL_DATA_DIR to the stack's data dir, or pass --data-dir DIR/kafka)"
+            )
         state = "ready" if self.ready else "not answering yet"
         return (
             f"broker running, {state}: bootstrap {self.bootstrap}, pid {self.pid}, "

@@ -11,6 +11,7 @@ import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -86,6 +87,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     up = sub.add_parser("up", help="run the local stack: broker, topics and services, until Ctrl-C")
     _broker_args(up, ports=True, data_dir_help="jobwheel data dir (default: $JOBWHEEL_DATA_DIR)")
+    up.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=None,
+        help="use this running Kafka instead of starting the local broker (it is not stopped)",
+    )
+    up.add_argument(
+        "--tasks",
+        metavar="MODULE[,MODULE]",
+        default=None,
+        help="task modules of the stack's worker (default consumers.demo), found in the "
+        "current folder too, e.g. --tasks consumers.demo,my_tasks",
+    )
     up.set_defaults(handler=_up)
 
 
@@ -169,8 +183,10 @@ def _broker_status(args: argparse.Namespace) -> int:
 
 def _topics_ensure(args: argparse.Namespace) -> int:
     from deploy.topics import ensure_topics
+    from jobwheel.reach import require_reachable
 
     settings = get_settings()
+    require_reachable(settings.bootstrap_servers)
     created = ensure_topics(settings)
     for name in created:
         print(f"created {name}")
@@ -221,15 +237,20 @@ def _up(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         port=args.port,
         controller_port=args.controller_port,
+        bootstrap=args.bootstrap,
+        tasks=args.tasks,
     )
-    return stack.run(_stop_event())
+    return stack.run(_stop_event(again=stack.ask_again))
 
 
-def _stop_event() -> threading.Event:
-    """An event set by SIGINT/SIGTERM, so the handler can shut things down in order."""
+def _stop_event(again: Callable[[], None] | None = None) -> threading.Event:
+    """An event set by SIGINT/SIGTERM, so the handler can shut things down in order; later
+    signals call ``again`` (``jobwheel up``: hurry the services, then kill them)."""
     stop = threading.Event()
 
     def handle(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set() and again is not None:
+            again()
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,11 +1,25 @@
 """``jobwheel up``: the whole local stack in one terminal, without Docker.
 
-Starts the local broker (``<data_dir>/kafka``), ensures the topics, then runs every entry of
-:data:`SERVICES` as a subprocess. Each service's output goes to ``<data_dir>/logs/<name>.log``
-and, prefixed with ``[name]``, to this terminal. Ctrl-C / SIGTERM stops the services
-(SIGTERM, then SIGKILL after a grace period) and then the broker.
+Starts the local broker (``<data_dir>/kafka``; or uses a running one given with
+``--bootstrap``), ensures the topics, then runs every entry of :data:`SERVICES` as a
+subprocess, each in a session of its own (so a Ctrl-C in the terminal reaches this supervisor,
+which stops the services in order, not the services all at once).
 
-Restart policy: a service that exits while the stack is up is logged loudly (exit code and
+**Output.** Each service's output goes, whole, to ``<data_dir>/logs/<name>.log``. The terminal
+gets what a person at it needs: one line per service start, a service's warnings and errors
+(with their tracebacks), the few state changes listed per service (:attr:`Service.shown`,
+e.g. a worker stopping and handing runs back), and the supervisor's own lines. Framework
+chatter, librdkafka lines and escape codes stay in the log files.
+
+**Stopping.** Ctrl-C / SIGTERM stops the services stage by stage (:attr:`Service.stop_stage`):
+workers first, while the scheduler and the status service still run, so a run a worker hands
+back is dispatched again and recorded at once. Each service gets at least its own grace
+(:attr:`Service.grace`: the worker's ``JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS`` plus the time to hand
+back and leave its group) before SIGKILL, and the terminal says what it is waiting for. A second
+Ctrl-C asks again (a worker then hands its runs back at once, a scheduler exits at once); a third
+kills what is left.
+
+**Restart policy.** A service that exits while the stack is up is logged loudly (exit code and
 the tail of its log) and restarted after a back-off that doubles from 1 s up to 30 s, reset
 once it has stayed up for a minute. A local stack is for development: it keeps going so the
 rest stays usable, and the log says what crashed. A broker that dies ends the stack.
@@ -15,13 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -32,15 +49,26 @@ from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: Grace of a service that declares none; also added to a service's own grace for its exit.
 STOP_GRACE_S = 10.0
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
+#: Lines of a traceback (or other continuation lines) shown after a service's error line.
+MAX_CONTINUATION_LINES = 40
+
+_LEVELS = ("debug", "info", "warning", "error", "critical")
+_TEXT_LOG = re.compile(r"^(debug|info|warning|error|critical)\s+(\S+): (.*)$")
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 
 def jobwheel(*args: str) -> tuple[str, ...]:
     """argv of a ``jobwheel`` subcommand run by this interpreter (same venv, no PATH lookup)."""
     return (sys.executable, "-m", "jobwheel.cli", *args)
+
+
+def _default_grace(settings: Settings) -> float:
+    return STOP_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -49,7 +77,11 @@ class Service:
 
     ``banner`` is printed once the stack is up, formatted with ``settings`` (e.g.
     ``"status API: {settings.status_api_url}"``). ``enabled=False`` keeps an entry listed but
-    skips it with a log line.
+    skips it with a log line. ``grace`` is how long a stop may take before SIGKILL, from the
+    stack's settings; ``waiting_for`` says what that time is for; ``stop_stage`` orders the
+    stop (lower first, a stage at a time).
+    ``shown`` are the messages of the service's INFO log lines worth a line in the terminal
+    (warnings and errors always are).
     """
 
     name: str
@@ -57,16 +89,57 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     banner: str = ""
     enabled: bool = True
+    grace: Callable[[Settings], float] = _default_grace
+    waiting_for: Callable[[Settings], str] = lambda settings: ""
+    stop_stage: int = 1
+    shown: frozenset[str] = frozenset()
+
+
+def _worker_grace(settings: Settings) -> float:
+    # Its own grace for runs in flight, then handing them back, committing and leaving the
+    # group (the worker gives hand-backs up to 10 s; a margin on top).
+    return settings.worker_shutdown_grace_ms / 1000 + 15.0
+
+
+def _scheduler_grace(settings: Settings) -> float:
+    # The transaction in flight commits or times out within the transaction timeout.
+    return settings.scheduler_transaction_timeout_ms / 1000 + STOP_GRACE_S
+
+
+DEMO_TASKS = "consumers.demo"
+
+
+def worker_service(tasks: str) -> Service:
+    """The stack's worker, running the ``@task`` functions of the modules ``tasks`` names
+    (``jobwheel up --tasks``; the modules are found in the folder ``jobwheel up`` runs in)."""
+    return Service(
+        "worker",
+        jobwheel("worker", "--tasks", tasks),
+        grace=_worker_grace,
+        waiting_for=lambda s: (
+            f"runs in flight may finish within "
+            f"{s.worker_shutdown_grace_ms / 1000:g}s (JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS), then "
+            "are handed back to the scheduler"
+        ),
+        stop_stage=0,
+        shown=frozenset({"worker stopping", "worker stopped"}),
+    )
 
 
 #: The local stack, in start order. Adding a service is one line here.
 SERVICES: list[Service] = [
-    Service("scheduler", jobwheel("scheduler")),
-    Service("worker", jobwheel("worker", "--tasks", "consumers.demo")),
+    Service(
+        "scheduler",
+        jobwheel("scheduler"),
+        grace=_scheduler_grace,
+        waiting_for=lambda s: "it commits its last transaction and leaves its group",
+    ),
+    worker_service(DEMO_TASKS),
     Service(
         "api",
         jobwheel("serve"),
         banner="status API: {settings.status_api_url} (OpenAPI at {settings.status_api_url}/docs)",
+        waiting_for=lambda s: "the status sink writes what it has read",
     ),
 ]
 
@@ -90,6 +163,50 @@ class _Running:
         self.restarts = 0
 
 
+def terminal_line(name: str, raw: str, shown: frozenset[str]) -> str | None:
+    """What the terminal shows of one line of a service's output (None: the log file only).
+
+    A log line (jobwheel's text or JSON format) at WARNING or above is shown, an INFO line only
+    when its message is one of ``shown``; anything else (framework output, librdkafka lines) is
+    left to the log file. Escape codes are removed.
+    """
+    line = _ESCAPES.sub("", raw).rstrip()
+    parsed = _parse_log_line(line)
+    if parsed is None:
+        return None
+    level, message, rest = parsed
+    if level in ("warning", "error", "critical"):
+        return f"[{name}] {level}: {message}{rest}"
+    if level == "info" and message in shown:
+        return f"[{name}] {message}{rest}"
+    return None
+
+
+def _parse_log_line(line: str) -> tuple[str, str, str] | None:
+    """``(level, message, " key=value ...")`` of a jobwheel log line, or None."""
+    if line.startswith("{"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or record.get("level") not in _LEVELS:
+            return None
+        extra = " ".join(
+            f"{k}={v}" for k, v in record.items() if k not in ("ts", "level", "logger", "msg")
+        )
+        return str(record["level"]), str(record.get("msg", "")), f" {extra}" if extra else ""
+    match = _TEXT_LOG.match(line)
+    if match is None:
+        return None
+    level, message = match[1], match[3]
+    # The text format is "<message> k=v k=v": the message is the part before the first k=v.
+    head, sep, tail_ = message.partition("=")
+    if sep and " " in head:
+        text, _, key = head.rpartition(" ")
+        return level, text, f" {key}={tail_}"
+    return level, message, ""
+
+
 class Stack:
     """The supervisor behind ``jobwheel up``."""
 
@@ -100,6 +217,8 @@ class Stack:
         data_dir: Path | None = None,
         port: int | None = None,
         controller_port: int | None = None,
+        bootstrap: str | None = None,
+        tasks: str | None = None,
         services: list[Service] | None = None,
         out: IO[str] | None = None,
     ) -> None:
@@ -110,15 +229,26 @@ class Stack:
             port=port,
             controller_port=controller_port,
         )
+        #: A broker this stack neither starts nor stops (``jobwheel up --bootstrap``).
+        self.external = bootstrap
         self.settings = settings.model_copy(
-            update={"bootstrap_servers": self.broker.bootstrap, "data_dir": self.data_dir}
+            update={
+                "bootstrap_servers": bootstrap or self.broker.bootstrap,
+                "data_dir": self.data_dir,
+            }
         )
         self.services = list(SERVICES if services is None else services)
+        if tasks is not None:
+            self.services = [
+                worker_service(tasks) if s.name == "worker" else s for s in self.services
+            ]
         self.logs_dir = self.data_dir / "logs"
         self.out = out or sys.stdout
         self._out_lock = threading.Lock()
         self._running: list[_Running] = []
         self._owns_broker = False
+        self._asks = 0  # stop requests after the first (a second Ctrl-C hurries, a third kills)
+        self._asked = threading.Event()
 
     def _say(self, line: str) -> None:
         with self._out_lock:
@@ -134,6 +264,11 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
             **service.env,
         }
+
+    def ask_again(self) -> None:
+        """A stop request while stopping (a second Ctrl-C): hurry the services, then kill."""
+        self._asks += 1
+        self._asked.set()
 
     def run(self, stop: threading.Event) -> int:
         """Bring the stack up, supervise until ``stop`` is set, then take it down in order."""
@@ -156,7 +291,7 @@ class Stack:
                 self._spawn(running)
             self._banner()
             while not stop.wait(0.5):
-                if self.broker.running_pid() is None:
+                if self.external is None and self.broker.running_pid() is None:
                     self._say(f"!! the Kafka broker exited; see {self.broker.log_path}")
                     log.error("broker exited", extra={"log": str(self.broker.log_path)})
                     return 1
@@ -166,6 +301,9 @@ class Stack:
             self._shutdown()
 
     def _start_broker(self) -> None:
+        if self.external is not None:
+            self._say(f"kafka: using the broker at {self.external} (not started or stopped here)")
+            return
         if self.broker.running_pid() is not None:
             self.broker.wait_ready()
             self._say(f"kafka: reusing the broker already running at {self.broker.bootstrap}")
@@ -179,15 +317,19 @@ class Stack:
             "jobwheel stack up",
             f"  bootstrap servers: {self.settings.bootstrap_servers}",
             f"  data dir:          {self.data_dir}",
-            f"  broker log:        {self.broker.log_path}",
-            f"  service logs:      {self.logs_dir}/<service>.log",
         ]
+        if self.external is None:
+            lines.append(f"  broker log:        {self.broker.log_path}")
+        lines.append(f"  service logs:      {self.logs_dir}/<service>.log (everything they say)")
         names = [r.service.name for r in self._running]
         lines.append(f"  services:          {', '.join(names) if names else '(none)'}")
         for running in self._running:
             if running.service.banner:
                 lines.append("  " + running.service.banner.format(settings=self.settings))
-        lines.append("Ctrl-C stops everything.")
+        lines.append(
+            "Ctrl-C stops everything (workers first: runs in flight may finish within their "
+            "grace, then are handed back; Ctrl-C again to hand them back at once)."
+        )
         self._say("\n".join(lines))
 
     def _spawn(self, running: _Running) -> None:
@@ -205,19 +347,33 @@ class Stack:
         running.started_at = time.monotonic()
         running.restart_at = None
         running.pump = threading.Thread(
-            target=self._pump, args=(service.name, proc, running.log_path), daemon=True
+            target=self._pump, args=(service, proc, running.log_path), daemon=True
         )
         running.pump.start()
         self._say(f"service {service.name}: started (pid {proc.pid}), log {running.log_path}")
 
-    def _pump(self, name: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-        """Copy a service's output to its log file and, prefixed, to the terminal."""
+    def _pump(self, service: Service, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        """Copy a service's output to its log file, and what matters of it to the terminal."""
         assert proc.stdout is not None
+        continuation = 0  # lines of a traceback still to show after a shown error line
         with open(log_path, "ab") as log_file:
             for raw in iter(proc.stdout.readline, b""):
                 log_file.write(raw)
                 log_file.flush()
-                self._say(f"[{name}] {raw.decode(errors='replace').rstrip()}")
+                text = raw.decode(errors="replace")
+                shown = terminal_line(service.name, text, service.shown)
+                if shown is not None:
+                    self._say(shown)
+                    continuation = (
+                        MAX_CONTINUATION_LINES
+                        if " error: " in shown or (" critical: " in shown)
+                        else 0
+                    )
+                elif continuation and _parse_log_line(text.rstrip()) is None:
+                    continuation -= 1
+                    self._say(f"[{service.name}]   {_ESCAPES.sub('', text).rstrip()}")
+                else:
+                    continuation = 0
 
     def _supervise(self) -> None:
         now = time.monotonic()
@@ -235,7 +391,7 @@ class Stack:
                     f"restarting in {running.backoff_s:.0f}s. Last lines of {running.log_path}:\n"
                     + tail(running.log_path, 15)
                 )
-                log.error(
+                log.info(  # the terminal has the line above; this is for a redirected log
                     "service exited",
                     extra={"service": running.service.name, "code": proc.returncode},
                 )
@@ -244,19 +400,14 @@ class Stack:
                 running.restarts += 1
                 self._spawn(running)
 
+    # --- stopping -----------------------------------------------------------------------------
+
     def _shutdown(self) -> None:
-        alive = [r.proc for r in self._running if r.proc is not None and r.proc.poll() is None]
-        for proc in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in alive:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        alive = [r for r in self._running if r.proc is not None and r.proc.poll() is None]
+        if alive:
+            self._say("stopping the stack (Ctrl-C again: hand running runs back at once)")
+        for stage in sorted({r.service.stop_stage for r in alive}):
+            self._stop_stage([r for r in alive if r.service.stop_stage == stage])
         for running in self._running:
             if running.pump is not None:
                 running.pump.join(2.0)
@@ -265,3 +416,56 @@ class Stack:
         if self._owns_broker:
             self.broker.stop()
             self._say("kafka: stopped")
+
+    def _stop_stage(self, group: list[_Running]) -> None:
+        """SIGTERM to each service of one stage, then wait for each up to its own grace."""
+        started = time.monotonic()
+        deadlines: dict[int, float] = {}
+        for running in group:
+            assert running.proc is not None
+            grace = running.service.grace(self.settings)
+            deadlines[id(running)] = started + grace
+            _signal_group(running.proc, signal.SIGTERM)
+            what = running.service.waiting_for(self.settings)
+            self._say(
+                f"stopping {running.service.name}: waiting up to {grace:.0f}s"
+                + (f" ({what})" if what else "")
+            )
+        asks_seen = self._asks
+        waiting = list(group)
+        while waiting:
+            self._asked.wait(0.1)
+            self._asked.clear()
+            if self._asks != asks_seen:
+                asks_seen = self._asks
+                hard = asks_seen >= 2
+                for running in waiting:
+                    assert running.proc is not None
+                    _signal_group(running.proc, signal.SIGKILL if hard else signal.SIGTERM)
+                names = ", ".join(r.service.name for r in waiting)
+                self._say(f"{'killing' if hard else 'hurrying'} {names}")
+            now = time.monotonic()
+            for running in list(waiting):
+                proc = running.proc
+                assert proc is not None
+                if proc.poll() is not None:
+                    waiting.remove(running)
+                    code = proc.returncode
+                    how = f"exit {code}" if code >= 0 else f"on {signal.Signals(-code).name}"
+                    self._say(
+                        f"service {running.service.name}: stopped ({how}) "
+                        f"after {now - started:.1f}s"
+                    )
+                elif now >= deadlines[id(running)]:
+                    waiting.remove(running)
+                    _signal_group(proc, signal.SIGKILL)
+                    proc.wait()
+                    self._say(
+                        f"!! service {running.service.name} did not stop within "
+                        f"{deadlines[id(running)] - started:.0f}s; killed"
+                    )
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 def _admin(settings: Settings):  # type: ignore[no-untyped-def]
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(settings.librdkafka())
+    from jobwheel.logs import librdkafka_logger
+
+    return AdminClient(settings.librdkafka(logger=librdkafka_logger("deploy")))
 
 
 def _describe(admin, timeout_s: float, bootstrap: str):  # type: ignore[no-untyped-def]

@@ -1,18 +1,43 @@
 """The ``jobwheel`` command. Each package registers its own subcommands (``<pkg>/cli.py``).
 
-Subcommand modules keep heavy imports (faust, confluent-kafka, chdb) inside the handlers so
+Subcommand modules keep heavy imports (confluent-kafka, chdb, uvicorn) inside the handlers so
 ``jobwheel --help`` and quick commands start fast.
+
+What a user sees is decided here for every subcommand:
+
+- an error is one line on stderr naming what was wrong and what to do (exit 2 for bad input,
+  bad settings included; 1 for everything else), never a traceback;
+- a one-shot command (submit, status, health, ...) reports its outcome itself (stdout, exit
+  code, that one line), so its log shows errors only (``JOBWHEEL_LOG_LEVEL=DEBUG``: all);
+  services (scheduler, worker, serve, sink, up) log at ``JOBWHEEL_LOG_LEVEL``;
+- output cut short by the reader (``jobwheel status ID | head -3``) ends the command quietly;
+- modules named on the command line (``jobwheel worker --tasks my_tasks``) are found in the
+  current folder too, as ``python -m`` would find them.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from jobwheel import logs
-from jobwheel.errors import JobwheelError, ValidationError
-from jobwheel.settings import get_settings
+from jobwheel.errors import JobwheelError, ValidationError, clip
+
+if TYPE_CHECKING:
+    from jobwheel.settings import Settings
+
+#: Subcommands that run until stopped and log for their log files; every other one is a
+#: one-shot command. ``jobwheel up`` is neither: it talks to a person at a terminal itself, so
+#: its own log shows warnings and errors only (its services' logs are in their files).
+SERVICES = frozenset({"scheduler", "worker", "serve", "sink"})
+_QUIET_LEVEL = {"up": "WARNING"}
+#: Exit code of a command whose reader went away (128 + SIGPIPE, as a C tool would end).
+BROKEN_PIPE = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,10 +58,33 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    settings = get_settings()
-    logs.configure(settings.log_level, settings.log_format)
     try:
-        return int(args.handler(args) or 0)
+        return _run(args)
+    except BrokenPipeError:
+        # The reader of stdout went away: stop quietly, and let nothing flush into the closed
+        # pipe at exit (which would print "Exception ignored ... BrokenPipeError").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError as SettingsValidationError
+    from pydantic_settings import SettingsError
+
+    from jobwheel.settings import get_settings
+
+    try:
+        settings = get_settings()
+    except (SettingsValidationError, SettingsError) as exc:
+        print(f"jobwheel {args.command}: {settings_error(exc)}", file=sys.stderr)
+        return 2
+    _configure_logging(args.command, args.command in SERVICES or _foreground(args), settings)
+    _importable_from_here()
+    try:
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return code
     except ValidationError as exc:
         print(f"jobwheel {args.command}: invalid {exc}", file=sys.stderr)
         return 2
@@ -45,6 +93,73 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _foreground(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "foreground", False))
+
+
+def _configure_logging(command: str, service: bool, settings: Settings) -> None:
+    level = settings.log_level
+    if not service and level != "DEBUG":
+        # the command prints its own outcome; its log is for debugging
+        floor = _QUIET_LEVEL.get(command, "ERROR")
+        level = max(level, floor, key=logging.getLevelName)
+    logs.configure(level, settings.log_format)
+    if not service and level != "DEBUG":
+        # librdkafka's own chatter (reconnect attempts to a broker that is down) is for a
+        # service's log file; a one-shot command says in one line what went wrong.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda record: not record.name.endswith(".librdkafka"))
+
+
+def _importable_from_here() -> None:
+    """Modules in the current folder can be imported by name (``--tasks my_tasks``), after
+    everything installed, so a file there never shadows a library."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
+
+
+# --- settings errors as one line ------------------------------------------------------------
+
+_EXPECTED = {
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "bool_parsing": "true or false",
+    "dict_type": "a JSON object",
+    "list_type": "a JSON list",
+    "json_invalid": "valid JSON",
+    "path_type": "a path",
+}
+
+
+def settings_error(exc: Exception) -> str:
+    """One line for a ``JOBWHEEL_*`` variable that cannot be read: the variable, its value and
+    the form expected (pydantic's own report is a 20-line block naming Python field names)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):  # pydantic-settings could not even decode it (JSON fields)
+        match = re.search(r'field "(\w+)"', str(exc))
+        name = f"JOBWHEEL_{match[1].upper()}" if match else "a JOBWHEEL_* variable"
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        return (
+            f"{name} is not valid JSON{cause}; give a JSON object, e.g. "
+            f'{name}=\'{{"client.id": "me"}}\''
+        )
+    found = errors()
+    first = found[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    name = f"JOBWHEEL_{loc[0].upper()}" if loc else "a JOBWHEEL_* variable"
+    if len(loc) > 1:
+        name += f" (at {'.'.join(loc[1:])})"
+    expected = _EXPECTED.get(first.get("type", ""))
+    message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
+    if expected is None:
+        expected = re.sub(r"^Input should be ", "", message)
+    value = f"={clip(first['input'])}" if "input" in first else ""
+    more = f" ({len(found) - 1} more setting(s) invalid too)" if len(found) > 1 else ""
+    return f"{name}{value} is not valid: expected {expected}{more}"
 
 
 if __name__ == "__main__":

@@ -110,3 +110,10 @@ class Retry(JobwheelError):
     def __init__(self, delay_ms: int | None = None, reason: str | None = None) -> None:
         super().__init__(reason or "retry requested")
         self.delay_ms = delay_ms
+
+
+class UnknownTaskWarning(UserWarning):
+    """A job was scheduled for a task name the client was told no worker registers
+    (``JobClient(known_tasks=...)``): its runs will end DEAD. A warning, not an error, because
+    the client's list may simply be older than the workers'. ``-W error::...UnknownTaskWarning``
+    (or ``warnings.simplefilter("error", UnknownTaskWarning)``) makes it one."""

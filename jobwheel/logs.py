@@ -73,3 +73,15 @@ class Throttle(logging.Filter):
             record.suppressed = dropped
         self._seen[key] = (now, 0)
         return True
+
+
+def librdkafka_logger(package: str) -> logging.Logger:
+    """The logger a package's confluent-kafka clients are given (their ``logger`` setting):
+    ``<package>.librdkafka``, throttled. Without one, librdkafka prints raw ``%3|...|FAIL|``
+    lines to stderr, once per reconnect attempt; with one, its lines are log records like any
+    other: throttled in a service's log, left out of a one-shot command's output
+    (:mod:`jobwheel.cli`)."""
+    logger = logging.getLogger(f"{package}.librdkafka")
+    if not any(isinstance(f, Throttle) for f in logger.filters):
+        logger.addFilter(Throttle())
+    return logger

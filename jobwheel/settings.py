@@ -9,11 +9,12 @@ librdkafka (confluent-kafka) setting works without a code change:
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobwheel.errors import ConfigError
@@ -39,8 +40,11 @@ class Settings(BaseSettings):
     replication_factor: int = DEFAULT_REPLICATION_FACTOR
     schema_registry_url: str | None = None
 
-    # Local state (scheduler RocksDB state, embedded ClickHouse, local broker)
-    data_dir: Path = Path(".jobwheel")
+    # Local state (scheduler RocksDB state, embedded ClickHouse, local broker, stack logs).
+    # Per user, not per folder: `jobwheel broker status` or `jobwheel up` from any folder find
+    # the same stack. Always absolute (a relative value is resolved once, against the folder
+    # the process starts in), so every message shows where it looked.
+    data_dir: Path = Field(default_factory=lambda: default_data_dir())
 
     # `jobwheel acls apply`: each role's SCRAM password, e.g. {"worker": "..."} (a role not
     # given keeps the password an earlier run wrote, or gets a generated one).
@@ -132,7 +136,20 @@ class Settings(BaseSettings):
 
     # Logging
     log_level: str = "INFO"
-    log_format: str = "json"
+    log_format: Literal["json", "text"] = "json"
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"one of {', '.join(LOG_LEVELS)}")
+        return level
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
 
     @model_validator(mode="after")
     def _default_bootstrap(self) -> Settings:
@@ -202,6 +219,21 @@ def _secret(value: SecretStr | None, path: Path | None, env: str) -> str | None:
     if value is None:
         return None
     return value.get_secret_value().strip() or None
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/jobwheel``, else ``~/.local/share/jobwheel``; ``./.jobwheel`` (made
+    absolute) only when there is no home directory to put it in."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "jobwheel"
+    try:
+        return Path.home() / ".local" / "share" / "jobwheel"
+    except RuntimeError:
+        return Path(".jobwheel").absolute()
 
 
 @functools.cache

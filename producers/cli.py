@@ -1,4 +1,8 @@
-"""Subcommands of the ``jobwheel`` CLI that belong to ``producers``: submit and job control.
+"""Subcommands of the ``jobwheel`` CLI that belong to ``producers``: ``submit``.
+
+The job-control commands (cancel, pause, resume, trigger) live with the status commands
+(:mod:`consumers.status.cli`): after sending they wait for the scheduler's answer, which is
+read from the status store.
 
 Options are taken as text and converted by :mod:`producers.validation` (then checked by the
 contract's rules, :mod:`schemas.validation`), not by argparse types,
@@ -9,15 +13,9 @@ sent) instead of argparse's usage dump.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from typing import Any, NoReturn
-
-_CONTROL_HELP = {
-    "cancel": "cancel a job: no further fires (an active run finishes)",
-    "pause": "pause a job's fires until resumed",
-    "resume": "resume a paused job",
-    "trigger": "run a job once now, outside its schedule",
-}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,17 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--concurrency-policy", metavar="ALLOW|FORBID|REPLACE", help="default ALLOW")
     p.add_argument("--idempotency-key", metavar="K", help="apply commands with K once")
     p.set_defaults(handler=submit)
-    _one_line_errors(p, "submit")
-
-    for name, text in _CONTROL_HELP.items():
-        c = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        c.add_argument("job_id", metavar="JOB_ID")
-        c.add_argument("--reason", metavar="TEXT", help="kept in the status event")
-        c.set_defaults(handler=control, control=name)
-        _one_line_errors(c, name)
+    one_line_errors(p, "submit")
 
 
-def _one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
+def one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
     """argparse's own errors (unknown option, missing value) as one line too, exit 2."""
 
     def error(message: str) -> NoReturn:
@@ -140,19 +131,9 @@ def submit(args: argparse.Namespace) -> int:
         max_args_bytes=settings.max_args_bytes,
     )
     with JobClient(settings) as client:
-        client.send(command)
+        client.check_broker()  # a broker that is down is one line now, not in 30 s
+        # Issued when sent: `--now` and `--in` count from here, not from before the connection
+        # was made (which would make a --now run look a connection set-up late).
+        client.send(dataclasses.replace(command, issued_at_ms=SystemClock().now_ms()))
     print(command.job_id)
-    return 0
-
-
-def control(args: argparse.Namespace) -> int:
-    from jobwheel.settings import get_settings
-    from producers.client import JobClient
-    from schemas import validation as rules
-
-    rules.job_id(args.job_id)
-    rules.optional_text(args.reason, "reason", rules.MAX_REASON_CHARS)
-    with JobClient(get_settings()) as client:
-        getattr(client, args.control)(args.job_id, args.reason)
-    print(args.job_id)
     return 0

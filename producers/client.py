@@ -18,13 +18,15 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
-from jobwheel.errors import DeliveryError, ValidationError
+from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
+from jobwheel.reach import require_reachable
 from jobwheel.settings import Settings
 from producers import validation as v
 from producers.kafka import Delivered, Producer, producer_config
@@ -130,17 +132,31 @@ class _Commands:
         codec: Codec | None,
         producer: Producer | None,
         producer_overrides: Mapping[str, Any] | None,
+        known_tasks: Collection[str] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = settings.topics.requests
         self.clock = clock or SystemClock()
         self.codec = codec or default_codec(settings.schema_registry_url)
+        self.known_tasks = None if known_tasks is None else frozenset(known_tasks)
         self.producer = producer or Producer(
             producer_config(settings, **dict(producer_overrides or {}))
         )
 
     def build_schedule(self, spec: JobSpec, now_ms: int) -> JobCommand:
-        return build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+        command = build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+        task = spec.task
+        if self.known_tasks is not None and task not in self.known_tasks:
+            names = sorted(self.known_tasks)
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            warnings.warn(
+                f"task {task!r} is not one the workers register ({shown or 'none given'}): a "
+                "worker that gets its run fails it without retrying, so the run ends DEAD (and "
+                "a one-off job DEAD); check the name, or the --tasks modules of the workers",
+                UnknownTaskWarning,
+                stacklevel=_caller_level(),
+            )
+        return command
 
     def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
         body = _CONTROL[kind](rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS))
@@ -155,6 +171,19 @@ class _Commands:
 
     def encode(self, command: JobCommand) -> tuple[bytes, bytes]:
         return key_for(command.job_id), self.codec.encode(command)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this module (the
+    caller's ``schedule`` line, however many of our frames are in between)."""
+    import sys
+
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def _batch_error(failures: list[tuple[str, DeliveryError]], total: int) -> DeliveryError:
@@ -172,6 +201,11 @@ class JobClient:
     """Blocking client: every method returns after the broker acknowledged the command.
 
     Safe to share between threads. Use as a context manager or call :meth:`close`.
+
+    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
+    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
+    importing the workers' task modules) scheduling any other name warns
+    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
     """
 
     def __init__(
@@ -183,6 +217,7 @@ class JobClient:
         producer: Producer | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         delivery_timeout_s: float = 60.0,
+        known_tasks: Collection[str] | None = None,
     ) -> None:
         self._c = _Commands(
             settings,
@@ -190,12 +225,20 @@ class JobClient:
             codec=codec,
             producer=producer,
             producer_overrides=producer_overrides,
+            known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
 
     @property
     def topic(self) -> str:
         return self._c.topic
+
+    def check_broker(self, timeout_s: float = 5.0) -> None:
+        """Fail within ``timeout_s`` when Kafka cannot be reached or the requests topic is
+        missing (:class:`BrokerConnectionError` / :class:`BrokerError`, naming the address),
+        instead of after the delivery timeout (30 s). The CLI calls it before sending."""
+        require_reachable(self._c.settings.bootstrap_servers, min(timeout_s, 2.0))
+        self._c.producer.check_topic(self._c.topic, timeout_s)
 
     def schedule(
         self,
@@ -265,9 +308,18 @@ class JobClient:
         return self._control("trigger", job_id, reason)
 
     def _control(self, kind: str, job_id: str, reason: str | None) -> str:
+        return self.control(kind, job_id, reason).command_id
+
+    def control(self, kind: str, job_id: str, reason: str | None = None) -> JobCommand:
+        """Send ``kind`` (cancel, pause, resume, trigger) for a job; returns the command sent.
+        The scheduler answers it with a status event whose id starts with the command id: the
+        job's new state, or REJECTED and why (an unknown job, a job the command does not apply
+        to). The status API serves that answer at ``GET /jobs/{id}/commands/{command_id}``."""
+        if kind not in _CONTROL:
+            raise ValidationError("command", f"{kind!r}; one of {', '.join(_CONTROL)}")
         command = self._c.build_control(kind, job_id, reason, self._c.clock.now_ms())
         self._send([command])
-        return command.command_id
+        return command
 
     def _send(self, commands: list[JobCommand]) -> None:
         encoded = [self._c.encode(c) for c in commands]  # all encodable before any is sent
@@ -340,6 +392,7 @@ class AsyncJobClient:
         producer: Producer | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         delivery_timeout_s: float = 60.0,
+        known_tasks: Collection[str] | None = None,
     ) -> None:
         self._c = _Commands(
             settings,
@@ -347,6 +400,7 @@ class AsyncJobClient:
             codec=codec,
             producer=producer,
             producer_overrides=producer_overrides,
+            known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
         self._stop = threading.Event()

@@ -16,10 +16,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as _Producer
 
-from jobwheel.errors import BrokerError, DeliveryError
+from jobwheel.errors import BrokerConnectionError, BrokerError, DeliveryError
+from jobwheel.logs import librdkafka_logger
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
+_client_log = librdkafka_logger("producers")
 
 #: Defaults every jobwheel producer starts from; ``settings.kafka_config`` and then the
 #: call's overrides replace any of them.
@@ -87,6 +89,7 @@ class Producer:
     def __init__(self, config: dict[str, Any]) -> None:
         config = dict(config)
         config.setdefault("error_cb", self._on_error)
+        config.setdefault("logger", _client_log)  # never raw librdkafka lines on stderr
         try:
             self._producer = _Producer(config)
         except KafkaException as exc:
@@ -160,6 +163,28 @@ class Producer:
                 return False
             raise
         return True
+
+    def check_topic(self, topic: str, timeout_s: float) -> None:
+        """The broker answers a metadata request within ``timeout_s`` and ``topic`` exists;
+        else :class:`BrokerConnectionError` / :class:`BrokerError`, one line each."""
+        try:
+            metadata = self._producer.list_topics(topic=topic, timeout=timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else exc
+            text = err.str() if isinstance(err, KafkaError) else str(err)
+            raise BrokerConnectionError(
+                f"Kafka did not answer within {timeout_s:g}s ({text})", code="_TIMED_OUT"
+            ) from exc
+        found = metadata.topics.get(topic)
+        err = found.error if found is not None else None
+        if found is None or (err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise BrokerError(
+                f"topic {topic} does not exist on the broker: create the topics with "
+                "`jobwheel topics ensure` (or check JOBWHEEL_TOPIC_PREFIX)",
+                code="UNKNOWN_TOPIC_OR_PART",
+            )
+        if err is not None:  # e.g. TOPIC_AUTHORIZATION_FAILED: this principal may not use it
+            raise BrokerError(f"topic {topic}: {err.str()} ({err.name()})", code=err.name())
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery callbacks; returns how many ran."""

@@ -71,7 +71,7 @@ def trigger(
             + (f" (got {', '.join(given)})" if given else ""),
         )
     if start_at is not None and every is None:
-        raise ValidationError("start_at", "only applies to every=")
+        raise ValidationError("start_at", "only applies to an every schedule")
     if now:
         if now is not True:
             raise ValidationError("now", f"must be True, got {clip(now)}")
@@ -140,6 +140,13 @@ def parse_instant(text: Any, field: str = "at") -> datetime:
         raise ValidationError(
             field, f"{clip(text)} is not an ISO 8601 time; use e.g. 2030-01-01T09:00:00+01:00"
         ) from exc
+    if value.tzinfo is None or value.utcoffset() is None:
+        # the text form's own advice: the SDK's (pass an aware datetime) means nothing here
+        raise ValidationError(
+            field,
+            f"{clip(text)} has no time zone offset; add one, e.g. {value.isoformat()}+01:00 "
+            f"or {value.isoformat()}Z",
+        )
     aware_ms(value, field)
     return value
 

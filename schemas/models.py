@@ -20,7 +20,10 @@ class ConcurrencyPolicy(enum.StrEnum):
 
 
 class State(enum.StrEnum):
-    """Status event states. Job-level: SCHEDULED..COMPLETED; run-level: DISPATCHED..STALE."""
+    """Status event states. An event without a run id is about the job (SCHEDULED, REJECTED,
+    PAUSED, RESUMED, CANCELLED, COMPLETED, DEAD), one with a run id about that run (DISPATCHED
+    .. STALE, and CANCELLED/DEAD of a run). A job's own state is one of SCHEDULED, PAUSED,
+    COMPLETED, DEAD, CANCELLED (README, "Job states"); REJECTED answers a command."""
 
     SCHEDULED = "SCHEDULED"
     REJECTED = "REJECTED"

@@ -239,7 +239,7 @@ def not_too_old(at_ms: int, now_ms: int, field: str = "at") -> int:
         raise ValidationError(
             field,
             f"is {ago} in the past (more than {timedelta(milliseconds=MAX_PAST_MS)} ago); check "
-            "the date and time zone, or use now=True to run immediately",
+            "the date and its time zone, or schedule it to run now instead",
         )
     return at_ms
 

@@ -62,10 +62,19 @@ _TIMER = struct.Struct(">BQH")
 
 
 class JobStatus(enum.StrEnum):
+    """Where a job is in its life (the job state table in the README). ``ACTIVE`` is what users
+    see as SCHEDULED: the value is kept because records in changelogs already carry it."""
+
     ACTIVE = "ACTIVE"
     PAUSED = "PAUSED"
     CANCELLED = "CANCELLED"
     COMPLETED = "COMPLETED"
+    DEAD = "DEAD"  # nothing left to run, and its last run ended DEAD
+
+    @property
+    def shown(self) -> str:
+        """The job state as status events, the store and the CLI name it."""
+        return "SCHEDULED" if self is JobStatus.ACTIVE else self.value
 
 
 class RunPhase(enum.StrEnum):
@@ -97,7 +106,10 @@ class JobRecord:
     seq: int = 0
     next_fire_ms: int | None = None
     last_error: str | None = None
-    #: A COMPLETED or CANCELLED job's record is deleted at this instant (retention).
+    #: How the latest run of the job to end, ended (SUCCEEDED, DEAD, MISSED, SKIPPED): a job
+    #: with nothing left to run is DEAD when it is DEAD, else COMPLETED.
+    last_outcome: str | None = None
+    #: A COMPLETED, DEAD or CANCELLED job's record is deleted at this instant (retention).
     expires_at_ms: int | None = None
     active: dict[str, ActiveRun] = field(default_factory=dict)
     recent_commands: list[str] = field(default_factory=list)
@@ -212,6 +224,7 @@ def encode_job(job: JobRecord) -> bytes:
             "seq": job.seq,
             "next_fire_ms": job.next_fire_ms,
             "last_error": job.last_error,
+            "last_outcome": job.last_outcome,
             "expires_at_ms": job.expires_at_ms,
             "active": [
                 [r.run_id, r.scheduled_ms, r.attempt, r.seq, r.phase.value, r.due_ms, r.handbacks]
@@ -260,6 +273,7 @@ def decode_job(data: bytes) -> JobRecord:
             seq=raw["seq"],
             next_fire_ms=raw["next_fire_ms"],
             last_error=raw["last_error"],
+            last_outcome=raw.get("last_outcome"),  # absent in records written before it
             expires_at_ms=raw["expires_at_ms"],
             active=active,
             recent_commands=list(raw["recent"]),

@@ -24,8 +24,17 @@ Rules, in the words of Kubernetes CronJob and SQS:
   of attempts, the run is DEAD (status event, and the run on the dead-letter topic).
 - Paused jobs do not fire; on resume the pending fire is due again, so what was missed while
   paused follows the missed-run rule above (as with ``suspend`` on a CronJob).
-- Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy.
-- Commands for unknown jobs, and invalid specs, are REJECTED events.
+- Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy,
+  and change nothing about the job: a paused job stays PAUSED, a finished one stays finished
+  until the triggered run ends (then its outcome decides COMPLETED or DEAD again).
+
+The job's own state is separate from its runs' states and from the outcome of a command
+(the table is in the README, "Job states"). Only job-level events (no ``run_id``) change it:
+SCHEDULED, PAUSED, RESUMED (back to SCHEDULED), CANCELLED, and at the end COMPLETED, or DEAD
+when the job's last run ended DEAD. A command that cannot be applied (unknown job, a job in
+the wrong state, an invalid spec) is a REJECTED event: about the job, never its new state.
+Events a command causes directly carry its id (``<command id>:<STATE>``), so whoever sent it
+can find the scheduler's verdict.
 """
 
 from __future__ import annotations
@@ -163,7 +172,8 @@ class SchedulerProcessor:
             source=SOURCE,
             seq=seq,
             task=job.spec.task if job else None,
-            next_fire_ms=job.next_fire_ms if job else None,
+            # a paused or finished job has no next fire, whatever its record keeps for resume
+            next_fire_ms=job.next_fire_ms if job and job.status is JobStatus.ACTIVE else None,
             **values,  # type: ignore[arg-type]
         )
 
@@ -204,8 +214,8 @@ class SchedulerProcessor:
         if job is None:
             return self.reject(
                 cmd.job_id,
-                f"{type(body).__name__}: unknown job {cmd.job_id!r} (never scheduled, or on "
-                "another partition key)",
+                f"unknown job {cmd.job_id!r}: never scheduled (or finished and forgotten after "
+                "the scheduler's retention); no job is created for it",
                 now_ms,
                 event_id=f"{cmd.command_id}:REJECTED",
             )
@@ -214,15 +224,31 @@ class SchedulerProcessor:
         job.remember(cmd.command_id)
         out = Output()
         if isinstance(body, CancelJob):
-            self._cancel(job, body, now_ms, out)
+            self._cancel(job, cmd, body, now_ms, out)
         elif isinstance(body, PauseJob):
-            self._pause(job, body, now_ms, out)
+            self._pause(job, cmd, body, now_ms, out)
         elif isinstance(body, ResumeJob):
-            self._resume(job, body, now_ms, out)
+            self._resume(job, cmd, body, now_ms, out)
         elif isinstance(body, TriggerJob):
             self._trigger(job, cmd, body, now_ms, out)
         self.save(job)
         return out
+
+    def _refuse(
+        self, job: JobRecord, cmd: JobCommand, reason: str, now_ms: int, out: Output
+    ) -> None:
+        """A command that does not apply to the job as it is: an event on the job, which keeps
+        its state."""
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.REJECTED,
+                now_ms,
+                event_id=f"{cmd.command_id}:REJECTED",
+                reason=reason,
+            )
+        )
 
     def _schedule(self, cmd: JobCommand, spec: ScheduleJob, now_ms: int) -> Output:
         job = self.load(cmd.job_id)
@@ -239,51 +265,89 @@ class SchedulerProcessor:
             job.issued_at_ms = cmd.issued_at_ms
             job.status = JobStatus.ACTIVE
             job.expires_at_ms = None
+            job.last_outcome = None
         else:
             job = JobRecord(job_id=cmd.job_id, spec=spec, issued_at_ms=cmd.issued_at_ms)
         job.remember(cmd.command_id)
         job.next_fire_ms = triggers.first_fire_ms(spec.trigger, cmd.issued_at_ms)
         out = Output()
-        out.status.append(self._event(job, job.job_id, State.SCHEDULED, now_ms))
+        out.status.append(
+            self._event(
+                job, job.job_id, State.SCHEDULED, now_ms, event_id=f"{cmd.command_id}:SCHEDULED"
+            )
+        )
         self.save(job)
         return out
 
-    def _cancel(self, job: JobRecord, body: CancelJob, now_ms: int, out: Output) -> None:
-        if job.status in (JobStatus.CANCELLED, JobStatus.COMPLETED):
-            out.status.append(
-                self._event(
-                    job, job.job_id, State.REJECTED, now_ms, reason=f"job is {job.status.value}"
-                )
-            )
+    def _cancel(
+        self, job: JobRecord, cmd: JobCommand, body: CancelJob, now_ms: int, out: Output
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            self._refuse(job, cmd, "job is already CANCELLED", now_ms, out)
+            return
+        if job.status in (JobStatus.COMPLETED, JobStatus.DEAD):
+            reason = f"job is {job.status.shown}: it has finished, nothing is left to cancel"
+            self._refuse(job, cmd, reason, now_ms, out)
             return
         job.status = JobStatus.CANCELLED
         job.next_fire_ms = None
         self._retire(job, now_ms)
-        out.status.append(self._event(job, job.job_id, State.CANCELLED, now_ms, reason=body.reason))
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.CANCELLED,
+                now_ms,
+                event_id=f"{cmd.command_id}:CANCELLED",
+                reason=body.reason,
+            )
+        )
 
-    def _pause(self, job: JobRecord, body: PauseJob, now_ms: int, out: Output) -> None:
+    def _pause(
+        self, job: JobRecord, cmd: JobCommand, body: PauseJob, now_ms: int, out: Output
+    ) -> None:
         if job.status is not JobStatus.ACTIVE:
-            reason = f"cannot pause: job is {job.status.value}"
-            out.status.append(self._event(job, job.job_id, State.REJECTED, now_ms, reason=reason))
+            already = "already " if job.status is JobStatus.PAUSED else ""
+            self._refuse(job, cmd, f"cannot pause: job is {already}{job.status.shown}", now_ms, out)
             return
         job.status = JobStatus.PAUSED
-        out.status.append(self._event(job, job.job_id, State.PAUSED, now_ms, reason=body.reason))
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.PAUSED,
+                now_ms,
+                event_id=f"{cmd.command_id}:PAUSED",
+                reason=body.reason,
+            )
+        )
 
-    def _resume(self, job: JobRecord, body: ResumeJob, now_ms: int, out: Output) -> None:
+    def _resume(
+        self, job: JobRecord, cmd: JobCommand, body: ResumeJob, now_ms: int, out: Output
+    ) -> None:
         if job.status is not JobStatus.PAUSED:
-            reason = f"cannot resume: job is {job.status.value}"
-            out.status.append(self._event(job, job.job_id, State.REJECTED, now_ms, reason=reason))
+            reason = f"cannot resume: job is {job.status.shown}, not PAUSED"
+            self._refuse(job, cmd, reason, now_ms, out)
             return
         job.status = JobStatus.ACTIVE
-        out.status.append(self._event(job, job.job_id, State.RESUMED, now_ms, reason=body.reason))
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.RESUMED,
+                now_ms,
+                event_id=f"{cmd.command_id}:RESUMED",
+                reason=body.reason,
+            )
+        )
+        # Its last fire may have passed and its runs ended while it was paused: then it ends now.
+        self._settle(job, now_ms, out)
 
     def _trigger(
         self, job: JobRecord, cmd: JobCommand, body: TriggerJob, now_ms: int, out: Output
     ) -> None:
         if job.status is JobStatus.CANCELLED:
-            out.status.append(
-                self._event(job, job.job_id, State.REJECTED, now_ms, reason="job is CANCELLED")
-            )
+            self._refuse(job, cmd, "cannot trigger: job is CANCELLED", now_ms, out)
             return
         run_id = f"{job.job_id}@trigger-{cmd.issued_at_ms}"
         if run_id in job.active:
@@ -350,9 +414,10 @@ class SchedulerProcessor:
         )
 
     def _finish(self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output) -> None:
-        """Forget a finished run; a one-shot job with nothing left to do is COMPLETED."""
+        """Forget a run that SUCCEEDED; a job with nothing left to do is COMPLETED."""
         job.active.pop(run.run_id, None)
-        self._complete_if_done(job, now_ms, out)
+        job.last_outcome = State.SUCCEEDED.value
+        self._settle(job, now_ms, out)
 
     def _retire(self, job: JobRecord, now_ms: int) -> None:
         """A finished job's record is kept ``retention_ms`` (so late or redelivered commands
@@ -506,7 +571,8 @@ class SchedulerProcessor:
                     f"{late} ms late, past the starting deadline of {spec.starting_deadline_ms} ms",
                 )
             )
-            self._complete_if_done(job, now_ms, out)
+            job.last_outcome = State.MISSED.value
+            self._settle(job, now_ms, out)
             return
         running = list(job.active.values())
         if running and spec.concurrency_policy is ConcurrencyPolicy.FORBID:
@@ -522,7 +588,7 @@ class SchedulerProcessor:
                     reason=f"run {running[0].run_id} still active (concurrencyPolicy=FORBID)",
                 )
             )
-            self._complete_if_done(job, now_ms, out)
+            self._settle(job, now_ms, out)
             return
         if running and spec.concurrency_policy is ConcurrencyPolicy.REPLACE:
             for run in running:
@@ -552,11 +618,24 @@ class SchedulerProcessor:
             reason=reason,
         )
 
-    def _complete_if_done(self, job: JobRecord, now_ms: int, out: Output) -> None:
-        if job.status is JobStatus.ACTIVE and job.next_fire_ms is None and not job.active:
-            job.status = JobStatus.COMPLETED
-            self._retire(job, now_ms)
-            out.status.append(self._event(job, job.job_id, State.COMPLETED, now_ms))
+    def _settle(self, job: JobRecord, now_ms: int, out: Output) -> None:
+        """A job with no fire ahead and no run in flight has finished: DEAD if the last of its
+        runs to end ended DEAD, else COMPLETED. A finished job that a manual trigger ran again
+        is settled again by that run's outcome. Paused and cancelled jobs stay as they are
+        (a paused one is settled when it is resumed)."""
+        if job.active or job.status in (JobStatus.PAUSED, JobStatus.CANCELLED):
+            return
+        if job.status is JobStatus.ACTIVE and job.next_fire_ms is not None:
+            return
+        end = JobStatus.DEAD if job.last_outcome == State.DEAD.value else JobStatus.COMPLETED
+        if job.status is end:
+            return
+        job.status = end
+        self._retire(job, now_ms)
+        reason = None
+        if end is JobStatus.DEAD:
+            reason = f"its last run ended DEAD: {job.last_error}" if job.last_error else None
+        out.status.append(self._event(job, job.job_id, State(end.value), now_ms, reason=reason))
 
     def _on_visibility_deadline(
         self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output
@@ -612,6 +691,7 @@ class SchedulerProcessor:
         self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output, state: State, reason: str
     ) -> None:
         job.active.pop(run.run_id, None)
+        job.last_outcome = state.value
         if state is State.DEAD:
             job.last_error = reason
             out.dead_runs.append((self._make_run(job, run, now_ms), reason))
@@ -626,7 +706,7 @@ class SchedulerProcessor:
                 reason=reason,
             )
         )
-        self._complete_if_done(job, now_ms, out)
+        self._settle(job, now_ms, out)
 
     # --- acknowledgements from workers ------------------------------------------------------
 

@@ -60,3 +60,15 @@ async def gate_async(
         await asyncio.sleep(POLL_S)
     _mark(finished)
     return {"attempt": current_run().attempt}
+
+
+@task("test.switch")
+def switch(fail_if: str, gate: str | None = None, started: str | None = None) -> str:
+    """Note the start, wait for ``gate`` if given, then fail if the file ``fail_if`` exists and
+    succeed if it does not: a test decides each run's outcome, and when it ends."""
+    _mark(started)
+    while gate is not None and not Path(gate).exists():
+        time.sleep(POLL_S)
+    if Path(fail_if).exists():
+        raise RuntimeError(f"test.switch: {fail_if} exists")
+    return "ok"

@@ -9,12 +9,17 @@ Errors: bad input is always a 4xx with a message that names what to fix. A jobwh
 ``ValidationError``, and a body or query parameter of the wrong type, becomes 422
 ``{"detail": "field: message", "field", "message"}`` with long values cut; a refused or failing
 SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or store 503.
-OpenAPI docs are served at ``/docs``.
+
+Pages: ``/docs`` is Swagger UI with its scripts and styles served from the installed
+``fastapi-offline`` package (``/docs/static/...``), never from a CDN, so it works without
+internet; ``/`` is a short page pointing to it and to the CLI.
 
 Authentication: with ``JOBWHEEL_API_TOKEN`` (and/or ``JOBWHEEL_API_READ_TOKEN``) set, every
-request but ``GET /health`` needs ``Authorization: Bearer <token>``: 401 without it or with a
-wrong one, 403 when the read token asks to write (:class:`BearerAuth`). ``/docs`` and
-``/openapi.json`` too: they are endpoints like the others.
+API call needs ``Authorization: Bearer <token>``: 401 without it or with a wrong one, 403 when
+the read token asks to write (:class:`BearerAuth`). Public are ``GET /health``, and the pages
+that describe the API: ``/``, ``/docs`` (with its assets) and ``/openapi.json``. They hold no
+data (the schema is what this source says), and a user must be able to open the docs to enter
+the token: the docs page's *Authorize* button takes it, and its *Try it out* calls send it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from consumers.status import queries
@@ -143,6 +149,17 @@ class EventView(BaseModel):
     worker: str | None = None
     reason: str | None = None
     error: str | None = None
+
+
+class CommandVerdict(BaseModel):
+    job_id: str
+    command_id: str
+    state: str = Field(
+        description="the job's state after the command, or REJECTED (then `reason` says why: "
+        "an unknown job, a job in a state the command does not apply to, an invalid command)"
+    )
+    reason: str | None
+    event_time_ms: int
 
 
 class JobDetail(BaseModel):
@@ -278,19 +295,28 @@ def create_app(
             if close_store:
                 store.close()
 
-    app = FastAPI(
+    app: FastAPI = FastAPIOffline(
         title="jobwheel status API",
         version="1",
         description="Schedule and control jobs (commands go to Kafka) and read their state "
-        "(from the ClickHouse status store). Times are epoch milliseconds UTC.",
+        "(from the ClickHouse status store). Times are epoch milliseconds UTC."
+        + (" Every call needs the API token: enter it with *Authorize*." if tokens.enabled else ""),
         lifespan=lifespan,
+        redoc_url=None,
+        static_url=DOCS_STATIC,
     )
+    if tokens.enabled:
+        _declare_bearer(app)
     app.state.store = store
     app.state.sink = sink
     app.state.sql_runner = sql_runner
     _install_error_handlers(app)
     if tokens.enabled:
         app.add_middleware(BearerAuth, write=tokens.write, read=tokens.read)
+
+    @app.get("/", include_in_schema=False)
+    def index() -> HTMLResponse:
+        return HTMLResponse(INDEX_HTML)
 
     # --- commands ------------------------------------------------------------------------
 
@@ -340,6 +366,26 @@ def create_app(
 
     # --- reads ---------------------------------------------------------------------------
 
+    @app.get(
+        "/jobs/{job_id:path}/commands/{command_id}", response_model=CommandVerdict, tags=["status"]
+    )
+    def get_command_verdict(job_id: str, command_id: str) -> Any:
+        """The scheduler's answer to a command (the ``command_id`` of a 202 from
+        ``POST /jobs``, ``/cancel``, ``/pause``, ``/resume``): the job's new state, or
+        REJECTED and why (e.g. an unknown job: no job is created for it). 404 until the answer
+        is in the store, normally within a second. A trigger's answer is its run
+        (``GET /jobs/{id}/runs``), or a REJECTED here."""
+        verdict = queries.command_verdict(store, job_id, command_id)
+        if verdict is None:
+            return JSONResponse(
+                {
+                    "detail": f"no answer from the scheduler for command {clip(command_id)} of "
+                    f"job {clip(job_id)} yet (or not a command of this job)"
+                },
+                status_code=404,
+            )
+        return {"job_id": job_id, "command_id": command_id, **verdict}
+
     @app.get("/jobs/{job_id:path}/runs", response_model=JobRuns, tags=["status"])
     def get_job_runs(
         job_id: str, limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST_LIMIT)] = 100
@@ -363,7 +409,10 @@ def create_app(
 
     @app.get("/jobs", response_model=JobList, tags=["status"])
     def list_jobs(
-        state: Annotated[str | None, Query(description="current state, e.g. FAILED")] = None,
+        state: Annotated[
+            str | None,
+            Query(description="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"),
+        ] = None,
         task: Annotated[str | None, Query(description="task name")] = None,
         since: Annotated[
             str | None,
@@ -388,7 +437,8 @@ def create_app(
 
     @app.get("/stats/states", response_model=StateCounts, tags=["status"])
     def stats_states() -> StateCounts:
-        """Jobs per current state."""
+        """Jobs per state (SCHEDULED, PAUSED, COMPLETED, DEAD, CANCELLED; only those that
+        occur)."""
         counts = queries.state_counts(store)
         return StateCounts(states=counts, total=sum(counts.values()))
 
@@ -428,8 +478,8 @@ def create_app(
 def _not_found(job_id: str) -> JSONResponse:
     return JSONResponse(
         {
-            "detail": f"job {clip(job_id)} not found: the status store has no event for it "
-            "(unknown id, or its first status event has not arrived yet)"
+            "detail": f"unknown job {clip(job_id)}: not found in the status store (never "
+            "scheduled, or its first status event has not arrived yet)"
         },
         status_code=404,
     )
@@ -466,14 +516,61 @@ def _request_error(exc: RequestValidationError) -> ValidationError:
     return ValidationError(field, f"{first.get('msg', 'is invalid')}{got}")
 
 
+DOCS_STATIC = "/docs/static"
+
+INDEX_HTML = """<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>jobwheel status API</title>
+<style>body{font-family:sans-serif;max-width:44em;margin:3em auto;line-height:1.5}
+code{background:#f2f2f2;padding:0 .3em}</style></head>
+<body>
+<h1>jobwheel status API</h1>
+<p>Jobs are scheduled and controlled through this API or the <code>jobwheel</code> command;
+their state, runs and events are read here. There is no console yet.</p>
+<ul>
+<li><a href="docs">API documentation</a> (Swagger UI: every endpoint, and a form to call it;
+with an API token set, enter it with <em>Authorize</em>)</li>
+<li><a href="health">health</a> of this service and its status sink</li>
+</ul>
+<p>From a terminal: <code>jobwheel submit</code>, <code>jobwheel status JOB_ID</code>,
+<code>jobwheel list --state SCHEDULED</code>, <code>jobwheel sql "SELECT ..."</code>,
+<code>jobwheel health</code> (<code>jobwheel --help</code> lists them all).</p>
+</body>
+</html>
+"""
+
+
+def _declare_bearer(app: FastAPI) -> None:
+    """The OpenAPI document says every operation takes the bearer token, so the docs page
+    offers *Authorize* and sends the token with *Try it out*."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "JOBWHEEL_API_TOKEN (all calls) or JOBWHEEL_API_READ_TOKEN "
+                "(reads only)",
+            }
+            schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 class BearerAuth:
-    """Bearer-token check in front of every route but ``/health`` (a plain ASGI middleware).
+    """Bearer-token check in front of every API call (a plain ASGI middleware); ``/health``
+    and the pages describing the API are public (see the module doc).
 
     Tokens are compared as SHA-256 digests with :func:`hmac.compare_digest`: equal lengths and
     constant time, so neither the token's length nor its prefix leaks through response times.
     """
 
-    PUBLIC = frozenset({"/health"})
+    PUBLIC = frozenset({"/health", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+    PUBLIC_PREFIXES = (DOCS_STATIC + "/",)
     #: What the read token may do besides GET: ``/sql`` reads (it is refused any write).
     READ_POSTS = frozenset({"/sql"})
 
@@ -483,7 +580,12 @@ class BearerAuth:
         self._read = _digest(read) if read else None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in self.PUBLIC:
+        path = scope.get("path", "")
+        if (
+            scope["type"] != "http"
+            or path in self.PUBLIC
+            or (path.startswith(self.PUBLIC_PREFIXES) and ".." not in path)
+        ):
             await self.app(scope, receive, send)
             return
         grant = self._grant(_bearer(scope))

@@ -4,6 +4,12 @@
 through the status API over HTTP (``JOBWHEEL_API_URL``, default ``http://api_host:api_port``)
 rather than opening ClickHouse themselves: the embedded store can be opened by one process only,
 and that process is ``jobwheel serve``. ``health`` asks every part of the stack.
+
+The job-control commands (``cancel``, ``pause``, ``resume``, ``trigger``) send the command to
+Kafka, then wait a moment for the scheduler's answer in the status store: the scheduler is the
+authority (a job it does not know is REJECTED as unknown, a cancel of a cancelled job as
+already cancelled), and the store is where its answer can be read. When the status API does not
+answer, the command is still sent and the command says it cannot confirm.
 """
 
 from __future__ import annotations
@@ -19,10 +25,20 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import JobwheelError, ValidationError
+from producers.cli import one_line_errors
 from schemas import progress
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
+    from schemas.models import JobCommand
+
+_CONTROL_HELP = {
+    "cancel": "cancel a job: no further fires (an active run finishes)",
+    "pause": "pause a job's fires until resumed",
+    "resume": "resume a paused job",
+    "trigger": "run a job once now, outside its schedule (a paused job stays paused)",
+}
+CONTROL_WAIT_S = 10.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,8 +81,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(handler=status)
 
+    for name, text in _CONTROL_HELP.items():
+        c = sub.add_parser(
+            name,
+            help=text,
+            description=text[0].upper() + text[1:] + ". Exits 0 once the scheduler applied "
+            "it, 1 when the scheduler refused it (unknown job, or a job it does not apply to); "
+            "when no answer arrives within --wait (or the status API does not answer) it says "
+            "so and exits 0: the command was sent.",
+        )
+        c.add_argument("job_id", metavar="JOB_ID")
+        c.add_argument("--reason", metavar="TEXT", help="kept in the status event")
+        c.add_argument(
+            "--wait",
+            type=float,
+            default=CONTROL_WAIT_S,
+            metavar="SECONDS",
+            help=f"how long to wait for the scheduler's answer ({CONTROL_WAIT_S:.0f})",
+        )
+        c.add_argument(
+            "--no-wait", dest="wait", action="store_const", const=0.0, help="do not wait"
+        )
+        c.set_defaults(handler=control, control=name)
+        one_line_errors(c, name)
+
     p = sub.add_parser("list", help="jobs by state, task, last update")
-    p.add_argument("--state", help="current state, e.g. FAILED")
+    p.add_argument(
+        "--state", help="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"
+    )
     p.add_argument("--task", help="task name")
     p.add_argument("--since", help="updated within this age (1h, 30m) or since a time")
     p.add_argument("--until", help="updated before this time (or age)")
@@ -174,6 +216,62 @@ def sink(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+# --- job control ----------------------------------------------------------------------------
+
+
+def control(args: argparse.Namespace) -> int:
+    from producers.client import JobClient
+    from schemas import validation as rules
+
+    settings = _settings()
+    rules.job_id(args.job_id)
+    rules.optional_text(args.reason, "reason", rules.MAX_REASON_CHARS)
+    with JobClient(settings) as client:
+        client.check_broker()
+        command = client.control(args.control, args.job_id, args.reason)
+    if args.wait <= 0:
+        print(args.job_id)
+        return 0
+    answer = _await_verdict(_Api(settings, timeout_s=5.0), args.control, command, args.wait)
+    if answer.get("state") == "REJECTED":
+        print(f"jobwheel {args.control}: refused: {answer.get('reason')}", file=sys.stderr)
+        return 1
+    print(args.job_id)
+    if "note" in answer:
+        print(f"jobwheel {args.control}: {answer['note']}", file=sys.stderr)
+    return 0
+
+
+def _await_verdict(api: _Api, kind: str, command: JobCommand, wait_s: float) -> dict[str, Any]:
+    """The scheduler's answer to ``command`` as the status store has it: the verdict (its
+    ``state`` is the job's new state or REJECTED; a trigger's is its run), or a ``note`` that
+    says why there is none."""
+    job = urllib.parse.quote(command.job_id, safe="")
+    verdict_path = f"/jobs/{job}/commands/{urllib.parse.quote(command.command_id, safe='')}"
+    run_id = f"{command.job_id}@trigger-{command.issued_at_ms}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            code, payload = api.call("GET", verdict_path)
+            if code == 200 and isinstance(payload, dict):
+                return payload
+            if code in (401, 403):
+                return {"note": f"sent; cannot read the answer ({api.base}: HTTP {code})"}
+            if kind == "trigger":
+                code, payload = api.call("GET", f"/jobs/{job}/runs?limit=1000")
+                runs = payload.get("runs", []) if code == 200 and isinstance(payload, dict) else []
+                if any(r.get("run_id") == run_id for r in runs):
+                    return {"state": "DISPATCHED", "run_id": run_id}
+        except JobwheelError:
+            return {"note": f"sent; cannot confirm: the status API at {api.base} does not answer"}
+        if time.monotonic() >= deadline:
+            return {
+                "note": f"sent; no answer from the scheduler within {wait_s:g}s (is it running? "
+                f"see `jobwheel status {command.job_id}` later)"
+            }
+        time.sleep(0.2)
 
 
 # --- HTTP to the status API -----------------------------------------------------------------
@@ -351,7 +449,23 @@ def sql(args: argparse.Namespace) -> int:
 
 
 def health(args: argparse.Namespace) -> int:
+    from jobwheel.reach import unreachable
+
     settings = _settings()
+    why = unreachable(settings.bootstrap_servers, min(args.timeout, 2.0))
+    if why is not None:
+        # Everything else asks Kafka, and would only wait out its timeout to say the same.
+        detail = (
+            f"cannot reach Kafka at {settings.bootstrap_servers} ({why}); is the broker "
+            "running? (`jobwheel broker status`)"
+        )
+        if args.json:
+            _print_json(
+                {"ok": False, "checks": [{"check": "broker", "ok": False, "detail": detail}]}
+            )
+        else:
+            print(f"FAIL  {'broker':<10}  {detail}")
+        return 1
     checks = [
         ("broker", lambda: _check_broker(settings, args.timeout)),
         (
@@ -364,10 +478,12 @@ def health(args: argparse.Namespace) -> int:
     ]
     results = []
     for name, check in checks:
+        if results and not results[0]["ok"] and name != "status":
+            continue  # the broker does not answer: asking it again only waits longer
         try:
             ok, detail = check()
         except Exception as exc:
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
+            ok, detail = False, _one_line(exc)
         results.append({"check": name, "ok": ok, "detail": detail})
     if args.json:
         _print_json({"ok": all(r["ok"] for r in results), "checks": results})
@@ -377,10 +493,21 @@ def health(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def _one_line(exc: Exception) -> str:
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(err, KafkaError):
+        return f"{err.str()} ({err.name()})"
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, JobwheelError) else str(exc)
+
+
 def _admin(settings: Settings) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient(settings.librdkafka())
+    from jobwheel.logs import librdkafka_logger
+
+    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status")))
 
 
 def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:

@@ -134,13 +134,52 @@ def _iso_ms(text: str) -> int | None:
         return None
 
 
+#: A job's own states (README, "Job states"): what ``jobs.state``, ``list --state`` and
+#: ``GET /jobs?state=`` speak. Runs have theirs (``runs.state``); REJECTED is the answer to a
+#: command, an event on the job.
+JOB_STATES: tuple[State, ...] = (
+    State.SCHEDULED,
+    State.PAUSED,
+    State.COMPLETED,
+    State.DEAD,
+    State.CANCELLED,
+)
+RUN_STATES: tuple[State, ...] = (
+    State.DISPATCHED,
+    State.STARTED,
+    State.FAILED,
+    State.RETRYING,
+    State.SUCCEEDED,
+    State.DEAD,
+    State.MISSED,
+    State.SKIPPED,
+    State.STALE,
+    State.CANCELLED,
+)
+
+
 def parse_state(value: str) -> State:
+    """A job state for a filter; a run state or a command outcome is refused with a pointer to
+    where those are."""
+    names = ", ".join(s.value for s in JOB_STATES)
     try:
-        return State(value.strip().upper())
+        state = State(value.strip().upper())
     except ValueError:
         raise ValidationError(
-            "state", f"{clip(value)} is not a state; one of {', '.join(s.value for s in State)}"
+            "state", f"{clip(value)} is not a job state; one of {names}"
         ) from None
+    if state in JOB_STATES:
+        return state
+    if state is State.REJECTED:
+        why = "the scheduler's answer to a command (an event on the job, see `jobwheel status ID`)"
+    elif state is State.RESUMED:
+        why = "an event: a resumed job is SCHEDULED again"
+    else:
+        why = (
+            f'the state of a run; runs are in the runs table, e.g. `jobwheel sql "SELECT job_id, '
+            f"run_id FROM runs WHERE state = '{state.value}'\"`"
+        )
+    raise ValidationError("state", f"{state.value} is not a job state but {why}; one of {names}")
 
 
 # --- jobs and runs --------------------------------------------------------------------------
@@ -189,6 +228,19 @@ def job_events(store: StatusStore, job_id: str, *, limit: int = 200) -> list[dic
         "ORDER BY seq, source_rank, state_rank, event_time_ms",
         {"job_id": job_id, "limit": limit},
     )
+
+
+def command_verdict(store: StatusStore, job_id: str, command_id: str) -> dict[str, Any] | None:
+    """The scheduler's answer to one command, if the store has it: the first event the command
+    caused (its id is ``<command id>:<STATE>``): the job's new state, or REJECTED and why. A
+    manual trigger's verdict is its run (``<job id>@trigger-<issued ms>``) or a REJECTED."""
+    rows = store.dicts(
+        "SELECT state, reason, event_time_ms FROM status_events FINAL "
+        "WHERE job_id = {job_id:String} AND startsWith(event_id, {prefix:String}) "
+        "ORDER BY seq, state_rank LIMIT 1",
+        {"job_id": job_id, "prefix": f"{command_id}:"},
+    )
+    return rows[0] if rows else None
 
 
 @dataclass(frozen=True)
@@ -372,16 +424,16 @@ LIMIT 100""",
         "upcoming_fires",
         "Upcoming fires",
         "table",
-        "The next fires the schedulers announced, soonest first. Not bound to the time range.",
+        "The next fires of SCHEDULED jobs, soonest first (a paused job has none until it is "
+        "resumed). Not bound to the time range.",
         """SELECT
     job_id,
     task,
-    state,
     fromUnixTimestamp64Milli(next_fire_ms) AS next_fire,
     next_fire_ms - toUnixTimestamp64Milli(now64(3)) AS in_ms
 FROM jobs
-WHERE next_fire_ms >= toUnixTimestamp64Milli(now64(3))
-  AND state NOT IN ('PAUSED', 'CANCELLED', 'COMPLETED', 'REJECTED')
+WHERE state = 'SCHEDULED'
+  AND next_fire_ms >= toUnixTimestamp64Milli(now64(3))
 ORDER BY next_fire_ms
 LIMIT 100""",
     ),
@@ -389,7 +441,8 @@ LIMIT 100""",
         "jobs_by_state",
         "Jobs by current state",
         "piechart",
-        "The same numbers as GET /stats/states.",
+        "Jobs by their own state (SCHEDULED, PAUSED, COMPLETED, DEAD, CANCELLED); the same "
+        "numbers as GET /stats/states.",
         STATE_COUNTS_SQL,
     ),
 )

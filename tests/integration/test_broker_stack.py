@@ -17,11 +17,13 @@ from confluent_kafka.admin import AdminClient
 from deploy.broker import LocalBroker, free_port
 from deploy.stack import SERVICES, Service, Stack
 from jobwheel.settings import Settings
+from schemas.models import State
 from tests.support import Procs, jobwheel_argv, scaled, wait_until
 
 FLAKY_SERVICE = (
     "import os, sys, time\n"
     "print('hello from', os.environ['JOBWHEEL_BOOTSTRAP_SERVERS'], flush=True)\n"
+    "print('warning flaky.main: about to exit code=3', flush=True)\n"
     "time.sleep(float(sys.argv[1]))\n"
     "sys.exit(3)\n"
 )
@@ -66,7 +68,9 @@ def test_stack_supervises_services_and_stops_everything(tmp_path: Path):
         )
         text = out.getvalue()
         assert "!! service flaky exited with code 3" in text
-        assert f"[flaky] hello from {bootstrap}" in text
+        # The terminal gets its warning; what is not a log line goes to its log file only.
+        assert "[flaky] warning: about to exit code=3" in text
+        assert f"[flaky] hello from {bootstrap}" not in text
         assert "flaky is here" in text
         assert "service off: disabled, skipped" in text
         log = (settings.data_dir / "logs" / "flaky.log").read_text()
@@ -145,7 +149,71 @@ def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, 
     health = cli("health")
     assert health.returncode == 0, health.stdout + health.stderr
 
+    # Quiet: the services' start-up chatter and librdkafka's lines are in their log files.
+    terminal = log.read_text()
+    assert "%3|" not in terminal and "\x1b[" not in terminal
+    assert "[scheduler] info" not in terminal and "partition ready" not in terminal
+    assert "partition ready" in (data / "logs" / "scheduler.log").read_text()
+
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(scaled(90)) == 0, log.read_text()
     assert "kafka: stopped" in log.read_text()
     assert LocalBroker(data / "kafka").running_pid() is None
+
+
+# Its waits: the stack up (90), the worker in its group (60), the run started (60), the stop
+# (worker grace 12 + its margin 15 + scheduler and api 30), the next attempt (90), margins.
+@pytest.mark.timeout(90 + 60 + 60 + 60 + 90 + 60)
+def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_once(
+    settings: Settings,
+    jobwheel_env: dict[str, str],
+    kafka_bootstrap: str,
+    procs: Procs,
+    tmp_path: Path,
+) -> None:
+    """`make run`, a long task running, Ctrl-C in the terminal (SIGINT to the whole process
+    group): the stack waits for the worker's own grace (12 s here, more than the 10 s the
+    stack used to give any service), the worker hands the run back, and the run's next attempt
+    is the only execution after it: attempt 1 is never delivered again next to attempt 2."""
+    from producers.client import JobClient
+    from tests.integration.test_worker import StatusTail
+    from tests.support import wait_for_group, wait_for_log
+
+    env = {
+        **jobwheel_env,
+        "JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS": "12000",
+        "JOBWHEEL_LOG_FORMAT": "text",
+    }
+    log = tmp_path / "up.log"
+    up = procs.spawn(["jobwheel", "up", "--bootstrap", kafka_bootstrap], env, log)
+    wait_for_log(log, "jobwheel stack up", 90, proc=up)
+    wait_for_group(settings, settings.worker_group, settings.topics.runs, timeout_s=60)
+    tail = StatusTail(settings)
+    with JobClient(settings) as client:
+        job_id = client.schedule("long", task="demo.sleep", args={"seconds": 3600}, now=True)
+
+    def started() -> str | None:
+        tail.poll()
+        found = [e for e in tail.events if e.job_id == job_id and e.state is State.STARTED]
+        return found[0].run_id if found else None
+
+    run_id = wait_until(started, 60, message="the long run never STARTED")
+
+    os.killpg(up.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+    assert up.wait(scaled(12 + 15 + 30 + 20)) == 0, log.read_text()
+    text = log.read_text()
+    assert "stopping worker: waiting up to 27s (runs in flight may finish within 12s" in text
+    assert "[worker] worker stopping running=1" in text
+    assert "[worker] worker stopped" in text
+    assert "service worker: stopped (exit 0)" in text
+    assert "did not stop" not in text and "killed" not in text
+    (handed,) = tail.wait_for(run_id, State.FAILED, timeout_s=30)
+    assert (handed.attempt, handed.reason) == (1, "worker shutdown")
+
+    # The stack again, minus the status service: the run goes on as attempt 2, and attempt 1
+    # is not executed a second time.
+    procs.spawn(["jobwheel", "scheduler"], env, tmp_path / "scheduler.log")
+    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], env, tmp_path / "w2.log")
+    again = tail.wait_for(run_id, State.STARTED, count=2, timeout_s=90)
+    tail.poll_to_end()
+    assert [e.attempt for e in tail.of(run_id, State.STARTED)] == [1, 2], again

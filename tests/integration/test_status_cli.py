@@ -53,10 +53,11 @@ def served(
         event(
             "cli-wait", State.SCHEDULED, seq=1, t=t0, task="demo.sleep", next_fire_ms=t0 + 9_000_000
         ),
+        event("cli-bad", State.SCHEDULED, seq=1, t=t0 - 1, task="demo.fail"),
         event(
             "cli-bad",
             State.DISPATCHED,
-            seq=1,
+            seq=2,
             t=t0,
             run_id="cli-bad@1",
             attempt=1,
@@ -66,13 +67,15 @@ def served(
         event(
             "cli-bad",
             State.FAILED,
-            seq=1,
+            seq=2,
             t=t0 + 9,
             run_id="cli-bad@1",
             attempt=1,
             error="ValueError: nope",
             worker="w:2",
         ),
+        event("cli-bad", State.DEAD, seq=3, t=t0 + 10, run_id="cli-bad@1", attempt=1),
+        event("cli-bad", State.DEAD, seq=4, t=t0 + 10),  # the one-off job, after its run
     ]
     produce(settings, events)
     log = tmp_path / "serve.log"
@@ -100,7 +103,8 @@ def _status_prints_the_job_and_its_runs_one_line_each(served: dict[str, str]) ->
     assert "late=7ms" in run_line and "duration=100ms" in run_line and "worker=w:1" in run_line
 
     failed = jobwheel(served, "status", "cli-bad").stdout
-    assert "FAILED" in failed and "ValueError: nope" in failed
+    assert failed.startswith("job cli-bad  DEAD  ") and "ValueError: nope" in failed
+    assert "  FAILED  " in failed  # the attempt's event
 
     as_json = json.loads(jobwheel(served, "status", "cli-done", "--json").stdout)
     assert as_json["job"]["state"] == "COMPLETED" and len(as_json["runs"]) == 1
@@ -113,10 +117,12 @@ def _status_of_an_unknown_job_fails_with_a_reason(served: dict[str, str]) -> Non
 
 
 def _list_filters(served: dict[str, str]) -> None:
-    out = jobwheel(served, "list", "--state", "failed")
+    out = jobwheel(served, "list", "--state", "dead")
     assert out.returncode == 0, out.stderr
     assert [line.split()[1] for line in out.stdout.splitlines()] == ["cli-bad"]
     assert "1 of 1 jobs" in out.stderr
+    run_state = jobwheel(served, "list", "--state", "failed")
+    assert run_state.returncode == 2 and "state of a run" in run_state.stderr
     by_task = json.loads(jobwheel(served, "list", "--task", "demo.sleep", "--json").stdout)
     assert [j["job_id"] for j in by_task["jobs"]] == ["cli-wait"]
     assert json.loads(jobwheel(served, "list", "--since", "1h", "--json").stdout)["total"] == 3
@@ -129,7 +135,7 @@ def _sql(served: dict[str, str]) -> None:
         served, "sql", "SELECT state, count() AS n FROM jobs GROUP BY state ORDER BY state"
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["state\tn", "COMPLETED\t1", "FAILED\t1", "SCHEDULED\t1"]
+    assert out.stdout.splitlines() == ["state\tn", "COMPLETED\t1", "DEAD\t1", "SCHEDULED\t1"]
     as_json = json.loads(jobwheel(served, "sql", "SELECT 1 AS one", "--json").stdout)
     assert as_json["rows"] == [[1]]
     refused = jobwheel(served, "sql", "DROP TABLE jobs")
@@ -159,8 +165,27 @@ def _token_required(served: dict[str, str]) -> None:
     assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
 
 
+def _docs_pages_work_offline_and_without_the_token(served: dict[str, str]) -> None:
+    """The real `jobwheel serve` (token set): the docs page and every asset it loads come from
+    it, with no token; the API calls the page makes still need one."""
+    from tests.unit.test_status_api import docs_assets
+
+    base = f"http://127.0.0.1:{served['JOBWHEEL_API_PORT']}"
+    with urllib.request.urlopen(f"{base}/docs", timeout=10) as resp:
+        html = resp.read().decode()
+    urls = docs_assets(html)
+    assert urls and all(u.startswith("/") and not u.startswith("//") for u in urls), urls
+    for url in ["/", *urls]:
+        with urllib.request.urlopen(f"{base}{url}", timeout=10) as resp:
+            assert resp.status == 200 and resp.read(), url
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{base}/stats/states", timeout=10)
+    assert info.value.code == 401
+
+
 def test_read_commands_against_a_running_serve(served: dict[str, str], tmp_path: Path) -> None:
     """One `jobwheel serve` for all read commands (starting it is the slow part)."""
+    _docs_pages_work_offline_and_without_the_token(served)
     _status_prints_the_job_and_its_runs_one_line_each(served)
     _status_of_an_unknown_job_fails_with_a_reason(served)
     _list_filters(served)

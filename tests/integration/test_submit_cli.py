@@ -176,3 +176,44 @@ def test_help_works_without_a_broker(args: list[str], jobwheel_env: dict[str, st
     env = {**jobwheel_env, "JOBWHEEL_BOOTSTRAP_SERVERS": "127.0.0.1:1"}
     result = run(env, *args)
     assert result.returncode == 0 and "usage: jobwheel" in result.stdout
+
+
+def test_an_unreachable_broker_is_one_line_naming_the_address(
+    jobwheel_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`health`, `submit`, a job-control command and `topics ensure` with nothing listening at
+    the bootstrap address: one line each, no librdkafka chatter, exit 1. How long each took is
+    printed (a figure for the report, not an assertion)."""
+    import time
+
+    from deploy.broker import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    env = {**jobwheel_env, "JOBWHEEL_BOOTSTRAP_SERVERS": address}
+    took = {}
+    for args, stream in (
+        (["health"], "stdout"),
+        (["submit", "--task", "demo.echo", "--now"], "stderr"),
+        (["cancel", "some-job"], "stderr"),
+        (["topics", "ensure"], "stderr"),
+    ):
+        start = time.monotonic()
+        result = run(env, *args)
+        took[args[0]] = time.monotonic() - start
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        lines = getattr(result, stream).splitlines()
+        other = result.stderr if stream == "stdout" else result.stdout
+        assert len(lines) == 1 and other == "", (args, result.stdout, result.stderr)
+        assert f"cannot reach Kafka at {address}" in lines[0] and "%3|" not in lines[0]
+    with capsys.disabled():
+        print("\n[broker down] " + ", ".join(f"{k} {v:.2f}s" for k, v in took.items()))
+
+
+def test_a_missing_topic_is_one_line_for_submit(
+    settings: Any, jobwheel_env: dict[str, str]
+) -> None:
+    env = {**jobwheel_env, "JOBWHEEL_TOPIC_PREFIX": f"{settings.topic_prefix}-none"}
+    result = run(env, "submit", "--task", "demo.echo", "--now")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "requests does not exist" in line and "jobwheel topics ensure" in line

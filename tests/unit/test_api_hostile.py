@@ -262,9 +262,10 @@ READS = [
     ("GET", "/jobs/some-job/runs", None),
     ("GET", "/stats/states", None),
     ("POST", "/sql", {"sql": "SELECT 1"}),
-    ("GET", "/openapi.json", None),
-    ("GET", "/docs", None),
+    ("GET", "/jobs/some-job/commands/c1", None),
 ]
+#: The pages that describe the API hold no data and are where a user enters the token.
+PAGES = ["/", "/docs", "/openapi.json", "/docs/static/swagger-ui.css"]
 WRITES = [
     ("POST", "/jobs", {"task": "demo.echo"}),  # invalid (no trigger): 422 once authenticated
     ("POST", "/jobs/some-job/cancel", {"reason": "x" * 10_001}),  # invalid reason: 422
@@ -319,6 +320,21 @@ def test_the_read_token_cannot_write(
 
 def test_health_needs_no_token(secured: TestClient) -> None:
     assert secured.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_the_docs_pages_need_no_token_and_offer_to_take_it(secured: TestClient, path: str) -> None:
+    assert secured.get(path).status_code == 200
+    schema = secured.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert schema["security"] == [{"bearer": []}]
+
+
+@pytest.mark.parametrize(
+    "path", ["/docs/static/../../jobs", "/docs/static/%2e%2e/%2e%2e/jobs", "/docsx", "/docs/x"]
+)
+def test_nothing_else_passes_as_a_docs_page(secured: TestClient, path: str) -> None:
+    assert secured.get(path).status_code in (401, 404)
 
 
 def test_token_from_a_file(store: StatusStore, tmp_path: Path) -> None:

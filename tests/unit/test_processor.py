@@ -228,7 +228,9 @@ def test_out_of_attempts_on_visibility_timeout_is_dead(proc):
     proc.punctuate(T0 + 1000, 100)
     out, _ = proc.punctuate(T0 + 2000, 100)
     assert out.runs == []
-    assert states(out) == [State.DEAD, State.COMPLETED]
+    # The run is DEAD, and so is the one-off job it was (not COMPLETED: it did not succeed).
+    assert states(out) == [State.DEAD, State.DEAD]
+    assert [e.run_id for e in out.status] == [f"j@{T0}", None]
     [(dead_run, reason)] = out.dead_runs
     assert dead_run.attempt == 2 and "visibility timeout" in reason
 
@@ -245,7 +247,8 @@ def test_failed_is_retried_after_the_workers_backoff_then_dead(proc):
     [r3] = proc.punctuate(T0 + 300, 100)[0].runs
     assert r3.attempt == 3
     out = proc.on_ack(ack(r3, State.FAILED, T0 + 400, error="E: boom", retry_delay_ms=0), T0 + 400)
-    assert states(out) == [State.DEAD, State.COMPLETED]
+    assert states(out) == [State.DEAD, State.DEAD]  # the run, then the job (its last run died)
+    assert out.status[1].run_id is None and "E: boom" in out.status[1].reason
     assert out.dead_runs[0][0].attempt == 3
     assert proc.load("j").last_error is not None
 
@@ -403,3 +406,128 @@ def test_the_deadline_comes_from_the_broker_time_of_the_ack_not_from_the_worker(
     assert proc.load("j").active[run.run_id].due_ms == T0 + 1500
     [again] = proc.punctuate(T0 + 1500, 100, deadline_watermark=T0 + 1500)[0].runs
     assert again.attempt == 2
+
+
+# --- the job state model (README, "Job states") -----------------------------------------------
+
+
+def job_events(out) -> list[State]:
+    """The job-level events of an output (no run id): the only ones that change its state."""
+    return [e.state for e in out.status if e.run_id is None]
+
+
+def test_a_one_off_job_ends_completed_when_its_run_succeeds(proc):
+    proc.on_command(cmd("j", spec(Now())), T0)
+    [run] = proc.punctuate(T0, 10)[0].runs
+    out = proc.on_ack(ack(run, State.SUCCEEDED, T0 + 5), T0 + 5)
+    assert job_events(out) == [State.COMPLETED]
+    assert proc.load("j").status.shown == "COMPLETED"
+
+
+def test_rejected_commands_are_events_on_the_job_not_its_state(proc):
+    proc.on_command(cmd("j", spec(Every(60_000))), T0)
+    resume = cmd("j", ResumeJob())
+    out = proc.on_command(resume, T0 + 1)
+    assert states(out) == [State.REJECTED]
+    assert out.status[0].reason == "cannot resume: job is SCHEDULED, not PAUSED"
+    assert out.status[0].event_id == f"{resume.command_id}:REJECTED"
+    assert proc.load("j").status.shown == "SCHEDULED"
+    proc.on_command(cmd("j", CancelJob()), T0 + 2)
+    for body, reason in [
+        (CancelJob(), "job is already CANCELLED"),
+        (PauseJob(), "cannot pause: job is CANCELLED"),
+        (ResumeJob(), "cannot resume: job is CANCELLED, not PAUSED"),
+        (TriggerJob(), "cannot trigger: job is CANCELLED"),
+    ]:
+        out = proc.on_command(cmd("j", body), T0 + 3)
+        assert [(e.state, e.reason) for e in out.status] == [(State.REJECTED, reason)]
+        assert out.runs == []
+        assert proc.load("j").status.shown == "CANCELLED"
+
+
+def test_a_finished_job_refuses_cancel_and_pause(proc):
+    proc.on_command(cmd("j", spec(Now())), T0)
+    [run] = proc.punctuate(T0, 10)[0].runs
+    proc.on_ack(ack(run, State.SUCCEEDED, T0 + 5), T0 + 5)
+    out = proc.on_command(cmd("j", CancelJob()), T0 + 6)
+    assert states(out) == [State.REJECTED]
+    assert "job is COMPLETED" in out.status[0].reason
+    assert states(proc.on_command(cmd("j", PauseJob()), T0 + 7)) == [State.REJECTED]
+    assert proc.load("j").status.shown == "COMPLETED"
+
+
+def test_events_of_a_command_carry_its_id(proc):
+    """Whoever sent a command finds the scheduler's verdict by its id."""
+    commands = [
+        cmd("j", spec(Every(60_000))),
+        cmd("j", PauseJob()),
+        cmd("j", ResumeJob()),
+        cmd("j", CancelJob()),
+    ]
+    for c in commands:
+        [event] = proc.on_command(c, T0).status
+        assert event.event_id == f"{c.command_id}:{event.state.value}"
+    ghost = cmd("nobody", CancelJob())
+    [event] = proc.on_command(ghost, T0).status
+    assert (event.state, event.event_id) == (State.REJECTED, f"{ghost.command_id}:REJECTED")
+
+
+def test_resume_returns_the_job_to_scheduled_with_its_next_fire(proc):
+    proc.on_command(cmd("j", spec(Every(60_000))), T0)
+    [paused] = proc.on_command(cmd("j", PauseJob()), T0 + 1).status
+    assert paused.next_fire_ms is None  # a paused job has no next fire
+    [resumed] = proc.on_command(cmd("j", ResumeJob()), T0 + 2).status
+    assert resumed.state is State.RESUMED and resumed.next_fire_ms == T0 + 60_000
+    assert proc.load("j").status.shown == "SCHEDULED"
+
+
+def test_a_triggered_run_leaves_a_paused_job_paused(proc):
+    proc.on_command(cmd("j", spec(Every(60_000))), T0)
+    proc.on_command(cmd("j", PauseJob()), T0 + 1)
+    out = proc.on_command(cmd("j", TriggerJob(), at=T0 + 2), T0 + 2)
+    [run] = out.runs
+    assert job_events(out) == [] and out.status[0].next_fire_ms is None
+    # The run dies: the run is DEAD, the job is still PAUSED (and fires nothing).
+    proc.on_ack(ack(run, State.STARTED, T0 + 3), T0 + 3)
+    out = proc.on_ack(ack(run, State.FAILED, T0 + 4, error="E: x"), T0 + 4)
+    assert states(out) == [State.DEAD] and job_events(out) == []
+    assert proc.load("j").status.shown == "PAUSED"
+    assert proc.punctuate(T0 + 600_000, 10)[0].runs == []
+
+
+def test_a_one_off_job_that_finished_while_paused_ends_on_resume(proc):
+    proc.on_command(cmd("j", spec(Now())), T0)
+    [run] = proc.punctuate(T0, 10)[0].runs
+    proc.on_command(cmd("j", PauseJob()), T0 + 1)  # its only run is already out
+    out = proc.on_ack(ack(run, State.SUCCEEDED, T0 + 5), T0 + 5)
+    assert job_events(out) == []  # paused: stays PAUSED
+    out = proc.on_command(cmd("j", ResumeJob()), T0 + 6)
+    assert job_events(out) == [State.RESUMED, State.COMPLETED]
+    assert proc.load("j").status.shown == "COMPLETED"
+
+
+def test_a_finished_job_triggered_again_ends_as_its_last_run_did(proc):
+    proc.on_command(cmd("j", spec(Now(), max_attempts=1)), T0)
+    [run] = proc.punctuate(T0, 10)[0].runs
+    out = proc.on_ack(ack(run, State.FAILED, T0 + 5, error="E: x"), T0 + 5)
+    assert job_events(out) == [State.DEAD]
+    [again] = proc.on_command(cmd("j", TriggerJob(), at=T0 + 10), T0 + 10).runs
+    assert proc.load("j").status.shown == "DEAD"  # a manual run changes nothing yet ...
+    out = proc.on_ack(ack(again, State.SUCCEEDED, T0 + 20), T0 + 20)
+    assert job_events(out) == [State.COMPLETED]  # ... its success does
+    assert proc.load("j").status.shown == "COMPLETED"
+
+
+def test_a_job_record_written_before_last_outcome_existed_still_loads():
+    import json
+
+    from streams.jobstate import decode_job, encode_job
+
+    proc = SchedulerProcessor(0, PartitionState(MemoryBackend()))
+    proc.on_command(cmd("j", spec(Now())), T0)
+    raw = encode_job(proc.load("j"))
+    at = raw.index(b'{"job_id"')
+    head, body = raw[:at], json.loads(raw[at:])
+    del body["last_outcome"]
+    old = decode_job(head + json.dumps(body).encode())
+    assert old.last_outcome is None and old.job_id == "j"

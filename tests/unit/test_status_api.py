@@ -7,6 +7,7 @@ factory that fails the test if called makes sure of.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,10 +126,38 @@ def test_list_filters_and_pages(api: TestClient, filled: int) -> None:
     }
 
 
+def test_a_commands_verdict_is_served_by_its_id(api: TestClient, store: StatusStore) -> None:
+    t0 = now_ms()
+    store.add_events(
+        [
+            event("job-v", State.SCHEDULED, seq=1, t=t0, task="demo.echo", event_id="c0:SCHEDULED"),
+            event("job-v", State.PAUSED, seq=2, t=t0 + 1, event_id="c1:PAUSED"),
+            event("job-v", State.REJECTED, seq=3, t=t0 + 2, event_id="c2:REJECTED", reason="no"),
+            event("ghost", State.REJECTED, seq=0, t=t0, event_id="c3:REJECTED", reason="unknown"),
+        ]
+    )
+    assert api.get("/jobs/job-v/commands/c1").json() == {
+        "job_id": "job-v",
+        "command_id": "c1",
+        "state": "PAUSED",
+        "reason": None,
+        "event_time_ms": t0 + 1,
+    }
+    assert api.get("/jobs/job-v/commands/c2").json()["state"] == "REJECTED"
+    # a made-up id: the scheduler's answer is there, the job is not
+    assert api.get("/jobs/ghost/commands/c3").json()["reason"] == "unknown"
+    assert api.get("/jobs/ghost").status_code == 404
+    assert api.get("/jobs").json()["total"] == 1
+    missing = api.get("/jobs/job-v/commands/c3")  # another job's command
+    assert missing.status_code == 404 and "no answer" in missing.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("query", "field"),
     [
         ("state=RUNNING", "state"),
+        ("state=SUCCEEDED", "state"),  # a run's state: runs are in /jobs/{id}/runs and /sql
+        ("state=REJECTED", "state"),
         ("since=last+tuesday", "since"),
         ("until=soon", "until"),
         ("since=1h&until=2h", "since"),
@@ -205,6 +234,34 @@ def test_openapi_docs_are_served(api: TestClient) -> None:
     assert api.get("/docs").status_code == 200
     paths = api.get("/openapi.json").json()["paths"]
     assert {"/jobs", "/jobs/{job_id}", "/sql", "/health", "/stats/states"} <= set(paths)
+
+
+def docs_assets(html: str) -> list[str]:
+    """Every URL the docs page makes a browser load: scripts, styles, icons, the schema."""
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
+    urls += re.findall(r"""url: ?["']([^"']+)["']""", html)
+    return urls
+
+
+def test_the_docs_page_loads_everything_from_this_server(api: TestClient) -> None:
+    """No network needed: every asset of /docs is a local URL, and each one answers. (Before,
+    Swagger UI's script and style came from a CDN and the page was blank offline.)"""
+    html = api.get("/docs").text
+    urls = docs_assets(html)
+    assert any(u.endswith(".js") for u in urls) and any(u.endswith(".css") for u in urls), urls
+    assert "/openapi.json" in urls
+    for url in urls:
+        assert url.startswith("/") and not url.startswith("//"), f"not local: {url}"
+        r = api.get(url)
+        assert r.status_code == 200, url
+        assert len(r.content) > 100, url
+    assert "cdn" not in html.lower() and "http://" not in html and "https://" not in html
+
+
+def test_the_root_page_points_to_the_docs_and_the_cli(api: TestClient) -> None:
+    r = api.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'href="docs"' in r.text and "jobwheel status JOB_ID" in r.text
 
 
 # --- commands: everything invalid is refused before Kafka -----------------------------------

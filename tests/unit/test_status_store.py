@@ -177,11 +177,13 @@ def test_worker_event_for_an_older_seq_does_not_override_newer_scheduler_state(
     store: StatusStore,
 ) -> None:
     """A slow worker's SUCCEEDED for attempt 1 arrives after the scheduler re-dispatched
-    (visibility timeout, higher seq): the job shows the newer dispatch, not the late answer."""
+    (visibility timeout, higher seq): the run shows the newer dispatch, not the late answer,
+    and the job (whose state no run event changes) is still SCHEDULED."""
     t0 = now_ms()
     run = "job-b@1"
     store.add_events(
         [
+            event("job-b", State.SCHEDULED, seq=1, t=t0 - 10, task="t"),
             event("job-b", State.DISPATCHED, seq=5, t=t0, run_id=run, attempt=1),
             event("job-b", State.STARTED, seq=5, t=t0 + 5, run_id=run, attempt=1, worker="w:1"),
             event("job-b", State.DISPATCHED, seq=6, t=t0 + 30_000, run_id=run, attempt=2),
@@ -189,7 +191,7 @@ def test_worker_event_for_an_older_seq_does_not_override_newer_scheduler_state(
     )
     store.add_events([event("job-b", State.SUCCEEDED, seq=5, t=t0 + 40_000, run_id=run, attempt=1)])
     job = queries.get_job(store, "job-b")
-    assert job is not None and job["state"] == "DISPATCHED" and job["attempts"] == 2
+    assert job is not None and job["state"] == "SCHEDULED" and job["attempts"] == 2
     (r,) = queries.job_runs(store, "job-b")
     assert r["state"] == "DISPATCHED" and r["attempts"] == 2 and r["finished_ms"] is None
 
@@ -204,8 +206,8 @@ def test_same_seq_ties_break_by_source_then_state_rank(store: StatusStore) -> No
             event("job-c", State.DISPATCHED, seq=2, t=t0 + 500, run_id="r"),
         ]
     )
-    job = queries.get_job(store, "job-c")
-    assert job is not None and job["state"] == "SUCCEEDED"
+    (run,) = queries.job_runs(store, "job-c")
+    assert run["state"] == "SUCCEEDED"
 
 
 def test_next_fire_comes_from_the_latest_scheduler_event(store: StatusStore) -> None:
@@ -232,6 +234,7 @@ def test_failed_then_retried_run_keeps_last_error_and_counts_attempts(
     run = "job-e@1"
     store.add_events(
         [
+            event("job-e", State.SCHEDULED, seq=0, t=t0 - 1, task="t"),
             event("job-e", State.DISPATCHED, seq=1, t=t0, run_id=run, attempt=1, task="t"),
             event("job-e", State.FAILED, seq=1, t=t0 + 5, run_id=run, attempt=1, error="E: boom"),
             event("job-e", State.RETRYING, seq=2, t=t0 + 6, run_id=run, attempt=1),
@@ -240,6 +243,7 @@ def test_failed_then_retried_run_keeps_last_error_and_counts_attempts(
                 "job-e", State.FAILED, seq=3, t=t0 + 105, run_id=run, attempt=2, error="E: again"
             ),
             event("job-e", State.DEAD, seq=4, t=t0 + 106, run_id=run, attempt=2),
+            event("job-e", State.DEAD, seq=5, t=t0 + 106),  # the one-off job, after its run
         ]
     )
     job = queries.get_job(store, "job-e")
@@ -324,8 +328,8 @@ def test_parse_time_forms() -> None:
     assert queries.parse_time("2023-11-14T22:13:20", "since") == 1_700_000_000_000
     with pytest.raises(ValidationError, match="not a time"):
         queries.parse_time("yesterday", "until")
-    assert queries.parse_state("succeeded") is State.SUCCEEDED
-    with pytest.raises(ValidationError, match="not a state"):
+    assert queries.parse_state("completed") is State.COMPLETED
+    with pytest.raises(ValidationError, match="not a job state"):
         queries.parse_state("RUNNING")
 
 
@@ -378,10 +382,11 @@ def test_every_dashboard_query_runs_and_sees_the_data(store: StatusStore) -> Non
     stuck = "stuck@1"
     store.add_events(
         [
+            event("stuck", State.SCHEDULED, seq=1, t=t0 - 1, task="x"),
             event(
                 "stuck",
                 State.DISPATCHED,
-                seq=1,
+                seq=2,
                 t=t0,
                 run_id=stuck,
                 attempt=1,
@@ -390,17 +395,22 @@ def test_every_dashboard_query_runs_and_sees_the_data(store: StatusStore) -> Non
                 deadline_ms=t0 + 1000,
             ),
             event("later", State.SCHEDULED, seq=1, t=t0, task="x", next_fire_ms=now_ms() + 60_000),
+            # paused: no upcoming fire, even with a next fire on its events (older schedulers
+            # announced one on PAUSED)
+            event("held", State.SCHEDULED, seq=1, t=t0, task="x", next_fire_ms=now_ms() + 30_000),
+            event("held", State.PAUSED, seq=2, t=t0 + 1, next_fire_ms=now_ms() + 30_000),
+            event("bad", State.SCHEDULED, seq=1, t=t0 - 1, task="flaky"),
             event(
                 "bad",
                 State.DISPATCHED,
-                seq=1,
+                seq=2,
                 t=t0,
                 run_id="bad@1",
                 attempt=1,
                 task="flaky",
                 scheduled_time_ms=t0,
             ),
-            event("bad", State.FAILED, seq=1, t=t0 + 5, run_id="bad@1", attempt=1, error="E"),
+            event("bad", State.FAILED, seq=2, t=t0 + 5, run_id="bad@1", attempt=1, error="E"),
         ]
     )
     results = {}
@@ -417,9 +427,8 @@ def test_every_dashboard_query_runs_and_sees_the_data(store: StatusStore) -> Non
     assert [r[0] for r in results["upcoming_fires"].rows] == ["later"]
     assert results["jobs_by_state"].rows == [
         ["COMPLETED", 5],
-        ["DISPATCHED", 1],
-        ["FAILED", 1],
-        ["SCHEDULED", 4],
+        ["PAUSED", 1],
+        ["SCHEDULED", 6],  # wait-0..2, later, stuck and bad: their runs are not the job's state
     ]
 
 
@@ -549,3 +558,116 @@ def test_every_sql_block_in_the_doc_runs_and_answers_what_it_says(store: StatusS
         assert extra[key](result.rows), (sql, result.rows)
         checked.add(key)
     assert checked == set(extra)
+
+
+# --- the job state model (README, "Job states") -------------------------------------------
+
+
+def _job_state(store: StatusStore, job_id: str) -> str | None:
+    job = queries.get_job(store, job_id)
+    return None if job is None else job["state"]
+
+
+def test_a_jobs_state_moves_only_with_job_level_events(store: StatusStore) -> None:
+    """Run events and REJECTED answers are about the job, never its state; the walk of the
+    issue that asked for the model: trigger a paused job (its run dies), resume it, cancel it
+    twice, and a one-off job whose run died."""
+    t0 = now_ms()
+    run = "p@trigger-1"
+    store.add_events(
+        [
+            event("p", State.SCHEDULED, seq=1, t=t0, task="demo.fail", next_fire_ms=t0 + 60_000),
+            event("p", State.PAUSED, seq=2, t=t0 + 1),
+            event("p", State.DISPATCHED, seq=3, t=t0 + 2, run_id=run, attempt=1),
+            event("p", State.FAILED, seq=3, t=t0 + 3, run_id=run, attempt=1, error="E: x"),
+            event("p", State.DEAD, seq=4, t=t0 + 4, run_id=run, attempt=1, reason="not retryable"),
+        ]
+    )
+    assert _job_state(store, "p") == "PAUSED"
+    (r,) = queries.job_runs(store, "p")
+    assert r["state"] == "DEAD"
+    store.add_events([event("p", State.RESUMED, seq=5, t=t0 + 5, next_fire_ms=t0 + 60_000)])
+    job = queries.get_job(store, "p")
+    assert job is not None and (job["state"], job["next_fire_ms"]) == ("SCHEDULED", t0 + 60_000)
+    store.add_events(
+        [
+            event("p", State.CANCELLED, seq=6, t=t0 + 6),
+            event("p", State.REJECTED, seq=7, t=t0 + 7, reason="job is already CANCELLED"),
+        ]
+    )
+    job = queries.get_job(store, "p")
+    assert job is not None and job["state"] == "CANCELLED"
+    assert job["last_reason"] == "job is already CANCELLED"  # shown with the job, not as it
+    assert job["state_time_ms"] == t0 + 6
+
+    store.add_events(
+        [
+            event("once", State.SCHEDULED, seq=1, t=t0, task="demo.fail"),
+            event("once", State.DEAD, seq=3, t=t0 + 9, run_id="once@1", attempt=3),
+            event("once", State.DEAD, seq=4, t=t0 + 9, reason="its last run ended DEAD"),
+        ]
+    )
+    dead = queries.list_jobs(store, queries.JobFilter(state=State.DEAD))
+    assert [j["job_id"] for j in dead.jobs] == ["once"]
+    assert queries.state_counts(store) == {"CANCELLED": 1, "DEAD": 1}
+
+
+def test_a_command_for_a_job_never_scheduled_makes_no_job(store: StatusStore) -> None:
+    t0 = now_ms()
+    store.add_events(
+        [event("deadbeef", State.REJECTED, seq=0, t=t0, event_id="c1:REJECTED", reason="unknown")]
+    )
+    assert queries.get_job(store, "deadbeef") is None
+    assert queries.list_jobs(store, queries.JobFilter()).total == 0
+    assert queries.state_counts(store) == {}
+    # ... but the scheduler's answer to the command is there for whoever sent it
+    verdict = queries.command_verdict(store, "deadbeef", "c1")
+    assert verdict is not None and (verdict["state"], verdict["reason"]) == ("REJECTED", "unknown")
+    assert queries.command_verdict(store, "deadbeef", "c2") is None
+
+
+def test_jobs_recorded_before_the_model_are_backfilled(engine_dsn: str) -> None:
+    """Migration 0005 on a store that already holds events: the old view said DEAD for a
+    paused job whose triggered run died, and listed a made-up id as a REJECTED job."""
+    migrations = load_migrations()
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
+    try:
+        store.migrate(migrations[:4])
+        t0 = now_ms()
+        store.add_events(
+            [
+                event("p", State.SCHEDULED, seq=1, t=t0, task="demo.fail"),
+                event("p", State.PAUSED, seq=2, t=t0 + 1),
+                event("p", State.DEAD, seq=4, t=t0 + 4, run_id="p@trigger-1", attempt=1),
+                event("ghost", State.REJECTED, seq=0, t=t0, reason="unknown job"),
+                *lifecycle("done", t0),
+            ]
+        )
+        assert queries.state_counts(store) == {"COMPLETED": 1, "DEAD": 1, "REJECTED": 1}
+        assert store.migrate() == [5]
+        assert queries.state_counts(store) == {"COMPLETED": 1, "PAUSED": 1}
+        job = queries.get_job(store, "done")
+        assert job is not None and job["created_ms"] == t0 and job["task"] == "demo.echo"
+        # and events after the migration still reach the new state
+        store.add_events([event("p", State.RESUMED, seq=5, t=t0 + 5)])
+        assert _job_state(store, "p") == "SCHEDULED"
+    finally:
+        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ("succeeded", "state of a run"),
+        ("REJECTED", "answer to a command"),
+        ("resumed", "SCHEDULED again"),
+        ("RUNNING", "not a job state"),
+    ],
+)
+def test_list_filters_by_job_states_only(text: str, hint: str) -> None:
+    assert queries.parse_state("dead") is State.DEAD
+    with pytest.raises(ValidationError, match=hint) as info:
+        queries.parse_state(text)
+    assert "SCHEDULED, PAUSED, COMPLETED, DEAD, CANCELLED" in str(info.value)

@@ -1,0 +1,104 @@
+"""What a user of the ``jobwheel`` command sees when something is wrong: one line, never a
+traceback. Real subprocesses; nothing here needs a broker (each command fails, or finishes,
+before it would reach one)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import jobwheel_argv, scaled
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        jobwheel_argv(["jobwheel", *args]),
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("JOBWHEEL_LOG_LEVEL", "bogus", "one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ("JOBWHEEL_LOG_FORMAT", "xml", "'json' or 'text'"),
+        ("JOBWHEEL_KAFKA_CONFIG", "notjson", "not valid JSON"),
+        ("JOBWHEEL_KAFKA_CONFIG", "[1, 2]", "a JSON object"),
+        ("JOBWHEEL_PARTITIONS", "x", "a whole number"),
+        ("JOBWHEEL_SCHEDULER_STATIC_MEMBERSHIP", "maybe", "true or false"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable_and_the_form(
+    variable: str, value: str, expected: str
+) -> None:
+    result = run("list", **{variable: value})
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"jobwheel list: {variable}"), line
+    assert expected in line, line
+
+
+def test_a_service_gets_the_same_one_line(tmp_path: Path) -> None:
+    result = run("scheduler", JOBWHEEL_PARTITIONS="twelve", JOBWHEEL_DATA_DIR=str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "jobwheel scheduler: JOBWHEEL_PARTITIONS='twelve' is not valid: expected a whole number"
+    ]
+
+
+def test_output_cut_short_by_its_reader_ends_quietly() -> None:
+    """`jobwheel ... | head -1`: the reader goes away, the command stops without a traceback."""
+    proc = subprocess.Popen(
+        jobwheel_argv(["jobwheel", "next", "--every", "1m", "--count", "10000"]),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(scaled(60)) == 141
+    assert first.strip() and err == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "wanted"),
+    [
+        (["--at", "2030-01-01T10:00:00"], "add one, e.g. 2030-01-01T10:00:00+01:00"),
+        (["--at", "2001-01-01T10:00:00Z"], "schedule it to run now instead"),
+        (["--start-at", "2030-01-01T10:00:00Z", "--in", "5s"], "only applies to an every"),
+    ],
+)
+def test_submit_errors_speak_the_command_line(args: list[str], wanted: str) -> None:
+    result = run("submit", "--task", "demo.echo", *args)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert wanted in line, line
+    for python_speak in ("now=True", "datetime(", "tzinfo", "every="):
+        assert python_speak not in line, line
+
+
+def test_help_lists_every_command() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("submit", "cancel", "status", "list", "health", "up", "worker"):
+        assert command in result.stdout

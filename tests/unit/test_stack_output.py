@@ -1,0 +1,71 @@
+"""What `make run` shows in the terminal of each line a service writes (everything goes to the
+service's log file; this is the terminal's share)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deploy.stack import SERVICES, terminal_line
+
+WORKER_SHOWN = next(s for s in SERVICES if s.name == "worker").shown
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        # warnings and errors, in either log format, with their fields
+        (
+            "warning consumers.worker.pool: run handed back run_id=j@1 attempt=1\n",
+            "[worker] warning: run handed back run_id=j@1 attempt=1",
+        ),
+        (
+            json.dumps({"ts": 1.5, "level": "error", "logger": "x", "msg": "boom", "code": 7}),
+            "[worker] error: boom code=7",
+        ),
+        # the few INFO lines a person wants, and no other
+        (
+            "info  consumers.worker.pool: worker stopping running=1 grace_s=25.0",
+            "[worker] worker stopping running=1 grace_s=25.0",
+        ),
+        (
+            "info  consumers.worker.pool: worker stopped worker=vm:1",
+            "[worker] worker stopped worker=vm:1",
+        ),
+        ("info  consumers.worker.pool: partitions assigned partitions=[0, 1, 2]", None),
+        (json.dumps({"ts": 1, "level": "info", "logger": "x", "msg": "worker started"}), None),
+        ("debug streams.engine: tick", None),
+        # output that is not a log line: librdkafka's raw lines, a framework's, escape codes
+        ("%3|1796091618.436|FAIL|rdkafka#producer-3| [thrd:x]: Connect failed", None),
+        ("INFO:     Uvicorn running on http://127.0.0.1:8080 (Press CTRL+C to quit)", None),
+        ("\x1b[?25h", None),
+        ("\x1b[31mwarning x: coloured\x1b[0m", "[worker] warning: coloured"),
+        ("{not json", None),
+    ],
+)
+def test_the_terminal_gets_warnings_errors_and_the_listed_state_changes(
+    raw: str, shown: str | None
+) -> None:
+    assert terminal_line("worker", raw, WORKER_SHOWN) == shown
+
+
+def test_every_service_of_the_stack_stops_within_its_own_grace() -> None:
+    from jobwheel.settings import Settings
+
+    settings = Settings(worker_shutdown_grace_ms=40_000)  # type: ignore[call-arg]
+    worker = next(s for s in SERVICES if s.name == "worker")
+    assert worker.grace(settings) > 40  # at least its own grace, then time to hand back
+    assert worker.stop_stage < min(s.stop_stage for s in SERVICES if s.name != "worker")
+    assert "40s" in worker.waiting_for(settings)
+
+
+def test_up_tasks_replace_the_workers_modules(tmp_path) -> None:
+    from deploy.stack import Stack
+    from jobwheel.settings import Settings
+
+    stack = Stack(Settings(data_dir=tmp_path), tasks="consumers.demo,my_tasks")  # type: ignore[call-arg]
+    (worker,) = [s for s in stack.services if s.name == "worker"]
+    assert worker.argv[-2:] == ("--tasks", "consumers.demo,my_tasks")
+    assert worker.stop_stage == 0
+    assert [s.name for s in stack.services] == [s.name for s in SERVICES]
