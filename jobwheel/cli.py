@@ -81,7 +81,12 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     _configure_logging(args.command, args.command in SERVICES or _foreground(args), settings)
     _importable_from_here()
+    server = None
     try:
+        if args.command in SERVICES:  # /metrics and /health/* when JOBWHEEL_METRICS_PORT is set
+            from jobwheel import metrics
+
+            server = metrics.start(settings, args.command)
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
         return code
@@ -93,6 +98,9 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _foreground(args: argparse.Namespace) -> bool:
