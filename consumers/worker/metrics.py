@@ -93,8 +93,7 @@ class WorkerCollector(Collector):
             return False, "stopping: runs in flight finish or are handed back"
         if not pool.joined:
             return False, f"not in the group {group} yet"
-        partitions = sorted(pool.lag)
-        return True, f"member of the group {group}, runs partitions {partitions}"
+        return True, f"member of the group {group}, runs partitions {pool.partitions}"
 
     def collect(self) -> Iterator[Metric]:
         pool, meters, n = self.pool, self.pool.meters, PREFIX
@@ -115,11 +114,10 @@ class WorkerCollector(Collector):
         yield gauge(n + "inflight_runs", "Runs executing now.", pool.inflight)
         yield gauge(n + "waiting_runs", "Runs fetched, waiting for a slot.", pool.waiting)
         yield gauge(n + "concurrency", "Runs that may execute at once.", pool.concurrency)
-        lag = pool.lag
-        yield gauge(n + "partitions", "Runs partitions assigned.", len(lag))
+        yield gauge(n + "partitions", "Runs partitions assigned.", len(pool.partitions))
         yield gauge(
             n + "lag_records",
             "Runs records not fetched yet, per partition.",
-            {(str(p),): v for p, v in lag.items()},
+            {(str(p),): v for p, v in pool.lag.items()},
             ("partition",),
         )

@@ -236,6 +236,11 @@ class WorkerPool:
         return self._stop_requested.is_set()
 
     @property
+    def partitions(self) -> list[int]:
+        """The runs partitions assigned to this worker now."""
+        return sorted(list(self._trackers))  # list(): one atomic copy of the keys
+
+    @property
     def inflight(self) -> int:
         """Runs executing now."""
         return len(self._active)
