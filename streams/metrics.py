@@ -151,17 +151,19 @@ class SchedulerCollector(Collector):
         sampled by the engine's loop (twice a second while it turns)."""
         return self.engine.input_ends
 
-    def partition_report(self) -> tuple[dict[int, int], dict[int, str], list[int]]:
-        """``(restoring {partition: records left}, stuck {partition: why}, ready)``."""
+    def partition_report(self) -> tuple[dict[int, int | None], dict[int, str], list[int]]:
+        """``(restoring {partition: records left, None before the changelog is measured},
+        stuck {partition: why}, ready)``."""
         now = int(time.time() * 1000)
         ends = self._ends()
-        restoring: dict[int, int] = {}
+        restoring: dict[int, int | None] = {}
         stuck: dict[int, str] = {}
         ready: list[int] = []
         for p, task in sorted(list(self.engine.tasks.items())):
             phase = task.phase.value
             if phase == "restoring":
-                restoring[p] = max(0, task.restore_end - task.restore_next)
+                measured = task.restore_reading and task.restore_end >= 0
+                restoring[p] = max(0, task.restore_end - task.restore_next) if measured else None
             elif phase == "ready":
                 ready.append(p)
                 unread = _unread(ends.get(p), task.requests_committed, task.acks_committed)
@@ -201,8 +203,9 @@ class SchedulerCollector(Collector):
         restoring, stuck, ready = self.partition_report()
         problems = [f"partition {p}: {why}" for p, why in sorted(stuck.items())]
         if restoring:
-            left = sum(restoring.values())
-            problems.append(f"restoring partitions {sorted(restoring)} ({left} records left)")
+            known = [n for n in restoring.values() if n is not None]
+            left = f"{sum(known)} records left" if known else "changelog not measured yet"
+            problems.append(f"restoring partitions {sorted(restoring)} ({left})")
         if problems:
             return False, "; ".join(problems)
         standby = sum(1 for t in list(self.engine.tasks.values()) if t.phase.value == "standby")
@@ -277,7 +280,7 @@ class SchedulerCollector(Collector):
         yield gauge(
             n + "restore_remaining_records",
             "Changelog offsets left to restore, per restoring partition.",
-            {(str(p),): left for p, left in restoring.items()},
+            {(str(p),): left for p, left in restoring.items() if left is not None},
             ("partition",),
         )
         yield counter(

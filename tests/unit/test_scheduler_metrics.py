@@ -108,10 +108,13 @@ def test_a_rejected_command_is_a_dead_letter_by_reason():
 
 def test_readiness_names_a_restoring_partition_and_what_is_left():
     engine = engine_with(Phase.READY, Phase.RESTORING)
-    engine.tasks[1].restore_end, engine.tasks[1].restore_next = 500, 120
     engine.input = engine.acks = object()  # type: ignore[assignment]  # connected
     engine.joined = True
     collector = SchedulerCollector(engine)
+    ok, detail = collector._ready_parts()
+    assert not ok and detail == "restoring partitions [1] (changelog not measured yet)"
+    task = engine.tasks[1]
+    task.restore_end, task.restore_next, task.restore_reading = 500, 120, True
     ok, detail = collector._ready_parts()
     assert not ok and detail == "restoring partitions [1] (380 records left)"
     got = samples(collector)
