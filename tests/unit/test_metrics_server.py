@@ -164,3 +164,18 @@ def test_histogram_buckets_are_cumulative_and_scaled():
 def test_label_limiter_folds_values_past_its_limit_into_other():
     limit = LabelLimiter(limit=2)
     assert [limit(v) for v in ("a", "b", "c", "a", "d", "b")] == ["a", "b", OTHER, "a", OTHER, "b"]
+
+
+def test_the_kafka_check_fails_naming_the_address_when_nothing_listens():
+    from jobwheel.metrics import BrokerProbe
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        probe = BrokerProbe(address, every_s=0.0)
+        ok, detail = probe()
+        assert ok and address in detail
+    ok, detail = probe()  # the listener is gone
+    assert not ok
+    assert detail.startswith(f"cannot reach Kafka at {address} (") and "refused" in detail
