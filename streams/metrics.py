@@ -40,8 +40,8 @@ stuck_partitions                       gauge     partitions with work waiting an
                                                  for JOBWHEEL_HEALTH_STUCK_AFTER_MS
 ====================================== ========= ============================================
 
-Readiness (``/health/ready``) is false while the process has not joined the group yet, while
-any partition it owns is restoring, and while a partition is stuck (the rule of
+Readiness (``/health/ready``) is false while the process is not connected, while any
+partition it owns is restoring, and while a partition is stuck (the rule of
 :func:`schemas.progress.stuck_reason`, applied to what this process knows first-hand);
 liveness is false when the loop has not turned for ``JOBWHEEL_HEALTH_LIVE_AFTER_MS``.
 """
@@ -192,12 +192,16 @@ class SchedulerCollector(Collector):
         }
 
     def _ready_group(self) -> tuple[bool, str]:
+        """Connected. Not "joined": under the consumer protocol (KIP-848) a member the group
+        gives no partition gets no callback at all, so a process with nothing assigned yet
+        cannot tell "not yet" from "nothing for me" (it is a hot spare; it is ready)."""
         engine = self.engine
+        group = self.settings.scheduler_app_id
         if engine.input is None:
             return False, "connecting to Kafka (the transactional producer is not registered)"
         if not engine.joined:
-            return False, f"not in the group {self.settings.scheduler_app_id} yet"
-        return True, f"member of the group {self.settings.scheduler_app_id}"
+            return True, f"in the group {group}, no partition assigned so far"
+        return True, f"member of the group {group}"
 
     def _ready_parts(self) -> tuple[bool, str]:
         restoring, stuck, ready = self.partition_report()
