@@ -73,6 +73,7 @@ from schemas.partitioning import partition_for
 from schemas.progress import Progress
 from schemas.topics import (
     DEAD_RUN_KIND,
+    DISPATCHED_HEADER,
     ERROR_HEADER,
     KIND_HEADER,
     SOURCE_OFFSET_HEADER,
@@ -142,6 +143,9 @@ class PartitionTask:
     acks_committed: int | None = None
     acks_seen_ms: int = 0
     acks_seen_committed_ms: int = 0
+    # The latest dispatch time of a run the partition's worker reported on (acks header).
+    reached_ms: int | None = None
+    reached_committed_ms: int | None = None
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
@@ -506,9 +510,16 @@ class SchedulerEngine:
         task.acks_next = record.offset + 1
         task.acks_seen_ms = max(task.acks_seen_ms, record.timestamp_ms)
         touched.add(task.partition)
+        skip = False
         for name, value in record.headers or ():
             if name == STATE_HEADER and value in SKIPPED_ACKS:
-                return
+                skip = True
+            elif name == DISPATCHED_HEADER and value.isdigit() and len(value) < 20:
+                reached = int(value)
+                if task.reached_ms is None or reached > task.reached_ms:
+                    task.reached_ms = reached
+        if skip:
+            return
         processor = task.processor
         assert processor is not None
         try:
@@ -547,7 +558,9 @@ class SchedulerEngine:
             return 0
         limit = self.settings.dispatch_batch_limit
         watermark = self._acks_watermark(task)
-        result, handled = task.processor.punctuate(now, limit, watermark, budget)
+        result, handled = task.processor.punctuate(
+            now, limit, watermark, budget, reached_ms=task.reached_ms
+        )
         task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:
             touched.add(task.partition)
@@ -671,6 +684,7 @@ class SchedulerEngine:
             if task.acks_next is not None:
                 task.acks_committed = task.acks_next
             task.acks_seen_committed_ms = task.acks_seen_ms
+            task.reached_committed_ms = task.reached_ms
 
     def _produce(self, record: _Out) -> None:
         assert self.producer is not None
@@ -749,6 +763,7 @@ class SchedulerEngine:
                 self.acks.seek(task.partition, _start(task.acks_committed))
                 task.acks_next = None
             task.acks_seen_ms = task.acks_seen_committed_ms  # the rewound acks are unread again
+            task.reached_ms = task.reached_committed_ms
 
     # --- restore ----------------------------------------------------------------------------
 

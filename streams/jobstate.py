@@ -95,6 +95,7 @@ class ActiveRun:
     phase: RunPhase
     due_ms: int
     handbacks: int = 0  # attempts handed back by stopping workers: not counted as failures
+    dispatched_ms: int = 0  # when the current attempt was dispatched
 
 
 @dataclass(slots=True)
@@ -227,7 +228,16 @@ def encode_job(job: JobRecord) -> bytes:
             "last_outcome": job.last_outcome,
             "expires_at_ms": job.expires_at_ms,
             "active": [
-                [r.run_id, r.scheduled_ms, r.attempt, r.seq, r.phase.value, r.due_ms, r.handbacks]
+                [
+                    r.run_id,
+                    r.scheduled_ms,
+                    r.attempt,
+                    r.seq,
+                    r.phase.value,
+                    r.due_ms,
+                    r.handbacks,
+                    r.dispatched_ms,
+                ]
                 for r in job.active.values()
             ],
             "recent": job.recent_commands,
@@ -262,7 +272,7 @@ def decode_job(data: bytes) -> JobRecord:
             idempotency_key=s["idempotency_key"],
         )
         active = {
-            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6])
+            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], *r[7:8])
             for r in raw["active"]
         }
         return JobRecord(

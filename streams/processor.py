@@ -84,6 +84,9 @@ MAX_MISSED_EVENTS = 100
 MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not being handed back
 DAY_MS = 24 * 3600 * 1000
 MAX_ARGS_BYTES = 64 * 1024
+#: Visibility timeouts an attempt may wait for the partition's worker to reach it (see
+#: :meth:`SchedulerProcessor.punctuate`) before it is given up anyway.
+QUEUE_PATIENCE = 10
 
 
 def clip_id(text: str) -> str:
@@ -127,6 +130,7 @@ class SchedulerProcessor:
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
         self.max_args_bytes = max_args_bytes
+        self._reached: int | None = None
 
     # --- state access ---------------------------------------------------------------------
 
@@ -396,6 +400,7 @@ class SchedulerProcessor:
             phase=RunPhase.DISPATCHED,
             due_ms=deadline,
             handbacks=handbacks,
+            dispatched_ms=now_ms,
         )
         job.active[run_id] = active
         out.runs.append(self._make_run(job, active, now_ms))
@@ -432,6 +437,7 @@ class SchedulerProcessor:
         limit: int,
         deadline_watermark: int | None = None,
         max_records: int | None = None,
+        reached_ms: int | None = None,
     ) -> tuple[Output, int]:
         """Handle up to ``limit`` due timers, stopping early once the output reaches
         ``max_records`` records (one transaction stays bounded however far behind the
@@ -441,7 +447,12 @@ class SchedulerProcessor:
         Fires, retries and expiries are due at ``now_ms``; visibility deadlines only up to
         ``deadline_watermark`` (how far the acknowledgements have been read; ``now_ms`` when
         None), so no attempt is given up while its verdict may be waiting unread.
+        ``reached_ms`` is how far the partition's worker has got (the latest dispatch time of
+        a run it has reported on; None: unknown): an attempt dispatched after that is still
+        queued behind other runs, not lost, and gets another visibility timeout instead of a
+        second copy (for at most :data:`QUEUE_PATIENCE` timeouts).
         """
+        self._reached = reached_ms
         out = Output()
         budget = max_records if max_records is not None else 1 << 62
         entries = self.state.timers.due(now_ms, limit)
@@ -642,6 +653,16 @@ class SchedulerProcessor:
     ) -> None:
         if job.status is JobStatus.CANCELLED:
             self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
+            return
+        timeout = job.spec.visibility_timeout_ms
+        if (
+            self._reached is not None
+            and run.dispatched_ms > self._reached
+            and now_ms - run.dispatched_ms < QUEUE_PATIENCE * timeout
+        ):
+            # Not yet reached by the partition's worker (it starts runs in dispatch order):
+            # waiting behind a backlog, not lost. A copy would only join the same queue.
+            run.due_ms = now_ms + timeout
             return
         if run.attempt < job.spec.max_attempts + run.handbacks:
             self._redispatch(
