@@ -117,7 +117,28 @@ class TriggerJob:
     reason: str | None = None
 
 
-CommandBody = ScheduleJob | CancelJob | PauseJob | ResumeJob | TriggerJob
+@dataclass(frozen=True, slots=True)
+class ReplayRun:
+    """Dispatch a DEAD run again (job_command.v3): the same run id, its next attempt.
+
+    ``task`` .. ``visibility_timeout_ms`` are the dead run's own (from its dead-letter record);
+    the scheduler uses them only when it no longer has the job (finished jobs are forgotten
+    after ``JOBWHEEL_JOB_RETENTION_MS``); while it has the job, the job's current definition
+    runs, so a job scheduled again with a fix (a corrected task name) replays with the fix.
+    """
+
+    run_id: str
+    scheduled_time_ms: int
+    attempt: int
+    task: str
+    args_json: str = "{}"
+    max_attempts: int = 3
+    timeout_ms: int | None = None
+    visibility_timeout_ms: int = 30_000
+    reason: str | None = None
+
+
+CommandBody = ScheduleJob | CancelJob | PauseJob | ResumeJob | TriggerJob | ReplayRun
 
 
 @dataclass(frozen=True, slots=True)
