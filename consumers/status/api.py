@@ -102,6 +102,9 @@ class Accepted(BaseModel):
     job_id: str
     command: str
     command_id: str | None = None
+    run_id: str | None = Field(
+        None, description="trigger: the id of the run it asks for (its answer is that run)"
+    )
 
 
 class JobView(BaseModel):
@@ -137,6 +140,10 @@ class RunView(BaseModel):
     deadline_ms: int | None
     last_heartbeat_ms: int | None
     updated_ms: int
+    result_json: str | None = Field(
+        None, description="a SUCCEEDED run's return value as JSON text (`error` otherwise)"
+    )
+    result: Any = Field(None, description="the same value, as JSON")
 
 
 class EventView(BaseModel):
@@ -166,6 +173,56 @@ class JobDetail(BaseModel):
     job: JobView
     runs: list[RunView]
     events: list[EventView]
+
+
+class RunDetail(BaseModel):
+    run: RunView
+    events: list[EventView]
+
+
+class DeadLetterView(BaseModel):
+    ref: str = Field(description="<partition>:<offset> on the dead-letter topic")
+    partition: int
+    offset: int
+    timestamp_ms: int
+    kind: str = Field(description="dead-run, request, ack or too-large")
+    job_id: str
+    run_id: str | None
+    task: str | None
+    attempt: int | None
+    error: str
+    source: str | None = Field(description="topic:partition:offset of a bad record")
+    what: str
+
+
+class DeadLetters(BaseModel):
+    dead_letters: list[DeadLetterView]
+
+
+class ReplayRequest(BaseModel):
+    """Which dead letters to replay: every condition given must hold; or ``all``."""
+
+    model_config = ConfigDict(extra="forbid")
+    job: StrictStr | None = None
+    task: StrictStr | None = None
+    since: StrictStr | StrictInt | None = Field(None, description="an age (2h), ISO 8601, epoch ms")
+    reason: StrictStr | None = Field(None, description="part of the error text")
+    kind: StrictStr | None = Field(None, description="dead-run, request, ack or too-large")
+    refs: list[StrictStr] | None = Field(None, description="<partition>:<offset> of each")
+    all: StrictBool = False
+    dry_run: StrictBool = False
+    note: StrictStr | None = Field(None, description="kept in a replayed run's DISPATCHED event")
+
+
+class ReplayView(DeadLetterView):
+    replayed: bool
+    dry_run: bool
+    command_id: str | None
+    skipped: str | None
+
+
+class Replays(BaseModel):
+    replays: list[ReplayView]
 
 
 class JobRuns(BaseModel):
@@ -344,8 +401,11 @@ def create_app(
             reason = body.reason if body is not None else None
             rules.job_id(job_id)
             rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS)
-            command_id = getattr(clients.get(), kind)(job_id, reason)
-            return Accepted(job_id=job_id, command=kind, command_id=command_id)
+            command = clients.get().control(kind, job_id, reason)
+            run_id = f"{job_id}@trigger-{command.issued_at_ms}" if kind == "trigger" else None
+            return Accepted(
+                job_id=job_id, command=kind, command_id=command.command_id, run_id=run_id
+            )
 
         handler.__name__ = f"{kind}_job"
         handler.__doc__ = {
@@ -406,6 +466,63 @@ def create_app(
             "runs": queries.job_runs(store, job_id),
             "events": queries.job_events(store, job_id),
         }
+
+    @app.get("/runs/{run_id:path}", response_model=RunDetail, tags=["status"])
+    def get_run(run_id: str) -> Any:
+        """One run: its state, timing, worker, result (a SUCCEEDED run's return value) or
+        error, and its status events."""
+        run = queries.get_run(store, run_id)
+        if run is None:
+            return JSONResponse(
+                {"detail": f"unknown run {clip(run_id)}: not in the status store (yet)"},
+                status_code=404,
+            )
+        return {"run": run, "events": queries.run_events(store, run_id)}
+
+    @app.get("/dead-letters", response_model=DeadLetters, tags=["dead letters"])
+    def list_dead_letters(
+        since: Annotated[str | None, Query(description="an age (2h), ISO 8601, epoch ms")] = None,
+        task: str | None = None,
+        reason: Annotated[str | None, Query(description="part of the error text")] = None,
+        job: str | None = None,
+        kind: Annotated[str | None, Query(description="dead-run, request, ack, too-large")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        """Dead letters, oldest first (read from the dead-letter topic in Kafka)."""
+        from producers.deadletters import read_dead_letters
+
+        flt = _dead_letter_filter(since, task, reason, job, kind, limit)
+        letters = read_dead_letters(settings, flt, timeout_s=20.0)
+        return {"dead_letters": [d.as_dict() for d in letters]}
+
+    @app.post("/dead-letters/replay", response_model=Replays, tags=["dead letters"])
+    def replay_dead_letters(req: ReplayRequest) -> dict[str, Any]:
+        """Put dead runs and rejected commands back after a fix (what `jobwheel dlq replay`
+        does: a dead run is dispatched again as the same run, a rejected command is produced
+        again only if the scheduler would accept it now; runs no longer DEAD and commands
+        applied since are skipped). ``dry_run`` says what would be sent."""
+        from producers.deadletters import read_dead_letters, replay
+
+        chosen = any(
+            v is not None for v in (req.job, req.task, req.since, req.reason, req.kind, req.refs)
+        )
+        if req.all == chosen:
+            raise ValidationError(
+                "all", "choose job, task, since, reason, kind or refs, or set all (not both)"
+            )
+        flt = _dead_letter_filter(req.since, req.task, req.reason, req.job, req.kind, 10_000)
+        letters = read_dead_letters(settings, flt, timeout_s=20.0)
+        if req.refs is not None:
+            letters = [d for d in letters if d.ref in set(req.refs)]
+        outcomes = replay(
+            settings,
+            letters,
+            client=clients.get(),
+            dry_run=req.dry_run,
+            reason=req.note,
+            already=lambda d: queries.replayed_already(store, d),
+        )
+        return {"replays": [o.as_dict() for o in outcomes]}
 
     @app.get("/jobs", response_model=JobList, tags=["status"])
     def list_jobs(
@@ -473,6 +590,26 @@ def create_app(
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
     return app
+
+
+def _dead_letter_filter(
+    since: str | int | None,
+    task: str | None,
+    reason: str | None,
+    job: str | None,
+    kind: str | None,
+    limit: int,
+) -> Any:
+    from producers.deadletters import Filter
+
+    return Filter(
+        since_ms=queries.parse_time(since, "since") if since is not None else None,
+        task=task or None,
+        reason=reason or None,
+        job_id=job or None,
+        kind=kind or None,
+        limit=limit,
+    )
 
 
 def _not_found(job_id: str) -> JSONResponse:
