@@ -10,16 +10,20 @@ Errors: bad input is always a 4xx with a message that names what to fix. A jobwh
 ``{"detail": "field: message", "field", "message"}`` with long values cut; a refused or failing
 SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or store 503.
 
-Pages: ``/docs`` is Swagger UI with its scripts and styles served from the installed
+Pages: ``/`` and ``/console/...`` are the web console (:mod:`consumers.status.console`);
+``/docs`` is Swagger UI with its scripts and styles served from the installed
 ``fastapi-offline`` package (``/docs/static/...``), never from a CDN, so it works without
-internet; ``/`` is a short page pointing to it and to the CLI.
+internet.
 
 Authentication: with ``JOBWHEEL_API_TOKEN`` (and/or ``JOBWHEEL_API_READ_TOKEN``) set, every
 API call needs ``Authorization: Bearer <token>``: 401 without it or with a wrong one, 403 when
-the read token asks to write (:class:`BearerAuth`). Public are ``GET /health``, and the pages
-that describe the API: ``/``, ``/docs`` (with its assets) and ``/openapi.json``. They hold no
-data (the schema is what this source says), and a user must be able to open the docs to enter
-the token: the docs page's *Authorize* button takes it, and its *Try it out* calls send it.
+the read token asks to write (:class:`BearerAuth`). The console's session cookie
+(:mod:`consumers.status.console.session`) counts as the token it was issued for; a page load
+without either is sent to the console's login form. Public are ``GET /health``, the login form
+and the console's script and stylesheet, and the pages that describe the API: ``/docs`` (with
+its assets) and ``/openapi.json``. They hold no data (the schema is what this source says), and
+a user must be able to open the docs to enter the token: the docs page's *Authorize* button
+takes it, and its *Try it out* calls send it.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from consumers.status import queries
+from consumers.status import console, queries
+from consumers.status.console import session
 from consumers.status.sql import SqlRunner
 from consumers.status.store import StatusStore
 from jobwheel.errors import (
@@ -370,10 +375,7 @@ def create_app(
     _install_error_handlers(app)
     if tokens.enabled:
         app.add_middleware(BearerAuth, write=tokens.write, read=tokens.read)
-
-    @app.get("/", include_in_schema=False)
-    def index() -> HTMLResponse:
-        return HTMLResponse(INDEX_HTML)
+    console.install(app, settings, store)
 
     # --- commands ------------------------------------------------------------------------
 
@@ -655,27 +657,6 @@ def _request_error(exc: RequestValidationError) -> ValidationError:
 
 DOCS_STATIC = "/docs/static"
 
-INDEX_HTML = """<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><title>jobwheel status API</title>
-<style>body{font-family:sans-serif;max-width:44em;margin:3em auto;line-height:1.5}
-code{background:#f2f2f2;padding:0 .3em}</style></head>
-<body>
-<h1>jobwheel status API</h1>
-<p>Jobs are scheduled and controlled through this API or the <code>jobwheel</code> command;
-their state, runs and events are read here. There is no console yet.</p>
-<ul>
-<li><a href="docs">API documentation</a> (Swagger UI: every endpoint, and a form to call it;
-with an API token set, enter it with <em>Authorize</em>)</li>
-<li><a href="health">health</a> of this service and its status sink</li>
-</ul>
-<p>From a terminal: <code>jobwheel submit</code>, <code>jobwheel status JOB_ID</code>,
-<code>jobwheel list --state SCHEDULED</code>, <code>jobwheel sql "SELECT ..."</code>,
-<code>jobwheel health</code> (<code>jobwheel --help</code> lists them all).</p>
-</body>
-</html>
-"""
-
 
 def _declare_bearer(app: FastAPI) -> None:
     """The OpenAPI document says every operation takes the bearer token, so the docs page
@@ -706,8 +687,17 @@ class BearerAuth:
     constant time, so neither the token's length nor its prefix leaks through response times.
     """
 
-    PUBLIC = frozenset({"/health", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
-    PUBLIC_PREFIXES = (DOCS_STATIC + "/",)
+    PUBLIC = frozenset(
+        {
+            "/health",
+            "/docs",
+            "/docs/oauth2-redirect",
+            "/openapi.json",
+            "/console/login",
+            "/console/logout",
+        }
+    )
+    PUBLIC_PREFIXES = (DOCS_STATIC + "/", "/console/static/")
     #: What the read token may do besides GET: ``/sql`` reads (it is refused any write).
     READ_POSTS = frozenset({"/sql"})
 
@@ -715,6 +705,7 @@ class BearerAuth:
         self.app = app
         self._write = _digest(write) if write else None
         self._read = _digest(read) if read else None
+        self._tokens = (write, read)  # the console's session cookies are signed with them
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -727,6 +718,18 @@ class BearerAuth:
             return
         grant = self._grant(_bearer(scope))
         if grant is None:
+            # The console's cookie: page loads (GET) as they are; a change only with the
+            # console's header, which another site's page cannot send (see session's doc).
+            write, read = self._tokens
+            cookie = session.verify(session.cookie_from(scope), write=write, read=read)
+            if cookie is not None and (
+                scope["method"] in ("GET", "HEAD") or session.has_csrf_header(scope)
+            ):
+                grant = cookie
+        if grant is None and scope["method"] in ("GET", "HEAD") and _is_page(path):
+            await _redirect(send, scope, console.login_redirect(path, _query(scope)))
+            return
+        if grant is None:
             await _deny(
                 send,
                 401,
@@ -738,6 +741,7 @@ class BearerAuth:
         if grant == "read" and not reads:
             await _deny(send, 403, "the read token cannot schedule or control jobs")
             return
+        scope["jobwheel.grant"] = grant
         await self.app(scope, receive, send)
 
     def _grant(self, presented: bytes | None) -> str | None:
@@ -750,6 +754,26 @@ class BearerAuth:
         if presented and read:
             return "read"
         return None
+
+
+def _is_page(path: str) -> bool:
+    return path == "/" or path == "/console" or path.startswith("/console/")
+
+
+def _query(scope: Any) -> str:
+    return bytes(scope.get("query_string", b"")).decode("latin-1")
+
+
+async def _redirect(send: Any, scope: Any, location: str) -> None:
+    target = (scope.get("root_path", "") + location).encode("latin-1", "replace")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [(b"location", target), (b"content-length", b"0")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _digest(token: str | bytes) -> bytes:

@@ -205,6 +205,21 @@ def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[
     return with_results(store, job_id, runs)
 
 
+def job_spec(store: StatusStore, job_id: str) -> dict[str, Any] | None:
+    """The job's definition (trigger, arguments, limits) as far as the status store knows it.
+
+    Status events carry the task and the next fire, not the whole ScheduleJob (that is on the
+    requests topic, which the status side does not read): None until they do."""
+    return None
+
+
+def next_fires(job: dict[str, Any], spec: dict[str, Any] | None, count: int) -> list[int]:
+    """Upcoming fires of a SCHEDULED job: its next fire (the scheduler's own number)."""
+    if job.get("state") != State.SCHEDULED.value or job.get("next_fire_ms") is None:
+        return []
+    return [int(job["next_fire_ms"])][:count]
+
+
 def job_of_run(run_id: str) -> str:
     """The job id in a run id (``<job id>@<scheduled ms>`` or ``<job id>@trigger-<ms>``; a job
     id may hold ``@`` itself, the scheduler's suffix never does)."""
@@ -529,6 +544,28 @@ LIMIT 100""",
         STATE_COUNTS_SQL,
     ),
 )
+
+
+def panel(store: StatusStore, key: str, from_ms: int, to_ms: int) -> list[dict[str, Any]]:
+    """The rows of the dashboard panel ``key`` over a time range: the console draws the same
+    SQL that DASHBOARDS.md documents and Grafana runs."""
+    sql = expand_macros(next(p.sql for p in PANELS if p.key == key), from_ms, to_ms)
+    return store.dicts(sql)
+
+
+def worker_activity(store: StatusStore, since_ms: int) -> list[dict[str, Any]]:
+    """Workers seen in the status events since ``since_ms``: when last, and what they did."""
+    return store.dicts(
+        "SELECT worker, max(event_time_ms) AS last_seen_ms, "
+        "uniqExactIf(run_id, state = 'STARTED') AS started, "
+        "countIf(state = 'SUCCEEDED') AS succeeded, countIf(state = 'FAILED') AS failed, "
+        "uniqExactIf(run_id, state IN ('STARTED', 'HEARTBEAT')) - "
+        "uniqExactIf(run_id, state IN ('SUCCEEDED', 'FAILED')) AS open_runs "
+        "FROM status_events FINAL WHERE source = 'worker' AND worker IS NOT NULL "
+        "AND event_time_ms >= {since:Int64} GROUP BY worker ORDER BY last_seen_ms DESC "
+        "LIMIT 200",
+        {"since": since_ms},
+    )
 
 
 def expand_macros(sql: str, from_ms: int, to_ms: int) -> str:
