@@ -165,8 +165,9 @@ def _frame(title: str, top: float, unit: str, start_ms: int, end_ms: int, x: obj
     for i in range(ticks + 1):
         t = start_ms + (end_ms - start_ms) * i // ticks
         tx = LEFT + plot_w * i / ticks
+        anchor = "end" if i == ticks else "middle"  # the last label stays inside the chart
         lines.append(
-            f'<text class="axis" x="{tx:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle">'
+            f'<text class="axis" x="{tx:.1f}" y="{TOP + plot_h + 16}" text-anchor="{anchor}">'
             f"{_clock(t)}</text>"
         )
     return "".join(lines)
