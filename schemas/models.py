@@ -192,3 +192,26 @@ class StatusEvent:
     retry_delay_ms: int | None = None
     #: status_event.v2: a quick run's start, carried by its terminal event instead of a STARTED
     started_ms: int | None = None
+    #: status_event.v3: on a SCHEDULED event, the job's definition as JSON (the console shows
+    #: it and its next fires); see :func:`schemas.models.spec_document`
+    spec_json: str | None = None
+
+
+def spec_document(spec: ScheduleJob) -> dict[str, object]:
+    """A ScheduleJob as the plain document a SCHEDULED event carries (``spec_json``): the
+    trigger as ``{"type": "Cron", "expression": ..., "timezone": ...}`` (``Now``, ``At``,
+    ``After``, ``Every`` likewise, with their fields), the other fields by name."""
+    trigger: dict[str, object] = {"type": type(spec.trigger).__name__}
+    for name in spec.trigger.__slots__:  # type: ignore[union-attr]
+        trigger[name] = getattr(spec.trigger, name)
+    return {
+        "task": spec.task,
+        "trigger": trigger,
+        "args_json": spec.args_json,
+        "max_attempts": spec.max_attempts,
+        "timeout_ms": spec.timeout_ms,
+        "visibility_timeout_ms": spec.visibility_timeout_ms,
+        "starting_deadline_ms": spec.starting_deadline_ms,
+        "concurrency_policy": spec.concurrency_policy.value,
+        "idempotency_key": spec.idempotency_key,
+    }

@@ -50,6 +50,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import orjson
+
 from jobwheel.errors import StateError, ValidationError
 from schemas.models import (
     HANDBACK_REASON,
@@ -65,6 +67,7 @@ from schemas.models import (
     State,
     StatusEvent,
     TriggerJob,
+    spec_document,
 )
 from schemas.validation import MAX_ID_CHARS, check_command
 from streams import triggers
@@ -285,7 +288,12 @@ class SchedulerProcessor:
         out = Output()
         out.status.append(
             self._event(
-                job, job.job_id, State.SCHEDULED, now_ms, event_id=f"{cmd.command_id}:SCHEDULED"
+                job,
+                job.job_id,
+                State.SCHEDULED,
+                now_ms,
+                event_id=f"{cmd.command_id}:SCHEDULED",
+                spec_json=orjson.dumps(spec_document(spec)).decode(),
             )
         )
         self.save(job)

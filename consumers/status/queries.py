@@ -206,18 +206,44 @@ def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[
 
 
 def job_spec(store: StatusStore, job_id: str) -> dict[str, Any] | None:
-    """The job's definition (trigger, arguments, limits) as far as the status store knows it.
-
-    Status events carry the task and the next fire, not the whole ScheduleJob (that is on the
-    requests topic, which the status side does not read): None until they do."""
-    return None
+    """The job's definition (task, trigger, arguments, limits) from its latest SCHEDULED event
+    (``spec_json``, status_event.v3); None for a job scheduled before schedulers wrote it."""
+    rows = store.query(
+        "SELECT spec_json FROM status_events FINAL WHERE job_id = {job_id:String} "
+        "AND state = 'SCHEDULED' AND spec_json IS NOT NULL ORDER BY seq DESC LIMIT 1",
+        {"job_id": job_id},
+    )[2]
+    if not rows:
+        return None
+    try:
+        spec = json.loads(rows[0][0])
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) else None
 
 
 def next_fires(job: dict[str, Any], spec: dict[str, Any] | None, count: int) -> list[int]:
-    """Upcoming fires of a SCHEDULED job: its next fire (the scheduler's own number)."""
+    """Up to ``count`` upcoming fires of a SCHEDULED job: its next fire (the scheduler's own
+    number), then, for an interval or cron trigger, the ones after it, computed with the
+    scheduler's cron rules (schemas/cron.py) as `jobwheel next` does."""
     if job.get("state") != State.SCHEDULED.value or job.get("next_fire_ms") is None:
         return []
-    return [int(job["next_fire_ms"])][:count]
+    fires = [int(job["next_fire_ms"])]
+    trigger = (spec or {}).get("trigger") or {}
+    try:
+        if trigger.get("type") == "Every" and int(trigger["interval_ms"]) > 0:
+            step = int(trigger["interval_ms"])
+            fires += [fires[0] + step * k for k in range(1, count)]
+        elif trigger.get("type") == "Cron":
+            from schemas.cron import parse_cron, zone
+
+            schedule = parse_cron(str(trigger["expression"]))
+            tz = zone(str(trigger.get("timezone") or "UTC"))
+            while len(fires) < count:
+                fires.append(schedule.next_after(fires[-1], tz))
+    except (KeyError, TypeError, ValueError):
+        pass  # a definition this reader does not understand: the scheduler's next fire only
+    return fires[:count]
 
 
 def job_of_run(run_id: str) -> str:

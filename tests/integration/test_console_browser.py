@@ -124,6 +124,8 @@ def test_a_user_logs_in_looks_around_and_pauses_a_job_in_chromium(
     browser.find_element(By.LINK_TEXT, hourly).click()
     wait.until(ec.presence_of_element_located((By.ID, "action-pause")))
     assert "SCHEDULED" in browser.find_element(By.TAG_NAME, "h1").text
+    definition = browser.find_element(By.CSS_SELECTOR, "dl.facts").text
+    assert "every 1h" in definition and "next fires" in definition  # its SCHEDULED event's
     shot("04-job")
 
     # pause: the button sends the command, waits for the scheduler's answer, reloads

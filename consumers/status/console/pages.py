@@ -57,6 +57,20 @@ def millis(value: int | None) -> str:
     return f"{value} ms" if abs(value) < 10_000 else f"{value / 1000:.1f} s"
 
 
+def duration(ms: Any) -> str:
+    """``5400000`` -> ``1h30m``: how a user wrote it (``--every 1h30m``)."""
+    if not isinstance(ms, int) or ms <= 0:
+        return str(ms)
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            parts.append(f"{ms // size}{unit}")
+            ms %= size
+    if ms:
+        parts.append(f"{ms}ms")
+    return "".join(parts)
+
+
 def badge(state: str | None) -> str:
     state = state or "-"
     return f'<span class="badge s-{escape(state.lower())}">{escape(state)}</span>'
@@ -333,9 +347,12 @@ def job(
         facts.append(
             ("arguments", f"<code>{escape(_short(str(spec.get('args_json')), 500))}</code>")
         )
-        for key in ("max_attempts", "timeout_ms", "visibility_timeout_ms", "starting_deadline_ms"):
+        if spec.get("max_attempts") is not None:
+            facts.append(("max attempts", escape(str(spec["max_attempts"]))))
+        for key in ("timeout_ms", "visibility_timeout_ms", "starting_deadline_ms"):
             if spec.get(key) is not None:
-                facts.append((key.replace("_ms", "").replace("_", " "), escape(str(spec[key]))))
+                name = key.removesuffix("_ms").replace("_", " ")
+                facts.append((name, escape(duration(spec[key]))))
         facts.append(("concurrency policy", escape(str(spec.get("concurrency_policy")))))
     if next_fires:
         facts.append(("next fires", "<br>".join(escape(when(t)) for t in next_fires)))
@@ -367,7 +384,7 @@ def job(
     body = f"""<h1>Job <code>{escape(job_id)}</code> {badge(job["state"])}</h1>
 <div class="actions">{buttons}</div>
 <section><h2>Definition</h2><dl class="facts">{definition}</dl>
-{"" if spec else '<p class="muted">The full definition (trigger, arguments) is on the requests topic; the status store keeps what its events say.</p>'}</section>
+{"" if spec else '<p class="muted">Its trigger and arguments are not in the status store: it was scheduled by a scheduler older than status_event.v3, whose events do not carry them.</p>'}</section>
 <section><h2>Runs <small>{len(runs)}</small></h2>
 {table(["run", "state", "scheduled", "lateness", "duration", "attempts", "worker", "result or error"], run_rows, empty="no runs yet", cls="runs")}</section>
 <section><h2>Events <small>{len(events)}</small></h2>
@@ -381,11 +398,11 @@ def describe_trigger(spec: Mapping[str, Any]) -> str:
     if kind == "Cron":
         return f"cron {trigger.get('expression')} ({trigger.get('timezone')})"
     if kind == "Every":
-        return f"every {millis(trigger.get('interval_ms'))}"
+        return f"every {duration(trigger.get('interval_ms'))}"
     if kind == "At":
         return f"at {when(trigger.get('at_ms'))}"
     if kind == "After":
-        return f"after {millis(trigger.get('delay_ms'))}"
+        return f"after {duration(trigger.get('delay_ms'))}"
     return str(kind or "-")
 
 
