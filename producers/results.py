@@ -53,6 +53,9 @@ class Outcome:
     results: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     missed: bool = False
+    #: events read before the job's SCHEDULED (the acks and status partitions are read side by
+    #: side, so a worker's SUCCEEDED can arrive before the scheduler's SCHEDULED)
+    early: list[StatusEvent] = field(default_factory=list)
 
     def feed(self, event: StatusEvent) -> None:
         if event.job_id != self.job_id:
@@ -64,11 +67,17 @@ class Outcome:
                 self.results.clear()
                 self.errors.clear()
                 self.missed = False
+                early, self.early = self.early, []
+                for seen in early:
+                    self.feed(seen)
                 return
             if event.event_id == f"{self.command_id}:REJECTED":
                 self.final = event
                 return
-            if self.started_seq is None or event.seq < self.started_seq:
+            if self.started_seq is None:
+                self.early.append(event)
+                return
+            if event.seq < self.started_seq:
                 return  # an older job with this id
         if event.run_id is not None:
             if event.state is State.SUCCEEDED:
