@@ -4,7 +4,8 @@
 processes; Chromium logs in, looks at every page, opens a job from the jobs list and pauses it
 with its button, as a user would. A screenshot of each page is saved in the test's temporary
 directory, under ``screenshots/`` (the path is printed, and shown by pytest when the test
-fails): ``01-login.png`` .. ``07-dead-letters.png``.
+fails): ``01-login.png`` .. ``07-dead-letters.png``. Last, the dead run is replayed with its
+button after its task is fixed, and ends SUCCEEDED.
 
 Chromium and chromedriver are Debian's (``make setup`` installs them when root); Selenium only
 talks WebDriver to the driver it is given, nothing is downloaded.
@@ -158,8 +159,15 @@ def test_a_user_logs_in_looks_around_and_pauses_a_job_in_chromium(
     browser.find_element(By.ID, "nav-dead-letters").click()
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "table.dead-letters")))
     wait_until(lambda: dead in text(), 30, message="the dead run is not listed")
-    assert browser.find_elements(By.CSS_SELECTOR, "button.replay")
     shot("07-dead-letters")
+
+    # fix the task, replay the dead run with its button: the same run ends SUCCEEDED
+    broken.unlink()
+    browser.find_element(By.CSS_SELECTOR, "button.replay").click()
+    wait.until(lambda b: "replayed" in b.find_element(By.ID, "flash").text)
+    stack.reaches(dead, "COMPLETED")
+    [run] = stack.get(f"/jobs/{dead}")["runs"]
+    assert (run["state"], run["result"], run["attempts"]) == ("SUCCEEDED", "ok", 2)
 
     for name in ("01-login", "02-overview", "03-jobs", "04-job", "05-job-paused", "06-cluster"):
         assert (shots / f"{name}.png").stat().st_size > 5_000, name
