@@ -68,6 +68,7 @@ from jobwheel.errors import (
 )
 from jobwheel.settings import Settings
 from schemas.codec import Codec
+from schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
 from schemas.models import JobCommand, StatusEvent
 from schemas.partitioning import partition_for
 from schemas.progress import Progress
@@ -491,6 +492,9 @@ class SchedulerEngine:
                 return
             self.stats.commands += 1
             result = processor.on_command(cmd, now)
+            origin = _header(record, REPLAYED_FROM_HEADER)
+            if origin is not None:  # `jobwheel dlq replay`: its answer says so
+                result.status = note_replay(result.status, cmd.command_id, origin)
             self._emit(task, result, out)
             if result.rejected is not None:
                 self._dead_letter(task, record, result.rejected, out)
@@ -949,3 +953,10 @@ def _cut(text: str, limit: int = 200) -> str:
 
 def _fields(record: _Out) -> tuple[str, int, bytes | None, bytes | None, list | None]:
     return record.topic, record.partition, record.key, record.value, record.headers
+
+
+def _header(record: Record, name: str) -> str | None:
+    for key, value in record.headers or ():
+        if key == name:
+            return (value or b"").decode("utf-8", "replace")[:200]
+    return None
