@@ -14,7 +14,7 @@ MVN_FETCH := mvn -B -q -f $(CURDIR)/deploy/pom.xml \
 
 .PHONY: setup test run lint format clean distclean
 
-setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose
+setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose $(VENV)/.chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,21 @@ $(VENV)/.compose: | $(VENV)/.installed
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-compose; \
 	else \
 	  echo "note: no docker compose / docker-compose; the compose file test will be skipped"; \
+	fi
+	touch $@
+
+# Headless Chromium and its WebDriver for the console's browser test
+# (tests/integration/test_console_browser.py): Debian's packages, installed with apt-get only
+# when missing and root. Without them and without root the test skips and says why.
+$(VENV)/.chromium: | $(VENV)/.installed
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+	  true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    chromium chromium-driver; \
+	else \
+	  echo "note: no chromium/chromedriver; the console's browser test will be skipped" \
+	       "(Debian: apt-get install chromium chromium-driver)"; \
 	fi
 	touch $@
 

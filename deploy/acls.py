@@ -16,7 +16,9 @@ scheduler  read ``requests`` and ``acks``; write ``runs``, ``status``, ``dead-le
            ``<app id>*``
 worker     read ``runs`` (group ``JOBWHEEL_WORKER_GROUP``); write ``acks``
 sink       read ``status`` and ``acks`` (group ``JOBWHEEL_STATUS_GROUP``)
-api        what submitter and sink may (``jobwheel serve`` runs the embedded sink)
+api        what submitter and sink may (``jobwheel serve`` runs the embedded sink); for the
+           console and dead-letter replay also read ``dead-letter`` and describe the groups
+           ``<app id>`` and ``JOBWHEEL_WORKER_GROUP`` (members, partitions, committed offsets)
 =========  ==================================================================================
 
 Each role's process gets its credentials the way every jobwheel process gets Kafka settings:
@@ -100,7 +102,13 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
             Grant("GROUP", settings.worker_group, READ),
         ],
         "sink": sink,
-        "api": submitter + sink,
+        "api": [
+            *submitter,
+            *sink,
+            topic(t.dead_letter, READ),
+            Grant("GROUP", app, ("DESCRIBE",)),
+            Grant("GROUP", settings.worker_group, ("DESCRIBE",)),
+        ],
     }
     username(settings, role)  # validates the role
     return sorted(grants[role])

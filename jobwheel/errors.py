@@ -112,6 +112,26 @@ class Retry(JobwheelError):
         self.delay_ms = delay_ms
 
 
+class JobFailedError(JobwheelError):
+    """A job waited for (``JobClient.wait``) ended without a result: its run DEAD, the job
+    CANCELLED, its fire MISSED, or its ScheduleJob REJECTED. ``state`` says which, ``error``
+    is the task's last error (if a run failed), ``reason`` the scheduler's."""
+
+    def __init__(
+        self, job_id: str, state: str, reason: str | None = None, error: str | None = None
+    ) -> None:
+        why = "; ".join(x for x in (reason, f"last error: {error}" if error else None) if x)
+        super().__init__(f"job {job_id} ended {state}" + (f": {why}" if why else ""))
+        self.job_id = job_id
+        self.state = state
+        self.reason = reason
+        self.error = error
+
+
+class WaitTimeoutError(JobwheelError, TimeoutError):
+    """``JobClient.wait`` gave up: the job had not finished within the timeout (it may still)."""
+
+
 class UnknownTaskWarning(UserWarning):
     """A job was scheduled for a task name the client was told no worker registers
     (``JobClient(known_tasks=...)``): its runs will end DEAD. A warning, not an error, because

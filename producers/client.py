@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -46,6 +47,8 @@ from schemas.partitioning import key_for
 log = logging.getLogger(__name__)
 
 DEFAULT_VISIBILITY_TIMEOUT = timedelta(seconds=30)
+#: Jobs a client remembers having scheduled (for ``wait``), the most recent.
+REMEMBERED_JOBS = 10_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +231,9 @@ class JobClient:
             known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
+        #: job id -> (issued ms, command id) of the ScheduleJobs this client sent (for wait)
+        self._scheduled: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._scheduled_lock = threading.Lock()
 
     @property
     def topic(self) -> str:
@@ -286,12 +292,79 @@ class JobClient:
         now_ms = self._c.clock.now_ms()
         commands = [self._c.build_schedule(_spec(s), now_ms) for s in specs]
         self._send(commands)
+        with self._scheduled_lock:
+            for c in commands:
+                self._scheduled[c.job_id] = (c.issued_at_ms, c.command_id)
+                self._scheduled.move_to_end(c.job_id)
+            while len(self._scheduled) > REMEMBERED_JOBS:
+                self._scheduled.popitem(last=False)
         return [c.job_id for c in commands]
+
+    def wait(
+        self,
+        job_id: str,
+        timeout: float | timedelta = 60.0,
+        *,
+        since: datetime | None = None,
+    ) -> Any:
+        """Block until the one-off job ``job_id`` has finished and return its result: the
+        task's return value (JSON-decoded), like Celery's ``AsyncResult.get()``.
+
+        Raises :class:`jobwheel.errors.JobFailedError` when the job ended without one (its run
+        DEAD, the job CANCELLED, its fire MISSED, its ScheduleJob REJECTED; ``.state`` says
+        which) and :class:`jobwheel.errors.WaitTimeoutError` after ``timeout`` (seconds).
+
+        The outcome is read from the job's partition of the status and acks topics (see
+        :mod:`producers.results`): no status API needed. For a job this client scheduled
+        reading starts just before it was scheduled; for another, at ``since`` (default an
+        hour ago). A recurring job never finishes: wait for a one-off (now, at, in) job.
+        """
+        from producers.results import wait_for_result
+
+        rules.job_id(job_id)
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        with self._scheduled_lock:
+            known = self._scheduled.get(job_id)
+        if since is not None:
+            since_ms = v.aware_ms(since, "since")
+        else:
+            since_ms = known[0] if known else None
+        return wait_for_result(
+            self._c.settings,
+            job_id,
+            seconds,
+            since_ms=since_ms,
+            command_id=known[1] if known else None,
+            codec=self._c.codec,
+        )
 
     def send(self, command: JobCommand) -> str:
         """Send a command built elsewhere (e.g. received over HTTP), after validating it."""
         self._send([self._c.check(command, self._c.clock.now_ms())])
         return command.job_id
+
+    def send_raw(
+        self, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        """Produce bytes to the requests topic as they are (a dead-lettered command replayed by
+        :mod:`producers.deadletters`; it checks them first). Waits for the acknowledgement."""
+        done: list[DeliveryError | None] = []
+
+        def delivered(err: DeliveryError | None, _: Delivered | None) -> None:
+            done.append(err)
+
+        self._c.producer.produce(self._c.topic, value, key, delivered, headers=headers)
+        deadline = time.monotonic() + self.delivery_timeout_s
+        while not done and time.monotonic() < deadline:
+            self._c.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+        if not done:
+            raise DeliveryError(
+                f"record not acknowledged within {self.delivery_timeout_s:.0f}s; is the broker "
+                "reachable?",
+                code="_TIMED_OUT",
+            )
+        if done[0] is not None:
+            raise done[0]
 
     def cancel(self, job_id: str, reason: str | None = None) -> str:
         """No further fires; an active run finishes. Returns the command id."""

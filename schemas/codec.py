@@ -45,6 +45,7 @@ from schemas.models import (
     JobCommand,
     Now,
     PauseJob,
+    ReplayRun,
     ResumeJob,
     Run,
     ScheduleJob,
@@ -277,12 +278,15 @@ def _schedule_from(d: dict[str, Any]) -> ScheduleJob:
     )
 
 
+_REPLAY_FIELDS = tuple(f.name for f in dataclasses.fields(ReplayRun))
+
 _BODY_TO: dict[type, Callable[[Any], tuple[str, dict[str, Any]]]] = {
     ScheduleJob: _schedule_to,
     CancelJob: lambda b: (_name("CancelJob"), {"reason": b.reason}),
     PauseJob: lambda b: (_name("PauseJob"), {"reason": b.reason}),
     ResumeJob: lambda b: (_name("ResumeJob"), {"reason": b.reason}),
     TriggerJob: lambda b: (_name("TriggerJob"), {"reason": b.reason}),
+    ReplayRun: lambda b: (_name("ReplayRun"), {f: getattr(b, f) for f in _REPLAY_FIELDS}),
 }
 
 _BODY_FROM: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -291,6 +295,7 @@ _BODY_FROM: dict[str, Callable[[dict[str, Any]], Any]] = {
     _name("PauseJob"): lambda d: PauseJob(d["reason"]),
     _name("ResumeJob"): lambda d: ResumeJob(d["reason"]),
     _name("TriggerJob"): lambda d: TriggerJob(d["reason"]),
+    _name("ReplayRun"): lambda d: ReplayRun(**d),
 }
 
 

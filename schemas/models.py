@@ -117,7 +117,28 @@ class TriggerJob:
     reason: str | None = None
 
 
-CommandBody = ScheduleJob | CancelJob | PauseJob | ResumeJob | TriggerJob
+@dataclass(frozen=True, slots=True)
+class ReplayRun:
+    """Dispatch a DEAD run again (job_command.v3): the same run id, its next attempt.
+
+    ``task`` .. ``visibility_timeout_ms`` are the dead run's own (from its dead-letter record);
+    the scheduler uses them only when it no longer has the job (finished jobs are forgotten
+    after ``JOBWHEEL_JOB_RETENTION_MS``); while it has the job, the job's current definition
+    runs, so a job scheduled again with a fix (a corrected task name) replays with the fix.
+    """
+
+    run_id: str
+    scheduled_time_ms: int
+    attempt: int
+    task: str
+    args_json: str = "{}"
+    max_attempts: int = 3
+    timeout_ms: int | None = None
+    visibility_timeout_ms: int = 30_000
+    reason: str | None = None
+
+
+CommandBody = ScheduleJob | CancelJob | PauseJob | ResumeJob | TriggerJob | ReplayRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,3 +192,26 @@ class StatusEvent:
     retry_delay_ms: int | None = None
     #: status_event.v2: a quick run's start, carried by its terminal event instead of a STARTED
     started_ms: int | None = None
+    #: status_event.v3: on a SCHEDULED event, the job's definition as JSON (the console shows
+    #: it and its next fires); see :func:`schemas.models.spec_document`
+    spec_json: str | None = None
+
+
+def spec_document(spec: ScheduleJob) -> dict[str, object]:
+    """A ScheduleJob as the plain document a SCHEDULED event carries (``spec_json``): the
+    trigger as ``{"type": "Cron", "expression": ..., "timezone": ...}`` (``Now``, ``At``,
+    ``After``, ``Every`` likewise, with their fields), the other fields by name."""
+    trigger: dict[str, object] = {"type": type(spec.trigger).__name__}
+    for name in spec.trigger.__slots__:  # type: ignore[union-attr]
+        trigger[name] = getattr(spec.trigger, name)
+    return {
+        "task": spec.task,
+        "trigger": trigger,
+        "args_json": spec.args_json,
+        "max_attempts": spec.max_attempts,
+        "timeout_ms": spec.timeout_ms,
+        "visibility_timeout_ms": spec.visibility_timeout_ms,
+        "starting_deadline_ms": spec.starting_deadline_ms,
+        "concurrency_policy": spec.concurrency_policy.value,
+        "idempotency_key": spec.idempotency_key,
+    }

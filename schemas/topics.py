@@ -28,6 +28,11 @@ JOBS_STORE = "jobs"
 #: On acks records: the StatusEvent's state (``STARTED``, ``HEARTBEAT`` ...) as ASCII, so a
 #: reader that needs only some states can skip the rest without decoding them.
 STATE_HEADER = "jobwheel.state"
+#: On acks records: the ``dispatched_at_ms`` of the run the event is about, as decimal ASCII.
+#: Workers start a partition's runs in the order they were dispatched, so the scheduler learns
+#: from it how far the partition's worker has got, and does not give up on runs that merely
+#: wait behind a backlog.
+DISPATCHED_HEADER = "jobwheel.dispatched"
 #: On dead-letter records: why the record is there (UTF-8 text).
 ERROR_HEADER = "jobwheel.error"
 #: On dead-letter records: ``dead-run`` for a run out of attempts; absent for a bad request.

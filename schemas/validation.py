@@ -37,6 +37,7 @@ from schemas.models import (
     JobCommand,
     Now,
     PauseJob,
+    ReplayRun,
     ResumeJob,
     ScheduleJob,
     Trigger,
@@ -81,6 +82,29 @@ def job_id(value: Any, field: str = "job_id") -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValidationError(field, f"{clip(value)} is not valid Unicode text") from exc
+    return value
+
+
+#: A run id is its job id, ``@``, and a suffix the scheduler chose (``1767225600000``,
+#: ``trigger-1767225600000``): at most this many characters after the ``@``.
+MAX_RUN_SUFFIX_CHARS = 40
+
+
+def run_id(value: Any, of_job: str) -> str:
+    """A run id of the job ``of_job``: ``<job_id>@<suffix>`` as the scheduler makes them (the
+    replay of a dead run names it so; a run id of another job would replay into this one)."""
+    if not isinstance(value, str):
+        raise ValidationError("run_id", f"must be a string, got {type(value).__name__}")
+    prefix = f"{of_job}@"
+    suffix = value[len(prefix) :]
+    if not value.startswith(prefix) or not 1 <= len(suffix) <= MAX_RUN_SUFFIX_CHARS:
+        raise ValidationError(
+            "run_id",
+            f"{clip(value)} is not a run id of job {clip(of_job)}: expected "
+            f"'{clip(of_job)}@' and 1..{MAX_RUN_SUFFIX_CHARS} more characters",
+        )
+    if not (suffix.isascii() and suffix.isprintable()) or " " in suffix:
+        raise ValidationError("run_id", f"{clip(value)} has an unexpected character after '@'")
     return value
 
 
@@ -344,6 +368,19 @@ def check_command(command: JobCommand, *, now_ms: int, max_args_bytes: int) -> J
         concurrency_policy(body.concurrency_policy)
         idempotency_key(body.idempotency_key)
     elif isinstance(body, CancelJob | PauseJob | ResumeJob | TriggerJob):
+        optional_text(body.reason, "reason", MAX_REASON_CHARS)
+    elif isinstance(body, ReplayRun):
+        run_id(body.run_id, command.job_id)
+        epoch_ms(body.scheduled_time_ms, "scheduled_time_ms")
+        if isinstance(body.attempt, bool) or not isinstance(body.attempt, int):
+            raise ValidationError("attempt", f"must be an integer, got {clip(body.attempt)}")
+        if not 1 <= body.attempt < INT32_MAX // 2:
+            raise ValidationError("attempt", f"must be from 1 to {INT32_MAX // 2 - 1}")
+        task(body.task)
+        parse_args_text(body.args_json, max_args_bytes)
+        max_attempts(body.max_attempts)
+        positive_ms(_long(body.timeout_ms, "timeout", allow_none=True), "timeout", allow_none=True)
+        positive_ms(_long(body.visibility_timeout_ms, "visibility_timeout"), "visibility_timeout")
         optional_text(body.reason, "reason", MAX_REASON_CHARS)
     else:
         raise ValidationError("body", f"unsupported command {clip(body)}")

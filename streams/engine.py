@@ -68,11 +68,13 @@ from jobwheel.errors import (
 )
 from jobwheel.settings import Settings
 from schemas.codec import Codec
+from schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
 from schemas.models import JobCommand, StatusEvent
 from schemas.partitioning import partition_for
 from schemas.progress import Progress
 from schemas.topics import (
     DEAD_RUN_KIND,
+    DISPATCHED_HEADER,
     ERROR_HEADER,
     KIND_HEADER,
     SOURCE_OFFSET_HEADER,
@@ -146,6 +148,9 @@ class PartitionTask:
     acks_committed: int | None = None
     acks_seen_ms: int = 0
     acks_seen_committed_ms: int = 0
+    # The latest dispatch time of a run the partition's worker reported on (acks header).
+    reached_ms: int | None = None
+    reached_committed_ms: int | None = None
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
@@ -513,6 +518,9 @@ class SchedulerEngine:
                 return
             self.stats.commands += 1
             result = processor.on_command(cmd, now)
+            origin = _header(record, REPLAYED_FROM_HEADER)
+            if origin is not None:  # `jobwheel dlq replay`: its answer says so
+                result.status = note_replay(result.status, cmd.command_id, origin)
             self._emit(task, result, out)
             if result.rejected is not None:
                 self._dead_letter(task, record, result.rejected, out)
@@ -532,9 +540,16 @@ class SchedulerEngine:
         task.acks_next = record.offset + 1
         task.acks_seen_ms = max(task.acks_seen_ms, record.timestamp_ms)
         touched.add(task.partition)
+        skip = False
         for name, value in record.headers or ():
             if name == STATE_HEADER and value in SKIPPED_ACKS:
-                return
+                skip = True
+            elif name == DISPATCHED_HEADER and value.isdigit() and len(value) < 20:
+                reached = int(value)
+                if task.reached_ms is None or reached > task.reached_ms:
+                    task.reached_ms = reached
+        if skip:
+            return
         processor = task.processor
         assert processor is not None
         try:
@@ -573,7 +588,9 @@ class SchedulerEngine:
             return 0
         limit = self.settings.dispatch_batch_limit
         watermark = self._acks_watermark(task)
-        result, handled = task.processor.punctuate(now, limit, watermark, budget)
+        result, handled = task.processor.punctuate(
+            now, limit, watermark, budget, reached_ms=task.reached_ms
+        )
         task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:
             touched.add(task.partition)
@@ -712,6 +729,7 @@ class SchedulerEngine:
             if task.acks_next is not None:
                 task.acks_committed = task.acks_next
             task.acks_seen_committed_ms = task.acks_seen_ms
+            task.reached_committed_ms = task.reached_ms
             task.committed_note = task.pending_note
 
     def _produce(self, record: _Out) -> None:
@@ -794,6 +812,7 @@ class SchedulerEngine:
                 self.acks.seek(task.partition, _start(task.acks_committed))
                 task.acks_next = None
             task.acks_seen_ms = task.acks_seen_committed_ms  # the rewound acks are unread again
+            task.reached_ms = task.reached_committed_ms
 
     # --- restore ----------------------------------------------------------------------------
 
@@ -1002,3 +1021,10 @@ def _cut(text: str, limit: int = 200) -> str:
 
 def _fields(record: _Out) -> tuple[str, int, bytes | None, bytes | None, list | None]:
     return record.topic, record.partition, record.key, record.value, record.headers
+
+
+def _header(record: Record, name: str) -> str | None:
+    for key, value in record.headers or ():
+        if key == name:
+            return (value or b"").decode("utf-8", "replace")[:200]
+    return None

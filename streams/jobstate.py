@@ -95,6 +95,14 @@ class ActiveRun:
     phase: RunPhase
     due_ms: int
     handbacks: int = 0  # attempts handed back by stopping workers: not counted as failures
+    #: Attempts the run had used before a dead-letter replay gave it ``max_attempts`` more.
+    base: int = 0
+    dispatched_ms: int = 0  # when the current attempt was dispatched
+
+    @property
+    def limit_extra(self) -> int:
+        """Attempts beyond the spec's ``max_attempts`` this run may use."""
+        return self.handbacks + self.base
 
 
 @dataclass(slots=True)
@@ -227,7 +235,17 @@ def encode_job(job: JobRecord) -> bytes:
             "last_outcome": job.last_outcome,
             "expires_at_ms": job.expires_at_ms,
             "active": [
-                [r.run_id, r.scheduled_ms, r.attempt, r.seq, r.phase.value, r.due_ms, r.handbacks]
+                [
+                    r.run_id,
+                    r.scheduled_ms,
+                    r.attempt,
+                    r.seq,
+                    r.phase.value,
+                    r.due_ms,
+                    r.handbacks,
+                    r.base,
+                    r.dispatched_ms,
+                ]
                 for r in job.active.values()
             ],
             "recent": job.recent_commands,
@@ -262,7 +280,8 @@ def decode_job(data: bytes) -> JobRecord:
             idempotency_key=s["idempotency_key"],
         )
         active = {
-            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6])
+            # r[7] (base) and r[8] (dispatched_ms) are absent in records written before
+            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], *r[7:9])
             for r in raw["active"]
         }
         return JobRecord(

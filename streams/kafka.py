@@ -364,6 +364,9 @@ class ChangelogReader(_AssignedConsumer):
             # bounded by queued.max.messages.kbytes.
             "queued.min.messages": 1_000_000,
             "fetch.queue.backoff.ms": 0,
+            # The prefetch queue is per assigned partition: 4 MiB each keeps a restore of every
+            # partition at once (standby copies) within tens of MiB, at the same speed.
+            "queued.max.messages.kbytes": 4096,
             **settings.librdkafka(
                 **{
                     "group.id": f"{settings.scheduler_app_id}-restore",

@@ -27,6 +27,14 @@ Rules, in the words of Kubernetes CronJob and SQS:
 - Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy,
   and change nothing about the job: a paused job stays PAUSED, a finished one stays finished
   until the triggered run ends (then its outcome decides COMPLETED or DEAD again).
+- A dead-letter replay (``ReplayRun``) dispatches a DEAD run again like a manual trigger, but
+  as the same run: same run id and scheduled time, the next attempt, and ``max_attempts``
+  attempts of its own. Its DISPATCHED event says it is a replay (event id
+  ``<command id>:DISPATCHED``, the command's verdict). It runs the job's current definition; a
+  job the scheduler has forgotten (finished longer ago than the retention) is recreated, DEAD,
+  from the dead run's own task and arguments, with its sequence numbers continued from the
+  command's issue time so its new events sort after the old ones. Refused for a CANCELLED job
+  and for a run that is in flight.
 
 The job's own state is separate from its runs' states and from the outcome of a command
 (the table is in the README, "Job states"). Only job-level events (no ``run_id``) change it:
@@ -42,19 +50,24 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import orjson
+
 from jobwheel.errors import StateError, ValidationError
 from schemas.models import (
     HANDBACK_REASON,
+    At,
     CancelJob,
     ConcurrencyPolicy,
     JobCommand,
     PauseJob,
+    ReplayRun,
     ResumeJob,
     Run,
     ScheduleJob,
     State,
     StatusEvent,
     TriggerJob,
+    spec_document,
 )
 from schemas.validation import MAX_ID_CHARS, check_command
 from streams import triggers
@@ -84,6 +97,9 @@ MAX_MISSED_EVENTS = 100
 MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not being handed back
 DAY_MS = 24 * 3600 * 1000
 MAX_ARGS_BYTES = 64 * 1024
+#: Visibility timeouts an attempt may wait for the partition's worker to reach it (see
+#: :meth:`SchedulerProcessor.punctuate`) before it is given up anyway.
+QUEUE_PATIENCE = 10
 
 
 def clip_id(text: str) -> str:
@@ -127,6 +143,7 @@ class SchedulerProcessor:
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
         self.max_args_bytes = max_args_bytes
+        self._reached: int | None = None
 
     # --- state access ---------------------------------------------------------------------
 
@@ -210,6 +227,8 @@ class SchedulerProcessor:
         body = cmd.body
         if isinstance(body, ScheduleJob):
             return self._schedule(cmd, body, now_ms)
+        if isinstance(body, ReplayRun):
+            return self._replay(cmd, body, now_ms)
         job = self.load(cmd.job_id)
         if job is None:
             return self.reject(
@@ -273,7 +292,12 @@ class SchedulerProcessor:
         out = Output()
         out.status.append(
             self._event(
-                job, job.job_id, State.SCHEDULED, now_ms, event_id=f"{cmd.command_id}:SCHEDULED"
+                job,
+                job.job_id,
+                State.SCHEDULED,
+                now_ms,
+                event_id=f"{cmd.command_id}:SCHEDULED",
+                spec_json=orjson.dumps(spec_document(spec)).decode(),
             )
         )
         self.save(job)
@@ -354,6 +378,51 @@ class SchedulerProcessor:
             return
         self._dispatch(job, run_id, cmd.issued_at_ms, 1, now_ms, out, reason=body.reason)
 
+    def _replay(self, cmd: JobCommand, body: ReplayRun, now_ms: int) -> Output:
+        out = Output()
+        job = self.load(cmd.job_id)
+        if job is None:
+            # Forgotten after its retention: the dead run's own definition, a finished job.
+            spec = ScheduleJob(
+                task=body.task,
+                trigger=At(body.scheduled_time_ms),
+                args_json=body.args_json,
+                max_attempts=body.max_attempts,
+                timeout_ms=body.timeout_ms,
+                visibility_timeout_ms=body.visibility_timeout_ms,
+            )
+            job = JobRecord(
+                job_id=cmd.job_id,
+                spec=spec,
+                issued_at_ms=cmd.issued_at_ms,
+                status=JobStatus.DEAD,
+                seq=cmd.issued_at_ms,  # above any seq the forgotten record reached
+                last_outcome=State.DEAD.value,
+            )
+        elif cmd.command_id in job.recent_commands:
+            return out  # a redelivered command: already applied
+        job.remember(cmd.command_id)
+        if job.status is JobStatus.CANCELLED:
+            self._refuse(job, cmd, "cannot replay: job is CANCELLED", now_ms, out)
+        elif body.run_id in job.active:
+            reason = f"cannot replay run {body.run_id}: it is in flight, not DEAD"
+            self._refuse(job, cmd, reason, now_ms, out)
+        else:
+            note = f"replay of DEAD run {body.run_id} (attempt {body.attempt} was its last)"
+            self._dispatch(
+                job,
+                body.run_id,
+                body.scheduled_time_ms,
+                body.attempt + 1,
+                now_ms,
+                out,
+                reason=f"{note}: {body.reason}" if body.reason else note,
+                base=body.attempt,
+                event_id=f"{cmd.command_id}:DISPATCHED",
+            )
+        self.save(job)
+        return out
+
     # --- dispatch ---------------------------------------------------------------------------
 
     def _make_run(self, job: JobRecord, active: ActiveRun, now_ms: int) -> Run:
@@ -367,7 +436,7 @@ class SchedulerProcessor:
             scheduled_time_ms=active.scheduled_ms,
             dispatched_at_ms=now_ms,
             attempt=active.attempt,
-            max_attempts=spec.max_attempts + active.handbacks,
+            max_attempts=spec.max_attempts + active.limit_extra,
             timeout_ms=spec.timeout_ms,
             visibility_timeout_ms=spec.visibility_timeout_ms,
             deadline_ms=active.due_ms,
@@ -385,6 +454,8 @@ class SchedulerProcessor:
         out: Output,
         reason: str | None = None,
         handbacks: int = 0,
+        base: int = 0,
+        event_id: str | None = None,
     ) -> None:
         deadline = now_ms + job.spec.visibility_timeout_ms
         seq = job.next_seq()
@@ -396,6 +467,8 @@ class SchedulerProcessor:
             phase=RunPhase.DISPATCHED,
             due_ms=deadline,
             handbacks=handbacks,
+            base=base,
+            dispatched_ms=now_ms,
         )
         job.active[run_id] = active
         out.runs.append(self._make_run(job, active, now_ms))
@@ -405,7 +478,7 @@ class SchedulerProcessor:
                 job.job_id,
                 State.DISPATCHED,
                 now_ms,
-                event_id=f"{run_id}:{attempt}:DISPATCHED",
+                event_id=event_id or f"{run_id}:{attempt}:DISPATCHED",
                 run=active,
                 seq=seq,  # the Run carries it too: worker events sort after this one
                 deadline_ms=deadline,
@@ -432,6 +505,7 @@ class SchedulerProcessor:
         limit: int,
         deadline_watermark: int | None = None,
         max_records: int | None = None,
+        reached_ms: int | None = None,
     ) -> tuple[Output, int]:
         """Handle up to ``limit`` due timers, stopping early once the output reaches
         ``max_records`` records (one transaction stays bounded however far behind the
@@ -441,7 +515,12 @@ class SchedulerProcessor:
         Fires, retries and expiries are due at ``now_ms``; visibility deadlines only up to
         ``deadline_watermark`` (how far the acknowledgements have been read; ``now_ms`` when
         None), so no attempt is given up while its verdict may be waiting unread.
+        ``reached_ms`` is how far the partition's worker has got (the latest dispatch time of
+        a run it has reported on; None: unknown): an attempt dispatched after that is still
+        queued behind other runs, not lost, and gets another visibility timeout instead of a
+        second copy (for at most :data:`QUEUE_PATIENCE` timeouts).
         """
+        self._reached = reached_ms
         out = Output()
         budget = max_records if max_records is not None else 1 << 62
         entries = self.state.timers.due(now_ms, limit)
@@ -643,7 +722,17 @@ class SchedulerProcessor:
         if job.status is JobStatus.CANCELLED:
             self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
             return
-        if run.attempt < job.spec.max_attempts + run.handbacks:
+        timeout = job.spec.visibility_timeout_ms
+        if (
+            self._reached is not None
+            and run.dispatched_ms > self._reached
+            and now_ms - run.dispatched_ms < QUEUE_PATIENCE * timeout
+        ):
+            # Not yet reached by the partition's worker (it starts runs in dispatch order):
+            # waiting behind a backlog, not lost. A copy would only join the same queue.
+            run.due_ms = now_ms + timeout
+            return
+        if run.attempt < job.spec.max_attempts + run.limit_extra:
             self._redispatch(
                 job,
                 run,
@@ -659,7 +748,8 @@ class SchedulerProcessor:
                 now_ms,
                 out,
                 State.DEAD,
-                f"visibility timeout expired on attempt {run.attempt} of {job.spec.max_attempts}",
+                f"visibility timeout expired on attempt {run.attempt} of "
+                f"{job.spec.max_attempts + run.base}",
             )
 
     def _redispatch(
@@ -685,6 +775,7 @@ class SchedulerProcessor:
             out,
             reason=reason,
             handbacks=run.handbacks + int(handback),
+            base=run.base,
         )
 
     def _give_up(
@@ -758,7 +849,7 @@ class SchedulerProcessor:
                 return
         job.last_error = ev.error
         retryable = ev.retry_delay_ms is not None and job.status is not JobStatus.CANCELLED
-        if retryable and run.attempt < job.spec.max_attempts + run.handbacks:
+        if retryable and run.attempt < job.spec.max_attempts + run.limit_extra:
             delay = max(0, ev.retry_delay_ms or 0)
             run.phase = RunPhase.RETRY_WAIT
             run.due_ms = now_ms + delay
@@ -772,7 +863,8 @@ class SchedulerProcessor:
                     event_id=f"{run.run_id}:{run.attempt}:RETRYING",
                     error=ev.error,
                     retry_delay_ms=delay,
-                    reason=f"attempt {run.attempt + 1} of {job.spec.max_attempts} in {delay} ms",
+                    reason=f"attempt {run.attempt + 1} of {job.spec.max_attempts + run.base} "
+                    f"in {delay} ms",
                 )
             )
             return
@@ -781,7 +873,9 @@ class SchedulerProcessor:
         elif ev.retry_delay_ms is None:
             reason = f"attempt {run.attempt} failed and is not retryable: {ev.error}"
         else:
-            reason = f"attempt {run.attempt} of {job.spec.max_attempts} failed: {ev.error}"
+            reason = (
+                f"attempt {run.attempt} of {job.spec.max_attempts + run.base} failed: {ev.error}"
+            )
         self._give_up(job, run, now_ms, out, State.DEAD, reason)
 
 

@@ -10,16 +10,20 @@ Errors: bad input is always a 4xx with a message that names what to fix. A jobwh
 ``{"detail": "field: message", "field", "message"}`` with long values cut; a refused or failing
 SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or store 503.
 
-Pages: ``/docs`` is Swagger UI with its scripts and styles served from the installed
+Pages: ``/`` and ``/console/...`` are the web console (:mod:`consumers.status.console`);
+``/docs`` is Swagger UI with its scripts and styles served from the installed
 ``fastapi-offline`` package (``/docs/static/...``), never from a CDN, so it works without
-internet; ``/`` is a short page pointing to it and to the CLI.
+internet.
 
 Authentication: with ``JOBWHEEL_API_TOKEN`` (and/or ``JOBWHEEL_API_READ_TOKEN``) set, every
 API call needs ``Authorization: Bearer <token>``: 401 without it or with a wrong one, 403 when
-the read token asks to write (:class:`BearerAuth`). Public are ``GET /health``, and the pages
-that describe the API: ``/``, ``/docs`` (with its assets) and ``/openapi.json``. They hold no
-data (the schema is what this source says), and a user must be able to open the docs to enter
-the token: the docs page's *Authorize* button takes it, and its *Try it out* calls send it.
+the read token asks to write (:class:`BearerAuth`). The console's session cookie
+(:mod:`consumers.status.console.session`) counts as the token it was issued for; a page load
+without either is sent to the console's login form. Public are ``GET /health``, the login form
+and the console's script and stylesheet, and the pages that describe the API: ``/docs`` (with
+its assets) and ``/openapi.json``. They hold no data (the schema is what this source says), and
+a user must be able to open the docs to enter the token: the docs page's *Authorize* button
+takes it, and its *Try it out* calls send it.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from consumers.status import queries
+from consumers.status import console, queries
+from consumers.status.console import session
 from consumers.status.sql import SqlRunner
 from consumers.status.store import StatusStore
 from jobwheel.errors import (
@@ -102,6 +107,9 @@ class Accepted(BaseModel):
     job_id: str
     command: str
     command_id: str | None = None
+    run_id: str | None = Field(
+        None, description="trigger: the id of the run it asks for (its answer is that run)"
+    )
 
 
 class JobView(BaseModel):
@@ -137,6 +145,10 @@ class RunView(BaseModel):
     deadline_ms: int | None
     last_heartbeat_ms: int | None
     updated_ms: int
+    result_json: str | None = Field(
+        None, description="a SUCCEEDED run's return value as JSON text (`error` otherwise)"
+    )
+    result: Any = Field(None, description="the same value, as JSON")
 
 
 class EventView(BaseModel):
@@ -166,6 +178,56 @@ class JobDetail(BaseModel):
     job: JobView
     runs: list[RunView]
     events: list[EventView]
+
+
+class RunDetail(BaseModel):
+    run: RunView
+    events: list[EventView]
+
+
+class DeadLetterView(BaseModel):
+    ref: str = Field(description="<partition>:<offset> on the dead-letter topic")
+    partition: int
+    offset: int
+    timestamp_ms: int
+    kind: str = Field(description="dead-run, request, ack or too-large")
+    job_id: str
+    run_id: str | None
+    task: str | None
+    attempt: int | None
+    error: str
+    source: str | None = Field(description="topic:partition:offset of a bad record")
+    what: str
+
+
+class DeadLetters(BaseModel):
+    dead_letters: list[DeadLetterView]
+
+
+class ReplayRequest(BaseModel):
+    """Which dead letters to replay: every condition given must hold; or ``all``."""
+
+    model_config = ConfigDict(extra="forbid")
+    job: StrictStr | None = None
+    task: StrictStr | None = None
+    since: StrictStr | StrictInt | None = Field(None, description="an age (2h), ISO 8601, epoch ms")
+    reason: StrictStr | None = Field(None, description="part of the error text")
+    kind: StrictStr | None = Field(None, description="dead-run, request, ack or too-large")
+    refs: list[StrictStr] | None = Field(None, description="<partition>:<offset> of each")
+    all: StrictBool = False
+    dry_run: StrictBool = False
+    note: StrictStr | None = Field(None, description="kept in a replayed run's DISPATCHED event")
+
+
+class ReplayView(DeadLetterView):
+    replayed: bool
+    dry_run: bool
+    command_id: str | None
+    skipped: str | None
+
+
+class Replays(BaseModel):
+    replays: list[ReplayView]
 
 
 class JobRuns(BaseModel):
@@ -313,10 +375,7 @@ def create_app(
     _install_error_handlers(app)
     if tokens.enabled:
         app.add_middleware(BearerAuth, write=tokens.write, read=tokens.read)
-
-    @app.get("/", include_in_schema=False)
-    def index() -> HTMLResponse:
-        return HTMLResponse(INDEX_HTML)
+    console.install(app, settings, store)
 
     # --- commands ------------------------------------------------------------------------
 
@@ -344,8 +403,11 @@ def create_app(
             reason = body.reason if body is not None else None
             rules.job_id(job_id)
             rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS)
-            command_id = getattr(clients.get(), kind)(job_id, reason)
-            return Accepted(job_id=job_id, command=kind, command_id=command_id)
+            command = clients.get().control(kind, job_id, reason)
+            run_id = f"{job_id}@trigger-{command.issued_at_ms}" if kind == "trigger" else None
+            return Accepted(
+                job_id=job_id, command=kind, command_id=command.command_id, run_id=run_id
+            )
 
         handler.__name__ = f"{kind}_job"
         handler.__doc__ = {
@@ -406,6 +468,63 @@ def create_app(
             "runs": queries.job_runs(store, job_id),
             "events": queries.job_events(store, job_id),
         }
+
+    @app.get("/runs/{run_id:path}", response_model=RunDetail, tags=["status"])
+    def get_run(run_id: str) -> Any:
+        """One run: its state, timing, worker, result (a SUCCEEDED run's return value) or
+        error, and its status events."""
+        run = queries.get_run(store, run_id)
+        if run is None:
+            return JSONResponse(
+                {"detail": f"unknown run {clip(run_id)}: not in the status store (yet)"},
+                status_code=404,
+            )
+        return {"run": run, "events": queries.run_events(store, run_id)}
+
+    @app.get("/dead-letters", response_model=DeadLetters, tags=["dead letters"])
+    def list_dead_letters(
+        since: Annotated[str | None, Query(description="an age (2h), ISO 8601, epoch ms")] = None,
+        task: str | None = None,
+        reason: Annotated[str | None, Query(description="part of the error text")] = None,
+        job: str | None = None,
+        kind: Annotated[str | None, Query(description="dead-run, request, ack, too-large")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        """Dead letters, oldest first (read from the dead-letter topic in Kafka)."""
+        from producers.deadletters import read_dead_letters
+
+        flt = _dead_letter_filter(since, task, reason, job, kind, limit)
+        letters = read_dead_letters(settings, flt, timeout_s=20.0)
+        return {"dead_letters": [d.as_dict() for d in letters]}
+
+    @app.post("/dead-letters/replay", response_model=Replays, tags=["dead letters"])
+    def replay_dead_letters(req: ReplayRequest) -> dict[str, Any]:
+        """Put dead runs and rejected commands back after a fix (what `jobwheel dlq replay`
+        does: a dead run is dispatched again as the same run, a rejected command is produced
+        again only if the scheduler would accept it now; runs no longer DEAD and commands
+        applied since are skipped). ``dry_run`` says what would be sent."""
+        from producers.deadletters import read_dead_letters, replay
+
+        chosen = any(
+            v is not None for v in (req.job, req.task, req.since, req.reason, req.kind, req.refs)
+        )
+        if req.all == chosen:
+            raise ValidationError(
+                "all", "choose job, task, since, reason, kind or refs, or set all (not both)"
+            )
+        flt = _dead_letter_filter(req.since, req.task, req.reason, req.job, req.kind, 10_000)
+        letters = read_dead_letters(settings, flt, timeout_s=20.0)
+        if req.refs is not None:
+            letters = [d for d in letters if d.ref in set(req.refs)]
+        outcomes = replay(
+            settings,
+            letters,
+            client=clients.get(),
+            dry_run=req.dry_run,
+            reason=req.note,
+            already=lambda d: queries.replayed_already(store, d),
+        )
+        return {"replays": [o.as_dict() for o in outcomes]}
 
     @app.get("/jobs", response_model=JobList, tags=["status"])
     def list_jobs(
@@ -475,6 +594,26 @@ def create_app(
     return app
 
 
+def _dead_letter_filter(
+    since: str | int | None,
+    task: str | None,
+    reason: str | None,
+    job: str | None,
+    kind: str | None,
+    limit: int,
+) -> Any:
+    from producers.deadletters import Filter
+
+    return Filter(
+        since_ms=queries.parse_time(since, "since") if since is not None else None,
+        task=task or None,
+        reason=reason or None,
+        job_id=job or None,
+        kind=kind or None,
+        limit=limit,
+    )
+
+
 def _not_found(job_id: str) -> JSONResponse:
     return JSONResponse(
         {
@@ -518,27 +657,6 @@ def _request_error(exc: RequestValidationError) -> ValidationError:
 
 DOCS_STATIC = "/docs/static"
 
-INDEX_HTML = """<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><title>jobwheel status API</title>
-<style>body{font-family:sans-serif;max-width:44em;margin:3em auto;line-height:1.5}
-code{background:#f2f2f2;padding:0 .3em}</style></head>
-<body>
-<h1>jobwheel status API</h1>
-<p>Jobs are scheduled and controlled through this API or the <code>jobwheel</code> command;
-their state, runs and events are read here. There is no console yet.</p>
-<ul>
-<li><a href="docs">API documentation</a> (Swagger UI: every endpoint, and a form to call it;
-with an API token set, enter it with <em>Authorize</em>)</li>
-<li><a href="health">health</a> of this service and its status sink</li>
-</ul>
-<p>From a terminal: <code>jobwheel submit</code>, <code>jobwheel status JOB_ID</code>,
-<code>jobwheel list --state SCHEDULED</code>, <code>jobwheel sql "SELECT ..."</code>,
-<code>jobwheel health</code> (<code>jobwheel --help</code> lists them all).</p>
-</body>
-</html>
-"""
-
 
 def _declare_bearer(app: FastAPI) -> None:
     """The OpenAPI document says every operation takes the bearer token, so the docs page
@@ -569,8 +687,17 @@ class BearerAuth:
     constant time, so neither the token's length nor its prefix leaks through response times.
     """
 
-    PUBLIC = frozenset({"/health", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
-    PUBLIC_PREFIXES = (DOCS_STATIC + "/",)
+    PUBLIC = frozenset(
+        {
+            "/health",
+            "/docs",
+            "/docs/oauth2-redirect",
+            "/openapi.json",
+            "/console/login",
+            "/console/logout",
+        }
+    )
+    PUBLIC_PREFIXES = (DOCS_STATIC + "/", "/console/static/")
     #: What the read token may do besides GET: ``/sql`` reads (it is refused any write).
     READ_POSTS = frozenset({"/sql"})
 
@@ -578,6 +705,7 @@ class BearerAuth:
         self.app = app
         self._write = _digest(write) if write else None
         self._read = _digest(read) if read else None
+        self._tokens = (write, read)  # the console's session cookies are signed with them
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -590,6 +718,18 @@ class BearerAuth:
             return
         grant = self._grant(_bearer(scope))
         if grant is None:
+            # The console's cookie: page loads (GET) as they are; a change only with the
+            # console's header, which another site's page cannot send (see session's doc).
+            write, read = self._tokens
+            cookie = session.verify(session.cookie_from(scope), write=write, read=read)
+            if cookie is not None and (
+                scope["method"] in ("GET", "HEAD") or session.has_csrf_header(scope)
+            ):
+                grant = cookie
+        if grant is None and scope["method"] in ("GET", "HEAD") and _is_page(path):
+            await _redirect(send, scope, console.login_redirect(path, _query(scope)))
+            return
+        if grant is None:
             await _deny(
                 send,
                 401,
@@ -601,6 +741,7 @@ class BearerAuth:
         if grant == "read" and not reads:
             await _deny(send, 403, "the read token cannot schedule or control jobs")
             return
+        scope["jobwheel.grant"] = grant
         await self.app(scope, receive, send)
 
     def _grant(self, presented: bytes | None) -> str | None:
@@ -613,6 +754,26 @@ class BearerAuth:
         if presented and read:
             return "read"
         return None
+
+
+def _is_page(path: str) -> bool:
+    return path == "/" or path == "/console" or path.startswith("/console/")
+
+
+def _query(scope: Any) -> str:
+    return bytes(scope.get("query_string", b"")).decode("latin-1")
+
+
+async def _redirect(send: Any, scope: Any, location: str) -> None:
+    target = (scope.get("root_path", "") + location).encode("latin-1", "replace")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [(b"location", target), (b"content-length", b"0")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _digest(token: str | bytes) -> bytes:

@@ -126,6 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(handler=sql)
 
+    _register_dlq(sub)
+
     p = sub.add_parser(
         "health",
         help="check broker, schedulers, workers and the status service; exit 0 if all answer",
@@ -379,9 +381,16 @@ def run_line(run: dict[str, Any]) -> str:
         f"attempts={run.get('attempts', 0)}",
         f"worker={run.get('worker') or '-'}",
     ]
+    if run.get("result_json") is not None:
+        parts.append(f"result={_cut(json.dumps(run.get('result'), ensure_ascii=False))}")
     if run.get("error"):
         parts.append(f"error={run['error']!r}")
     return "  ".join(parts)
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    """A task's result as shown on one line: long ones cut (`--json` has all of it)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def status(args: argparse.Namespace) -> int:
@@ -448,6 +457,231 @@ def sql(args: argparse.Namespace) -> int:
     if payload.get("truncated"):
         print(f"(truncated to {len(payload['rows'])} rows)", file=sys.stderr)
     return 0
+
+
+# --- dead letters ---------------------------------------------------------------------------
+
+_DLQ_DESCRIPTION = """\
+The dead-letter topic (<prefix>.dead-letter, kept 30 days) holds what the scheduler could not
+use: runs that ended DEAD (attempts used up, or a failure that is not retried, such as an
+unknown task), commands it rejected as invalid or could not read, acknowledgements it could
+not read, and references to records too large to copy. Kinds: dead-run, request, ack,
+too-large. `list` shows them; `replay` puts them back after the cause is fixed."""
+
+_REPLAY_DESCRIPTION = """\
+Put dead letters back, after a fix. A dead run is dispatched again by the scheduler as the same
+run (same run id, its next attempt, max_attempts attempts of its own), with a DISPATCHED event
+saying it is a replay; it runs the job's current definition (re-submit the job with a corrected
+task name or arguments first, and the replay uses them). A rejected command is produced again,
+its original bytes keyed by its job id, only if the scheduler's own checks accept it now:
+commands rejected for a transient reason (a schema version the scheduler did not know yet, a
+scheduler error, a producer with the wrong partitioner) replay; an invalid command would be
+rejected again unchanged, so it is skipped with the reason (fix it and submit it anew).
+Acknowledgements and too-large references are never replayed. Each run is replayed from its
+newest dead letter only, and, when the status API answers, runs no longer DEAD and commands
+already applied are skipped. Select with --job, --task, --since, --reason, --kind or --ref
+(all that are given must match), or --all. Exit 1 if something could not be sent."""
+
+
+def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "dlq",
+        help="list and replay the dead-letter topic (dead runs, rejected commands)",
+        description=_DLQ_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dlq = p.add_subparsers(dest="dlq_command", metavar="{list,replay}", required=True)
+
+    def selectors(c: argparse.ArgumentParser) -> None:
+        c.add_argument(
+            "--since",
+            metavar="WHEN",
+            help="dead-lettered at or after: an age (2h, 7d), an ISO 8601 time or epoch ms",
+        )
+        c.add_argument("--task", help="task name (of the dead run, or the rejected ScheduleJob)")
+        c.add_argument("--reason", metavar="TEXT", help="part of the error (case-insensitive)")
+        c.add_argument("--job", metavar="ID", help="job id")
+        c.add_argument(
+            "--kind", choices=("dead-run", "request", "ack", "too-large"), help="kind of record"
+        )
+        c.add_argument("--json", action="store_true", help="print JSON")
+        c.add_argument(
+            "--timeout",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="longest wait for reading the topic (30)",
+        )
+
+    c = dlq.add_parser(
+        "list",
+        help="show dead letters, oldest first",
+        description="Show dead letters, oldest first: when, kind, partition:offset (the "
+        "record's reference for `replay --ref`), job, run or command, task, and the error.",
+    )
+    selectors(c)
+    c.add_argument("--limit", type=int, default=1000, help="at most this many, the newest (1000)")
+    c.set_defaults(handler=dlq_list)
+    one_line_errors(c, "dlq list")
+
+    c = dlq.add_parser(
+        "replay",
+        help="put dead runs and rejected commands back after a fix",
+        description=_REPLAY_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    selectors(c)
+    c.add_argument(
+        "--ref",
+        metavar="P:O",
+        action="append",
+        help="the dead letter at partition:offset (as `list` shows it); repeatable",
+    )
+    c.add_argument("--all", action="store_true", help="every dead letter (no other selector)")
+    c.add_argument("--dry-run", action="store_true", help="say what would be sent; send nothing")
+    c.add_argument("--note", metavar="TEXT", help="kept in the replayed run's DISPATCHED event")
+    c.set_defaults(handler=dlq_replay, limit=10_000)
+    one_line_errors(c, "dlq replay")
+
+
+def _dlq_filter(args: argparse.Namespace) -> Any:
+    from consumers.status.queries import parse_time
+    from producers.deadletters import Filter
+
+    return Filter(
+        since_ms=parse_time(args.since, "since") if args.since else None,
+        task=args.task,
+        reason=args.reason,
+        job_id=args.job,
+        kind=args.kind,
+        limit=args.limit,
+    )
+
+
+def dead_letter_line(letter: dict[str, Any]) -> str:
+    parts = [
+        _time(letter["timestamp_ms"]),
+        f"{letter['kind']:9}",
+        f"{letter['ref']:>8}",
+        f"job={letter['job_id'] or '-'}",
+        letter["what"],
+    ]
+    if letter.get("source"):
+        parts.append(f"from={letter['source']}")
+    parts.append(f"error={letter['error']!r}")
+    return "  ".join(parts)
+
+
+def dlq_list(args: argparse.Namespace) -> int:
+    from producers.deadletters import read_dead_letters
+
+    settings = _settings()
+    _require_broker(settings)
+    letters = read_dead_letters(settings, _dlq_filter(args), timeout_s=args.timeout)
+    if args.json:
+        _print_json({"dead_letters": [d.as_dict() for d in letters]})
+        return 0
+    for letter in letters:
+        print(dead_letter_line(letter.as_dict()))
+    print(f"{len(letters)} dead letters", file=sys.stderr)
+    return 0
+
+
+def dlq_replay(args: argparse.Namespace) -> int:
+    from producers.client import JobClient
+    from producers.deadletters import read_dead_letters, replay
+
+    settings = _settings()
+    chosen = any(
+        v is not None for v in (args.since, args.task, args.reason, args.job, args.kind, args.ref)
+    )
+    if args.all == chosen:
+        raise ValidationError(
+            "selection",
+            "choose what to replay with --job, --task, --since, --reason, --kind or --ref, or "
+            "say --all (not both)",
+        )
+    refs = set(args.ref or ())
+    for ref in refs:
+        partition, _, offset = ref.partition(":")
+        if not (partition.isdigit() and offset.isdigit()):
+            raise ValidationError("ref", f"{ref!r} is not PARTITION:OFFSET (e.g. 3:1207)")
+    _require_broker(settings)
+    letters = read_dead_letters(settings, _dlq_filter(args), timeout_s=args.timeout)
+    if refs:
+        letters = [d for d in letters if d.ref in refs]
+    api = _Api(settings, timeout_s=5.0)
+    with JobClient(settings) as client:
+        outcomes = replay(
+            settings,
+            letters,
+            client=client,
+            dry_run=args.dry_run,
+            reason=args.note,
+            already=_already_replayed(api),
+        )
+    if args.json:
+        _print_json({"replays": [o.as_dict() for o in outcomes]})
+    else:
+        for o in outcomes:
+            what = f"{o.letter.ref:>8}  job={o.letter.job_id}  {o.letter.describe()}"
+            if o.sent:
+                verb = "would replay" if o.dry_run else "replayed"
+                sent = "" if o.dry_run or not o.command_id else f"  command={o.command_id}"
+                print(f"{verb:12}  {what}{sent}")
+            else:
+                print(f"{'skipped':12}  {what}: {o.skip}")
+    sent = sum(o.sent for o in outcomes)
+    failed = sum(1 for o in outcomes if o.skip and o.skip.startswith("not sent"))
+    verb = "would be replayed" if args.dry_run else "replayed"
+    print(
+        f"{sent} of {len(outcomes)} dead letters {verb}"
+        + (f"; {failed} could not be sent" if failed else ""),
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
+
+
+def _already_replayed(api: _Api) -> Any:
+    """What the status store says about a dead letter's run or command (None: replay it).
+    The store may be a second behind; when the API does not answer, nothing is skipped."""
+    state = {"up": True}
+
+    def check(letter: Any) -> str | None:
+        if not state["up"]:
+            return None
+        quote = urllib.parse.quote
+        try:
+            if letter.run_id is not None:
+                code, found = api.call("GET", f"/runs/{quote(letter.run_id, safe='')}")
+                run = found.get("run") if code == 200 and isinstance(found, dict) else None
+                if isinstance(run, dict) and run.get("state") != "DEAD":
+                    return f"the run is {run.get('state')} now, not DEAD (replayed already?)"
+            elif letter.command is not None:
+                command = letter.command
+                path = (
+                    f"/jobs/{quote(command.job_id, safe='')}/commands/"
+                    f"{quote(command.command_id, safe='')}"
+                )
+                code, verdict = api.call("GET", path)
+                if code == 200 and isinstance(verdict, dict) and verdict.get("state") != "REJECTED":
+                    return f"the scheduler applied it already ({verdict.get('state')})"
+        except JobwheelError:
+            state["up"] = False
+            print(
+                f"jobwheel dlq replay: the status API at {api.base} does not answer; runs and "
+                "commands are not checked against it",
+                file=sys.stderr,
+            )
+        return None
+
+    return check
+
+
+def _require_broker(settings: Settings) -> None:
+    from jobwheel.reach import require_reachable
+
+    require_reachable(settings.bootstrap_servers, 2.0)
 
 
 # --- health ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Times are epoch milliseconds UTC, as in the contract.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -194,13 +195,136 @@ def get_job(store: StatusStore, job_id: str) -> dict[str, Any] | None:
 
 
 def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
-    """The job's runs, newest scheduled first."""
-    return store.dicts(
+    """The job's runs, newest scheduled first, each with its result (:func:`with_results`)."""
+    runs = store.dicts(
         f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE job_id = {{job_id:String}} "
         "ORDER BY coalesce(scheduled_time_ms, dispatched_ms, updated_ms) DESC, run_id DESC "
         "LIMIT {limit:UInt32}",
         {"job_id": job_id, "limit": limit},
     )
+    return with_results(store, job_id, runs)
+
+
+def job_spec(store: StatusStore, job_id: str) -> dict[str, Any] | None:
+    """The job's definition (task, trigger, arguments, limits) from its latest SCHEDULED event
+    (``spec_json``, status_event.v3); None for a job scheduled before schedulers wrote it."""
+    rows = store.query(
+        "SELECT spec_json FROM status_events FINAL WHERE job_id = {job_id:String} "
+        "AND state = 'SCHEDULED' AND spec_json IS NOT NULL ORDER BY seq DESC LIMIT 1",
+        {"job_id": job_id},
+    )[2]
+    if not rows:
+        return None
+    try:
+        spec = json.loads(rows[0][0])
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) else None
+
+
+def next_fires(job: dict[str, Any], spec: dict[str, Any] | None, count: int) -> list[int]:
+    """Up to ``count`` upcoming fires of a SCHEDULED job: its next fire (the scheduler's own
+    number), then, for an interval or cron trigger, the ones after it, computed with the
+    scheduler's cron rules (schemas/cron.py) as `jobwheel next` does."""
+    if job.get("state") != State.SCHEDULED.value or job.get("next_fire_ms") is None:
+        return []
+    fires = [int(job["next_fire_ms"])]
+    trigger = (spec or {}).get("trigger") or {}
+    try:
+        if trigger.get("type") == "Every" and int(trigger["interval_ms"]) > 0:
+            step = int(trigger["interval_ms"])
+            fires += [fires[0] + step * k for k in range(1, count)]
+        elif trigger.get("type") == "Cron":
+            from schemas.cron import parse_cron, zone
+
+            schedule = parse_cron(str(trigger["expression"]))
+            tz = zone(str(trigger.get("timezone") or "UTC"))
+            while len(fires) < count:
+                fires.append(schedule.next_after(fires[-1], tz))
+    except (KeyError, TypeError, ValueError):
+        pass  # a definition this reader does not understand: the scheduler's next fire only
+    return fires[:count]
+
+
+def job_of_run(run_id: str) -> str:
+    """The job id in a run id (``<job id>@<scheduled ms>`` or ``<job id>@trigger-<ms>``; a job
+    id may hold ``@`` itself, the scheduler's suffix never does)."""
+    job_id, at, _ = run_id.rpartition("@")
+    if not at or not job_id:
+        raise ValidationError(
+            "run_id", f"{clip(run_id)} is not a run id (<job id>@<scheduled time>)"
+        )
+    return job_id
+
+
+def get_run(store: StatusStore, run_id: str) -> dict[str, Any] | None:
+    """One run with its result, or None if the store has never heard of it."""
+    job_id = job_of_run(run_id)
+    rows = store.dicts(
+        f"SELECT {', '.join(RUN_COLUMNS)} FROM runs "
+        "WHERE job_id = {job_id:String} AND run_id = {run_id:String}",
+        {"job_id": job_id, "run_id": run_id},
+    )
+    return with_results(store, job_id, rows)[0] if rows else None
+
+
+def run_events(store: StatusStore, run_id: str, *, limit: int = 200) -> list[dict[str, Any]]:
+    """A run's status events in lifecycle order (no HEARTBEATs), latest ``limit``."""
+    return store.dicts(
+        f"SELECT {', '.join(EVENT_COLUMNS)} FROM ("
+        f"SELECT {', '.join(EVENT_COLUMNS)}, source_rank, state_rank FROM status_events FINAL "
+        "WHERE job_id = {job_id:String} AND run_id = {run_id:String} AND state != 'HEARTBEAT' "
+        "ORDER BY seq DESC, source_rank DESC, state_rank DESC, event_time_ms DESC "
+        "LIMIT {limit:UInt32}) "
+        "ORDER BY seq, source_rank, state_rank, event_time_ms",
+        {"job_id": job_of_run(run_id), "run_id": run_id, "limit": limit},
+    )
+
+
+def with_results(
+    store: StatusStore, job_id: str, runs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``runs`` with ``result_json`` (the task's return value as JSON text, from the run's
+    SUCCEEDED event) and ``result`` (that value, parsed); both None for a run that has not
+    succeeded (its ``error`` says what went wrong)."""
+    ids = [r["run_id"] for r in runs if r.get("state") == State.SUCCEEDED.value]
+    found: dict[str, str | None] = {}
+    if ids:
+        rows = store.query(
+            "SELECT run_id, argMax(result_json, tuple(seq, source_rank, state_rank, "
+            "event_time_ms)) FROM status_events FINAL WHERE job_id = {job_id:String} "
+            "AND state = 'SUCCEEDED' AND run_id IN {ids:Array(String)} GROUP BY run_id",
+            {"job_id": job_id, "ids": ids},
+        )[2]
+        found = {str(run_id): text for run_id, text in rows}
+    for run in runs:
+        text = found.get(run["run_id"])
+        run["result_json"] = text
+        run["result"] = _parsed(text)
+    return runs
+
+
+def replayed_already(store: StatusStore, letter: Any) -> str | None:
+    """Why a dead letter need not be replayed, as the store sees it: its run is no longer
+    DEAD, or its command was applied since (None: replay it)."""
+    if letter.run_id is not None:
+        run = get_run(store, letter.run_id)
+        if run is not None and run["state"] != State.DEAD.value:
+            return f"the run is {run['state']} now, not DEAD (replayed already?)"
+    elif letter.command is not None:
+        verdict = command_verdict(store, letter.command.job_id, letter.command.command_id)
+        if verdict is not None and verdict["state"] != State.REJECTED.value:
+            return f"the scheduler applied it already ({verdict['state']})"
+    return None
+
+
+def _parsed(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON after all: shown as the text it is
 
 
 EVENT_COLUMNS = (
@@ -446,6 +570,28 @@ LIMIT 100""",
         STATE_COUNTS_SQL,
     ),
 )
+
+
+def panel(store: StatusStore, key: str, from_ms: int, to_ms: int) -> list[dict[str, Any]]:
+    """The rows of the dashboard panel ``key`` over a time range: the console draws the same
+    SQL that DASHBOARDS.md documents and Grafana runs."""
+    sql = expand_macros(next(p.sql for p in PANELS if p.key == key), from_ms, to_ms)
+    return store.dicts(sql)
+
+
+def worker_activity(store: StatusStore, since_ms: int) -> list[dict[str, Any]]:
+    """Workers seen in the status events since ``since_ms``: when last, and what they did."""
+    return store.dicts(
+        "SELECT worker, max(event_time_ms) AS last_seen_ms, "
+        "uniqExactIf(run_id, state = 'STARTED') AS started, "
+        "countIf(state = 'SUCCEEDED') AS succeeded, countIf(state = 'FAILED') AS failed, "
+        "uniqExactIf(run_id, state IN ('STARTED', 'HEARTBEAT')) - "
+        "uniqExactIf(run_id, state IN ('SUCCEEDED', 'FAILED')) AS open_runs "
+        "FROM status_events FINAL WHERE source = 'worker' AND worker IS NOT NULL "
+        "AND event_time_ms >= {since:Int64} GROUP BY worker ORDER BY last_seen_ms DESC "
+        "LIMIT 200",
+        {"since": since_ms},
+    )
 
 
 def expand_macros(sql: str, from_ms: int, to_ms: int) -> str:

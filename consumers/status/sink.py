@@ -211,6 +211,7 @@ def _started_row(verdict: list[Any], started_ms: int) -> list[Any]:
         None,
         None,
         None,
+        None,
         verdict[-2],
         verdict[-1],
     ]

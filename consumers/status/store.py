@@ -61,6 +61,7 @@ EVENT_COLUMNS: tuple[str, ...] = (
     "next_fire_ms",
     "deadline_ms",
     "retry_delay_ms",
+    "spec_json",
     "kafka_partition",
     "kafka_offset",
 )
@@ -113,7 +114,8 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
 _COLUMN_RULES: dict[str, tuple[bool, type, int, int]] = {
     **{c: (False, str, 0, 0) for c in ("event_id", "job_id", "state", "source")},
     **{
-        c: (True, str, 0, 0) for c in ("run_id", "task", "worker", "error", "reason", "result_json")
+        c: (True, str, 0, 0)
+        for c in ("run_id", "task", "worker", "error", "reason", "result_json", "spec_json")
     },
     **{c: (False, int, -(2**31), 2**31 - 1) for c in ("attempt", "kafka_partition")},
     **{c: (False, int, -(2**63), 2**63 - 1) for c in ("seq", "event_time_ms", "kafka_offset")},
@@ -173,6 +175,7 @@ def event_row(
         event.next_fire_ms,
         event.deadline_ms,
         event.retry_delay_ms,
+        event.spec_json,
         partition,
         offset,
     ]

@@ -91,7 +91,7 @@ from jobwheel.errors import BrokerError, DeliveryError, SchemaDecodeError
 from jobwheel.settings import Settings
 from schemas.models import HANDBACK_REASON, Run, State, StatusEvent
 from schemas.partitioning import key_for
-from schemas.topics import STATE_HEADER
+from schemas.topics import DISPATCHED_HEADER, STATE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -586,7 +586,7 @@ class WorkerPool:
             retry_delay_ms=outcome.retry_delay_ms,
             started_ms=started_ms,
         )
-        self._send_verdict(ex, self._record(event))
+        self._send_verdict(ex, self._record(event, ex.run))
         if self._draining and not self._active:
             self._idle.set()
 
@@ -653,7 +653,7 @@ class WorkerPool:
     def _stale(self, run: Run, offsets: list[tuple[OffsetTracker, int]], reason: str) -> None:
         """A STALE event; the offsets are done once the broker has it."""
         assert self._producer is not None
-        record = self._record(self._event(run, State.STALE, reason=reason))
+        record = self._record(self._event(run, State.STALE, reason=reason), run)
         self.meters.verdict(run.task, State.STALE.value)
         ex = _Execution(run, offsets)  # only for the delivery bookkeeping
         ex.outcome = Outcome(State.STALE, 0, reason=reason)
@@ -748,7 +748,7 @@ class WorkerPool:
                 )
 
         try:
-            queued = self._producer.produce(*self._record(event), on_delivery=report)
+            queued = self._producer.produce(*self._record(event, ex.run), on_delivery=report)
         except BrokerError as exc:
             log.warning(
                 "status event not sent", extra={"run_id": run_id, "state": state, "error": str(exc)}
@@ -786,10 +786,14 @@ class WorkerPool:
             **fields,
         )
 
-    def _record(self, event: StatusEvent) -> _AckRecord:
+    def _record(self, event: StatusEvent, run: Run) -> _AckRecord:
         """The acks record of an event: keyed by job id (so it lands in the job's partition),
-        its state in a header (so the scheduler skips STARTED without decoding it)."""
-        headers = [(STATE_HEADER, event.state.value.encode())]
+        its state in a header (so the scheduler skips what it does not need without decoding
+        it), and when its run was dispatched (how far this partition's worker has got)."""
+        headers = [
+            (STATE_HEADER, event.state.value.encode()),
+            (DISPATCHED_HEADER, str(run.dispatched_at_ms).encode()),
+        ]
         return self._acks_topic, key_for(event.job_id), self._codec.encode(event), headers
 
     def _hook(self, name: str, *args: Any) -> None:

@@ -205,11 +205,11 @@ def test_poison_records_on_requests_and_acks_are_dead_lettered_and_the_partition
 
 def test_health_names_a_partition_that_stopped_committing(settings, jobwheel_env, procs, tmp_path):
     """A scheduler that is alive (its group membership fine) but makes no progress: every
-    iteration takes 15 s. With input waiting and no commit for longer than the threshold,
+    iteration takes 8 s. With input waiting and no commit for longer than the threshold,
     `jobwheel health` fails and names the partition; once it commits again, health is ok."""
     env = {**jobwheel_env, "JOBWHEEL_HEALTH_STUCK_AFTER_MS": "3000"}
     scheduler = start_scheduler(
-        procs, env, tmp_path / "stuck", extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "15000"}
+        procs, env, tmp_path / "stuck", extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "8000"}
     )
     wait_until(
         lambda: (

@@ -264,8 +264,15 @@ READS = [
     ("POST", "/sql", {"sql": "SELECT 1"}),
     ("GET", "/jobs/some-job/commands/c1", None),
 ]
-#: The pages that describe the API hold no data and are where a user enters the token.
-PAGES = ["/", "/docs", "/openapi.json", "/docs/static/swagger-ui.css"]
+#: The pages that describe the API hold no data and are where a user enters the token (the
+#: docs' Authorize, the console's login form with its script and style).
+PAGES = [
+    "/docs",
+    "/openapi.json",
+    "/docs/static/swagger-ui.css",
+    "/console/login",
+    "/console/static/console.js",
+]
 WRITES = [
     ("POST", "/jobs", {"task": "demo.echo"}),  # invalid (no trigger): 422 once authenticated
     ("POST", "/jobs/some-job/cancel", {"reason": "x" * 10_001}),  # invalid reason: 422

@@ -72,7 +72,7 @@ def test_single_object_framing_is_readable_with_plain_avro() -> None:
     codec = Codec()
     data = codec.encode(COMMAND)
     current = codec.current(JobCommand)
-    assert current.label() == "job_command.v2"
+    assert current.label() == "job_command.v3"
     assert data[:2] == b"\xc3\x01"
     assert data[2:10] == current.fingerprint
     # What a service in another language does: parse the schema file, skip the header.

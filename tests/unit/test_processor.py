@@ -531,3 +531,32 @@ def test_a_job_record_written_before_last_outcome_existed_still_loads():
     del body["last_outcome"]
     old = decode_job(head + json.dumps(body).encode())
     assert old.last_outcome is None and old.job_id == "j"
+
+
+def test_a_run_still_queued_behind_a_backlog_is_waited_for_not_copied(proc):
+    """The partition's worker reports on runs in dispatch order; one dispatched after the last
+    it reported on has not been reached: it waits behind other runs, and a second copy would
+    only join the same queue."""
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    later = T0 + 5000
+    out, _ = proc.punctuate(later, 100, deadline_watermark=later, reached_ms=T0 - 1)
+    assert out.runs == []
+    assert proc.load("j").active[run.run_id].due_ms == later + 1000  # another timeout to go
+    # Reached (the worker reported on a run dispatched as late as this one): given up on.
+    [again] = proc.punctuate(later + 1000, 100, deadline_watermark=later + 1000, reached_ms=T0)[
+        0
+    ].runs
+    assert again.attempt == 2
+
+
+def test_a_run_never_reached_is_copied_after_ten_timeouts(proc):
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000)), T0)
+    proc.punctuate(T0, 100)
+    t = T0
+    while t < T0 + 9_000:
+        t += 1000
+        assert proc.punctuate(t, 100, deadline_watermark=t, reached_ms=T0 - 1)[0].runs == []
+    t += 1000
+    [again] = proc.punctuate(t, 100, deadline_watermark=t, reached_ms=T0 - 1)[0].runs
+    assert again.attempt == 2

@@ -258,10 +258,10 @@ def test_the_docs_page_loads_everything_from_this_server(api: TestClient) -> Non
     assert "cdn" not in html.lower() and "http://" not in html and "https://" not in html
 
 
-def test_the_root_page_points_to_the_docs_and_the_cli(api: TestClient) -> None:
+def test_the_root_page_is_the_console_and_points_to_the_docs(api: TestClient) -> None:
     r = api.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert 'href="docs"' in r.text and "jobwheel status JOB_ID" in r.text
+    assert 'href="/docs"' in r.text and 'href="/console/jobs"' in r.text
 
 
 # --- commands: everything invalid is refused before Kafka -----------------------------------

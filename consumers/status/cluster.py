@@ -1,0 +1,162 @@
+"""Who runs the pipeline right now, as Kafka sees it: the console's workers and schedulers page.
+
+Schedulers and workers are consumer groups (``JOBWHEEL_SCHEDULER_APP_ID`` on the requests
+topic, ``JOBWHEEL_WORKER_GROUP`` on the runs topic): the group coordinator knows each member,
+its host and the partitions it owns. Each scheduler commit also leaves a progress note in the
+group's committed offsets (``schemas/progress.py``: commit time, next due timer, instance), so
+per partition we can show when its owner last committed, what it waits for, how much input is
+unread, and whether it looks stuck by the rule ``jobwheel health`` uses.
+
+Reads only (describe groups, list committed and end offsets); each call is bounded by a
+timeout and an error is returned as text on the page instead of failing it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from schemas import progress
+
+if TYPE_CHECKING:
+    from jobwheel.settings import Settings
+
+
+@dataclass
+class Member:
+    client_id: str
+    host: str
+    member_id: str
+    partitions: list[int]
+
+
+@dataclass
+class Group:
+    name: str
+    topic: str
+    state: str = "unknown"
+    members: list[Member] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class PartitionProgress:
+    partition: int
+    owner: str | None
+    committed_at_ms: int | None
+    next_due_ms: int | None
+    unread: int
+    stuck: str | None
+
+
+def _admin(settings: Settings) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    from jobwheel.logs import librdkafka_logger
+
+    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status.cluster")))
+
+
+def describe_group(settings: Settings, group: str, topic: str, timeout_s: float = 5.0) -> Group:
+    """The group's members and the partitions of ``topic`` each owns (an error as text)."""
+    out = Group(group, topic)
+    out.error = _unreachable(settings)
+    if out.error:
+        return out
+    try:
+        admin = _admin(settings)
+        found = admin.describe_consumer_groups([group], request_timeout=timeout_s)
+        description = found[group].result(timeout=timeout_s + 1)
+    except Exception as exc:
+        out.error = _text(exc)
+        return out
+    out.state = getattr(description.state, "name", str(description.state))
+    for m in description.members:
+        parts = sorted(
+            tp.partition
+            for tp in (m.assignment.topic_partitions if m.assignment else [])
+            if tp.topic == topic
+        )
+        out.members.append(Member(m.client_id, m.host, m.member_id, parts))
+    out.members.sort(key=lambda m: (m.partitions[:1] or [1 << 30], m.client_id))
+    return out
+
+
+def scheduler_progress(
+    settings: Settings, timeout_s: float = 5.0
+) -> tuple[list[PartitionProgress], str | None]:
+    """Per partition: the scheduler's last progress note and unread input (requests + acks)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    t = settings.topics
+    tps = [TopicPartition(topic, p) for topic in (t.requests, t.acks) for p in range(t.partitions)]
+    down = _unreachable(settings)
+    if down:
+        return [], down
+    try:
+        admin = _admin(settings)
+        group = settings.scheduler_app_id
+        found = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s
+        )
+        committed = {
+            (tp.topic, tp.partition): tp
+            for tp in found[group].result(timeout_s + 1).topic_partitions
+        }
+        ends = {
+            (tp.topic, tp.partition): future.result(timeout_s + 1).offset
+            for tp, future in admin.list_offsets(
+                {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
+            ).items()
+        }
+    except Exception as exc:
+        return [], _text(exc)
+    now = time.time_ns() // 1_000_000
+    out = []
+    for p in range(t.partitions):
+        notes: list[progress.Progress] = []
+        unread = 0
+        for topic in (t.requests, t.acks):
+            tp = committed.get((topic, p))
+            end = ends.get((topic, p), 0)
+            if tp is not None and tp.offset >= 0:
+                unread += max(0, end - tp.offset)
+                note = progress.decode(tp.metadata)
+                if note is not None:
+                    notes.append(note)
+            elif topic == t.requests:
+                unread += end
+        latest = max(notes, key=lambda n: n.committed_at_ms, default=None)
+        out.append(
+            PartitionProgress(
+                partition=p,
+                owner=latest.owner if latest else None,
+                committed_at_ms=latest.committed_at_ms if latest else None,
+                next_due_ms=latest.next_due_ms if latest else None,
+                unread=unread,
+                stuck=progress.stuck_reason(
+                    latest, now, unread, stuck_after_ms=settings.health_stuck_after_ms
+                ),
+            )
+        )
+    return out, None
+
+
+def _unreachable(settings: Settings) -> str | None:
+    """A quick TCP probe first: with Kafka down a page says so at once instead of waiting out
+    the admin client's timeouts."""
+    from jobwheel.reach import unreachable
+
+    why = unreachable(settings.bootstrap_servers, 0.5)
+    return None if why is None else f"cannot reach Kafka at {settings.bootstrap_servers}: {why}"
+
+
+def _text(exc: Exception) -> str:
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(err, KafkaError):
+        return f"{err.str()} ({err.name()})"
+    return f"{type(exc).__name__}: {exc}"

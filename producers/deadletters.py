@@ -1,0 +1,256 @@
+"""List and replay the dead-letter topic: the Kafka side of :mod:`schemas.deadletter`.
+
+Reading: every partition of ``<prefix>.dead-letter`` from ``since`` (the broker's offset for
+that time) up to the end offsets as they were when the read began, ``read_committed`` (the
+scheduler writes dead letters in its transactions). Replaying: a dead run becomes a
+``ReplayRun`` command, a rejected command its original bytes again with the header
+``jobwheel.replayed-from``, both produced to the requests topic keyed by the job id (so the
+partitioner is right, whatever the first producer did). Both are answered by the scheduler
+with a status event that says it was a replay.
+
+Replay is for after a fix, and twice is not better than once: a run is replayed only from its
+latest dead letter (a replayed run that died again has a newer one), and ``already`` (the
+status store's view, when it answers) skips runs that are no longer DEAD and commands the
+scheduler has applied since.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jobwheel.errors import BrokerError, DeliveryError, ValidationError
+from schemas import deadletter as dl
+from schemas.codec import Codec, default_codec
+
+if TYPE_CHECKING:
+    from jobwheel.settings import Settings
+    from producers.client import JobClient
+
+log = logging.getLogger(__name__)
+
+#: Most records one listing returns (the newest are kept).
+MAX_LIST = 10_000
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which dead letters: all given conditions hold. ``reason`` is a case-insensitive part of
+    the error text; ``kind`` one of :data:`schemas.deadletter.KINDS`."""
+
+    since_ms: int | None = None
+    task: str | None = None
+    reason: str | None = None
+    job_id: str | None = None
+    kind: str | None = None
+    limit: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in dl.KINDS:
+            raise ValidationError("kind", f"{self.kind!r} is not one of {', '.join(dl.KINDS)}")
+        if not 1 <= self.limit <= MAX_LIST:
+            raise ValidationError("limit", f"must be between 1 and {MAX_LIST}")
+
+    def matches(self, letter: dl.DeadLetter) -> bool:
+        if self.since_ms is not None and letter.timestamp_ms < self.since_ms:
+            return False
+        if self.task is not None and letter.task != self.task:
+            return False
+        if self.job_id is not None and letter.job_id != self.job_id:
+            return False
+        if self.kind is not None and letter.kind != self.kind:
+            return False
+        return self.reason is None or self.reason.lower() in letter.error.lower()
+
+
+def read_dead_letters(
+    settings: Settings,
+    flt: Filter,
+    *,
+    codec: Codec | None = None,
+    timeout_s: float = 30.0,
+) -> list[dl.DeadLetter]:
+    """The dead letters matching ``flt``, oldest first (at most ``flt.limit``, the newest)."""
+    from confluent_kafka import (
+        OFFSET_BEGINNING,
+        Consumer,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
+
+    from jobwheel.logs import librdkafka_logger
+
+    codec = codec or default_codec(settings.schema_registry_url)
+    topic = settings.topics.dead_letter
+    consumer = Consumer(
+        settings.librdkafka(
+            **{
+                "group.id": f"jobwheel-dlq-reader-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "logger": librdkafka_logger("producers.deadletters"),
+            }
+        )
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        try:
+            meta = consumer.list_topics(topic, timeout=min(10.0, timeout_s)).topics.get(topic)
+        except KafkaException as exc:
+            raise BrokerError(f"cannot read the dead-letter topic {topic}: {exc}") from exc
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise BrokerError(
+                f"dead-letter topic {topic} not found (run `jobwheel topics ensure`, or check "
+                "JOBWHEEL_TOPIC_PREFIX)"
+            )
+        partitions = sorted(meta.partitions)
+        ends: dict[int, int] = {}
+        starts: list[TopicPartition] = []
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            ends[p] = high
+            starts.append(TopicPartition(topic, p, OFFSET_BEGINNING))
+        if flt.since_ms is not None:
+            found = consumer.offsets_for_times(
+                [TopicPartition(topic, p, flt.since_ms) for p in partitions], timeout=10
+            )
+            starts = [
+                TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else ends[p])
+                for p, tp in zip(partitions, found, strict=True)
+            ]
+        waiting = {tp.partition for tp in starts if tp.offset < ends[tp.partition]}
+        consumer.assign(starts)
+        out: list[dl.DeadLetter] = []
+        while waiting:
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"reading {topic} did not reach its end within {timeout_s:.0f}s "
+                    f"(partitions {sorted(waiting)})"
+                )
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            p = msg.partition()
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    waiting.discard(p)
+                elif error.fatal():
+                    raise BrokerError(f"reading {topic} failed: {error.str()}")
+                continue
+            if msg.offset() >= ends[p]:
+                waiting.discard(p)
+                continue
+            if msg.offset() + 1 >= ends[p]:
+                waiting.discard(p)
+            _, timestamp = msg.timestamp()
+            letter = dl.parse(
+                codec,
+                partition=p,
+                offset=msg.offset(),
+                timestamp_ms=timestamp,
+                key=msg.key(),
+                value=msg.value(),
+                headers=msg.headers(),
+                acks_topic=settings.topics.acks,
+            )
+            if flt.matches(letter):
+                out.append(letter)
+        out.sort(key=lambda d: (d.timestamp_ms, d.partition, d.offset))
+        return out[-flt.limit :]
+    finally:
+        consumer.close()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One dead letter's replay: sent (``command_id`` of what went to requests), or skipped."""
+
+    letter: dl.DeadLetter
+    sent: bool
+    command_id: str | None = None
+    skip: str | None = None
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.letter.as_dict(),
+            "replayed": self.sent,
+            "dry_run": self.dry_run,
+            "command_id": self.command_id,
+            "skipped": self.skip,
+        }
+
+
+def latest_per_run(letters: Iterable[dl.DeadLetter]) -> list[dl.DeadLetter]:
+    """Each dead run once, its newest dead letter (a replayed run that died again has a newer
+    one, with the attempts since); everything else as it is. Order kept."""
+    latest: dict[str, dl.DeadLetter] = {}
+    for letter in letters:
+        if letter.run_id is not None:
+            seen = latest.get(letter.run_id)
+            if seen is None or (letter.run.attempt, letter.timestamp_ms) >= (  # type: ignore[union-attr]
+                seen.run.attempt,  # type: ignore[union-attr]
+                seen.timestamp_ms,
+            ):
+                latest[letter.run_id] = letter
+    return [d for d in letters if d.run_id is None or latest[d.run_id] is d]
+
+
+def replay(
+    settings: Settings,
+    letters: Iterable[dl.DeadLetter],
+    *,
+    client: JobClient,
+    dry_run: bool = False,
+    reason: str | None = None,
+    already: Callable[[dl.DeadLetter], str | None] | None = None,
+    codec: Codec | None = None,
+) -> list[Outcome]:
+    """Replay each letter (see the module doc); nothing is sent with ``dry_run``."""
+    codec = codec or default_codec(settings.schema_registry_url)
+    outcomes: list[Outcome] = []
+    for letter in latest_per_run(list(letters)):
+        command_id = uuid.uuid4().hex
+        plan = dl.plan(
+            letter,
+            codec,
+            command_id=command_id,
+            now_ms=time.time_ns() // 1_000_000,
+            max_args_bytes=settings.max_args_bytes,
+            reason=reason,
+        )
+        skip = plan.skip or (already(letter) if already is not None else None)
+        if skip is not None:
+            outcomes.append(Outcome(letter, False, skip=skip, dry_run=dry_run))
+            continue
+        if plan.command is not None:
+            sent_id = plan.command.command_id
+        else:
+            sent_id = letter.command.command_id if letter.command is not None else None
+        if not dry_run:
+            try:
+                if plan.command is not None:
+                    client.send(plan.command)
+                else:
+                    client.send_raw(
+                        plan.key,
+                        letter.value or b"",
+                        [(dl.REPLAYED_FROM_HEADER, letter.ref.encode())],
+                    )
+            except (DeliveryError, ValidationError) as exc:
+                outcomes.append(Outcome(letter, False, skip=f"not sent: {exc}"))
+                continue
+            log.info(
+                "dead letter replayed",
+                extra={"ref": letter.ref, "kind": letter.kind, "job_id": letter.job_id},
+            )
+        outcomes.append(Outcome(letter, True, command_id=sent_id, dry_run=dry_run))
+    return outcomes

@@ -1,0 +1,123 @@
+"""Reading dead-letter records and deciding what a replay of each sends (schemas/deadletter.py).
+
+The records are built exactly as the scheduler writes them (streams/engine.py: headers, key,
+value), so these pin the reader to the documented format.
+"""
+
+from __future__ import annotations
+
+from schemas import deadletter as dl
+from schemas.codec import default_codec
+from schemas.models import JobCommand, Now, ReplayRun, Run, ScheduleJob, State
+from schemas.models import StatusEvent as Event
+from schemas.topics import (
+    DEAD_RUN_KIND,
+    ERROR_HEADER,
+    KIND_HEADER,
+    SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER,
+    SOURCE_TOPIC_HEADER,
+)
+
+T0 = 1_800_000_000_000
+CODEC = default_codec()
+ACKS = "p.acks"
+
+
+def read(key, value, headers, offset=7):
+    return dl.parse(
+        CODEC,
+        partition=2,
+        offset=offset,
+        timestamp_ms=T0,
+        key=key,
+        value=value,
+        headers=headers,
+        acks_topic=ACKS,
+    )
+
+
+def source(topic="p.requests"):
+    return [
+        (SOURCE_TOPIC_HEADER, topic.encode()),
+        (SOURCE_PARTITION_HEADER, b"2"),
+        (SOURCE_OFFSET_HEADER, b"41"),
+    ]
+
+
+def plan(letter, reason=None):
+    return dl.plan(
+        letter, CODEC, command_id="replay-1", now_ms=T0 + 5, max_args_bytes=65536, reason=reason
+    )
+
+
+RUN = Run(f"j@{T0}", "j", "demo.flaky", '{"n": 1}', 5, T0, T0 + 1, 3, 3, 2000, 9000, T0 + 2, 2, 4)
+
+
+def test_a_dead_run_is_read_and_replayed_as_a_replay_run_command():
+    headers = [(ERROR_HEADER, b"attempt 3 of 3 failed: E: x"), (KIND_HEADER, DEAD_RUN_KIND)]
+    letter = read(b"j", CODEC.encode(RUN), headers)
+    assert (letter.kind, letter.run, letter.task, letter.ref) == (
+        dl.DEAD_RUN,
+        RUN,
+        "demo.flaky",
+        "2:7",
+    )
+    assert letter.as_dict()["run_id"] == RUN.run_id and "E: x" in letter.error
+    replay = plan(letter, reason="fixed")
+    assert replay.skip is None and replay.key == b"j"
+    assert replay.command == JobCommand(
+        "replay-1",
+        "j",
+        T0 + 5,
+        ReplayRun(RUN.run_id, T0, 3, "demo.flaky", '{"n": 1}', 3, 2000, 9000, "fixed"),
+    )
+
+
+def test_a_rejected_command_replays_only_when_the_scheduler_would_accept_it_now():
+    good = JobCommand("c1", "j", T0, ScheduleJob("demo.echo", Now()))
+    # rejected by a scheduler error (or a wrong partitioner): the same bytes are fine now
+    letter = read(b"j", CODEC.encode(good), [(ERROR_HEADER, b"scheduler error: x"), *source()])
+    assert (letter.kind, letter.command, letter.source) == (dl.REQUEST, good, ("p.requests", 2, 41))
+    replay = plan(letter)
+    assert replay.skip is None and replay.command is None and replay.key == b"j"
+    # an invalid command would be rejected again, unchanged
+    bad = JobCommand("c2", "j", T0, ScheduleJob("not a task", Now()))
+    skip = plan(read(b"j", CODEC.encode(bad), [(ERROR_HEADER, b"invalid"), *source()])).skip
+    assert skip is not None and "would be rejected again" in skip and "task" in skip
+    # so would one keyed by another job id, and bytes that are no command at all
+    wrong_key = plan(read(b"other", CODEC.encode(good), source())).skip
+    assert wrong_key is not None and "key" in wrong_key
+    garbage = read(b"j", b"hello", [(ERROR_HEADER, b"undecodable"), *source()])
+    assert garbage.kind == dl.REQUEST and garbage.undecodable
+    assert "undecodable" in (plan(garbage).skip or "")
+
+
+def test_acks_and_references_are_listed_but_never_replayed():
+    event = Event("e", "j", State.SUCCEEDED, T0, "worker", run_id="j@1", attempt=1)
+    ack = read(b"j", CODEC.encode(event), [(ERROR_HEADER, b"ack failed"), *source(ACKS)])
+    assert ack.kind == dl.ACK and "never replayed" in (plan(ack).skip or "")
+    ref = read(
+        b"j",
+        None,
+        [
+            (ERROR_HEADER, b"too big"),
+            *source(),
+            (KIND_HEADER, b"too-large"),
+            ("jobwheel.size", b"9"),
+        ],
+    )
+    assert (ref.kind, ref.size) == (dl.TOO_LARGE, 9)
+    assert "too large" in (plan(ref).skip or "")
+
+
+def test_a_replayed_commands_answer_says_it_was_replayed():
+    answer = Event("c1:PAUSED", "j", State.PAUSED, T0, "scheduler", reason="maintenance")
+    other = Event("j:9:COMPLETED", "j", State.COMPLETED, T0, "scheduler")
+    noted = dl.note_replay([answer, other], "c1", "2:7")
+    assert noted[0].reason == "replayed from the dead-letter topic (2:7): maintenance"
+    assert noted[1] == other
+    plain = dl.note_replay(
+        [Event("c1:SCHEDULED", "j", State.SCHEDULED, T0, "scheduler")], "c1", "x"
+    )
+    assert plain[0].reason == "replayed from the dead-letter topic (x)"

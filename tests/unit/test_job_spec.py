@@ -1,0 +1,104 @@
+"""A job's definition on its SCHEDULED event (status_event.v3 ``spec_json``), from the
+scheduler's rule through the wire and the sink's rows to the store, the console's job page and
+its next fires."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+from fastavro import schemaless_writer
+
+from consumers.status import queries
+from consumers.status.sink import EventRows
+from consumers.status.store import EVENT_COLUMNS, StatusStore
+from schemas.codec import SchemaCatalogue, default_codec
+from schemas.models import Cron, Every, JobCommand, ScheduleJob, StatusEvent
+from streams.processor import SchedulerProcessor
+from streams.state.partition import MemoryBackend, PartitionState
+from tests import status_support
+
+T0 = int(datetime(2027, 1, 15, 7, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+@pytest.fixture(scope="session")
+def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from status_support.engine(tmp_path_factory)
+
+
+@pytest.fixture
+def store(engine_dsn: str) -> Iterator[StatusStore]:
+    yield from status_support.fresh_store(engine_dsn)
+
+
+def scheduled(job_id: str, body: ScheduleJob) -> StatusEvent:
+    proc = SchedulerProcessor(0, PartitionState(MemoryBackend()))
+    [event] = proc.on_command(JobCommand(f"c-{job_id}", job_id, T0, body), T0).status
+    return event
+
+
+def test_the_scheduled_event_carries_the_definition_and_only_that_event_does() -> None:
+    body = ScheduleJob(
+        "billing.send", Cron("0 9 * * MON", "Europe/Berlin"), '{"customer": 7}', max_attempts=5
+    )
+    event = scheduled("j", body)
+    spec = json.loads(event.spec_json or "")
+    assert spec["trigger"] == {
+        "type": "Cron",
+        "expression": "0 9 * * MON",
+        "timezone": "Europe/Berlin",
+    }
+    assert (spec["task"], spec["args_json"], spec["max_attempts"]) == (
+        "billing.send",
+        '{"customer": 7}',
+        5,
+    )
+    assert default_codec().decode(default_codec().encode(event)) == event
+    proc = SchedulerProcessor(0, PartitionState(MemoryBackend()))
+    proc.on_command(JobCommand("c1", "k", T0, ScheduleJob("t", Every(1000))), T0)
+    [dispatched] = proc.punctuate(T0 + 1000, 10)[0].status
+    assert dispatched.spec_json is None
+
+
+def test_the_sink_writes_it_to_its_column_and_reads_older_events_without_it() -> None:
+    rows = EventRows(default_codec())
+    event = scheduled("j", ScheduleJob("t", Every(60_000)))
+    [row] = rows.rows(default_codec().encode(event), "scheduler", 1, 5)
+    assert row[EVENT_COLUMNS.index("spec_json")] == event.spec_json
+    assert row[-2:] == [1, 5] and len(row) == len(EVENT_COLUMNS)
+    v2 = next(v for v in SchemaCatalogue.load().versions if v.label() == "status_event.v2")
+    body = io.BytesIO()
+    fields = {f["name"]: None for f in v2.parsed["fields"]}
+    fields.update(event_id="e", job_id="j", seq=1, attempt=0, state="SCHEDULED", event_time_ms=T0)
+    fields["source"] = "scheduler"
+    schemaless_writer(body, v2.parsed, fields)
+    [old] = rows.rows(b"\xc3\x01" + v2.fingerprint + body.getvalue(), "scheduler", 0, 1)
+    assert old[EVENT_COLUMNS.index("spec_json")] is None
+    assert old[EVENT_COLUMNS.index("job_id")] == "j" and len(old) == len(EVENT_COLUMNS)
+
+
+def test_the_store_serves_the_latest_definition_and_the_next_fires(store: StatusStore) -> None:
+    first = scheduled("j", ScheduleJob("t", Every(60_000)))
+    replaced = scheduled("j", ScheduleJob("t", Cron("30 2 * * *", "America/New_York")))
+    store.add_events([first, replace(replaced, event_id="c2:SCHEDULED", seq=first.seq + 1)])
+    spec = queries.job_spec(store, "j")
+    assert spec is not None and spec["trigger"]["type"] == "Cron"
+    job = queries.get_job(store, "j")
+    assert job is not None
+    fires = queries.next_fires(job, spec, 3)
+    assert fires[0] == job["next_fire_ms"]
+    # 02:30 in New York, daily: 07:30 UTC in January
+    shown = [datetime.fromtimestamp(t / 1000, UTC).strftime("%H:%M") for t in fires]
+    assert shown == ["07:30"] * 3
+    every = queries.next_fires(
+        {"state": "SCHEDULED", "next_fire_ms": 1_000},
+        {"trigger": {"type": "Every", "interval_ms": 500}},
+        3,
+    )
+    assert every == [1_000, 1_500, 2_000]
+    assert queries.next_fires({"state": "PAUSED", "next_fire_ms": 1}, spec, 3) == []
+    assert queries.job_spec(store, "nobody") is None
