@@ -80,12 +80,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Dead letters by reason",
                 "Records sent to the dead-letter topic in 5 minutes: run (attempts used up), "
-                "command (refused), ack (undecodable), too_large. Replay with `jobwheel dlq`.",
+                "command (refused), ack (undecodable), too_large; and commands replayed from it "
+                "(`jobwheel dlq replay`).",
                 (
                     (
                         "sum by (reason) (increase(jobwheel_scheduler_dead_letters_total[5m]))",
                         "{{reason}}",
                     ),
+                    ("sum(increase(jobwheel_scheduler_replays_total[5m]))", "replayed"),
                 ),
                 kind="bars",
             ),

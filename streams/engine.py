@@ -521,6 +521,7 @@ class SchedulerEngine:
             origin = _header(record, REPLAYED_FROM_HEADER)
             if origin is not None:  # `jobwheel dlq replay`: its answer says so
                 result.status = note_replay(result.status, cmd.command_id, origin)
+                self.meters.replays += 1
             self._emit(task, result, out)
             if result.rejected is not None:
                 self._dead_letter(task, record, result.rejected, out)

@@ -23,6 +23,8 @@ rejected_total                         counter   commands and acks refused (dead
 dead_letters_total{reason}             counter   records to the dead-letter topic: ``run``
                                                  (attempts exhausted), ``command``, ``ack``,
                                                  ``too_large``
+replays_total                          counter   commands replayed from the dead letters
+                                                 (``jobwheel dlq replay``)
 fire_lateness_seconds                  histogram commit of a first attempt - its scheduled time
 transactions_total                     counter   transactions committed
 transaction_aborts_total               counter   transactions aborted (batch processed again)
@@ -89,6 +91,7 @@ class EngineMeters:
     dead_letters: dict[tuple[str], int] = field(default_factory=dict)
     fires: int = 0
     retries: int = 0
+    replays: int = 0
     restored_records: int = 0
     lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_MS))
     commit: Histogram = field(default_factory=lambda: Histogram(COMMIT_MS))
@@ -243,6 +246,11 @@ class SchedulerCollector(Collector):
             "Records written to the dead-letter topic, by reason.",
             meters.dead_letters,
             ("reason",),
+        )
+        yield counter(
+            n + "replays_total",
+            "Commands replayed from the dead letters (jobwheel dlq replay).",
+            meters.replays,
         )
         yield histogram(
             n + "fire_lateness_seconds",

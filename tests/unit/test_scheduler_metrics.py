@@ -162,3 +162,20 @@ def test_partitions_are_counted_by_phase():
     assert got[("jobwheel_scheduler_partition_phase", (("partition", "1"), ("phase", "standby")))]
     assert got[("jobwheel_scheduler_commands_total", ())] == 1
     assert got[("jobwheel_scheduler_rejected_total", ())] == 0
+
+
+def test_a_command_replayed_from_the_dead_letters_is_counted():
+    from schemas.deadletter import REPLAYED_FROM_HEADER
+
+    engine = engine_with(Phase.READY)
+    [job, other] = jobs_of(0, 2)
+    replayed = Record(
+        TOPICS.requests, 0, 0, job.encode(), command(job, Now()),
+        [(REPLAYED_FROM_HEADER, b"p.dead-letter:0:7")], T0,
+    )  # fmt: skip
+    plain = Record(TOPICS.requests, 0, 1, other.encode(), command(other, Now()), None, T0)
+    for record in (replayed, plain):
+        engine._on_request(record, T0, [], set())
+    got = samples(SchedulerCollector(engine))
+    assert got[("jobwheel_scheduler_replays_total", ())] == 1
+    assert got[("jobwheel_scheduler_commands_total", ())] == 2
