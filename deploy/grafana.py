@@ -78,14 +78,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 unit="ops",
             ),
             Panel(
-                "Dead letters by reason",
-                "Records sent to the dead-letter topic in 5 minutes: run (attempts used up), "
-                "command (refused), ack (undecodable), too_large; and commands replayed from it "
-                "(`jobwheel dlq replay`).",
+                "Dead letters by kind",
+                "Records sent to the dead-letter topic in 5 minutes, by kind (as `jobwheel dlq "
+                "list --kind`): dead-run (attempts used up), request (refused), ack "
+                "(undecodable), too-large; and commands replayed from it (`jobwheel dlq replay`).",
                 (
                     (
-                        "sum by (reason) (increase(jobwheel_scheduler_dead_letters_total[5m]))",
-                        "{{reason}}",
+                        "sum by (kind) (increase(jobwheel_scheduler_dead_letters_total[5m]))",
+                        "{{kind}}",
                     ),
                     ("sum(increase(jobwheel_scheduler_replays_total[5m]))", "replayed"),
                 ),

@@ -655,7 +655,7 @@ class SchedulerEngine:
         self, task: PartitionTask, record: Record, reason: str, out: list[_Out]
     ) -> None:
         self.stats.dead_lettered += 1
-        self.meters.dead_letter("command" if record.topic == self.topics.requests else "ack")
+        self.meters.dead_letter("request" if record.topic == self.topics.requests else "ack")
         headers = [
             (ERROR_HEADER, _cut(reason, 2000).encode()),
             (SOURCE_TOPIC_HEADER, record.topic.encode()),
@@ -745,7 +745,7 @@ class SchedulerEngine:
                 extra={"topic": record.topic, "partition": record.partition, "error": str(exc)},
             )
             self.stats.dead_lettered += 1
-            self.meters.dead_letter("too_large")
+            self.meters.dead_letter("too-large")
             self.producer.produce(
                 *_fields(
                     self._reference(

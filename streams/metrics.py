@@ -20,9 +20,9 @@ runs_total{task,state}                 counter   run events the scheduler wrote 
                                                  RETRYING, DEAD, MISSED, SKIPPED, CANCELLED)
 job_events_total{state}                counter   job events (SCHEDULED, PAUSED, COMPLETED, ...)
 rejected_total                         counter   commands and acks refused (dead-lettered)
-dead_letters_total{reason}             counter   records to the dead-letter topic: ``run``
-                                                 (attempts exhausted), ``command``, ``ack``,
-                                                 ``too_large``
+dead_letters_total{kind}               counter   records to the dead-letter topic, by the kind
+                                                 ``jobwheel dlq list --kind`` takes: ``dead-run``,
+                                                 ``request``, ``ack``, ``too-large``
 replays_total                          counter   commands replayed from the dead letters
                                                  (``jobwheel dlq replay``)
 fire_lateness_seconds                  histogram commit of a first attempt - its scheduled time
@@ -116,10 +116,10 @@ class EngineMeters:
                 key2 = (self.tasks(event.task or ""), event.state.value)
                 runs[key2] = runs.get(key2, 0) + 1
         if result.dead_runs:
-            self.dead_letter("run", len(result.dead_runs))
+            self.dead_letter("dead-run", len(result.dead_runs))
 
-    def dead_letter(self, reason: str, n: int = 1) -> None:
-        key = (reason,)
+    def dead_letter(self, kind: str, n: int = 1) -> None:
+        key = (kind,)
         self.dead_letters[key] = self.dead_letters.get(key, 0) + n
 
     def committed(self, now_ms: int, took_s: float) -> None:
@@ -243,9 +243,9 @@ class SchedulerCollector(Collector):
         yield counter(n + "rejected_total", "Commands and acks refused.", stats.rejected)
         yield counter(
             n + "dead_letters_total",
-            "Records written to the dead-letter topic, by reason.",
+            "Records written to the dead-letter topic, by kind (as jobwheel dlq list --kind).",
             meters.dead_letters,
-            ("reason",),
+            ("kind",),
         )
         yield counter(
             n + "replays_total",

@@ -120,7 +120,7 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     def settled() -> Samples | None:
         s = scrape(scheduler)
         done = value(s, "jobwheel_scheduler_job_events_total", state="COMPLETED") == 21
-        dead = value(s, "jobwheel_scheduler_dead_letters_total", reason="run") == 1
+        dead = value(s, "jobwheel_scheduler_dead_letters_total", kind="dead-run") == 1
         return s if done and dead else None
 
     s = wait_until(settled, 120, 0.5, "the workload never settled")

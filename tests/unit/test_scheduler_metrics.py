@@ -97,12 +97,12 @@ def test_an_aborted_transaction_fires_nothing():
     assert samples(SchedulerCollector(engine))[("jobwheel_scheduler_fires_total", ())] == 0
 
 
-def test_a_rejected_command_is_a_dead_letter_by_reason():
+def test_a_rejected_command_is_a_dead_letter_of_kind_request():
     engine = engine_with(Phase.READY)
     bad = Record(TOPICS.requests, 0, 0, b"k", b"\x00 not a command", None, T0)
     engine._on_request(bad, T0, [], set())
     got = samples(SchedulerCollector(engine))
-    assert got[("jobwheel_scheduler_dead_letters_total", (("reason", "command"),))] == 1
+    assert got[("jobwheel_scheduler_dead_letters_total", (("kind", "request"),))] == 1
     assert got[("jobwheel_scheduler_rejected_total", ())] == 1
 
 
