@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -384,8 +384,3 @@ def start(settings: Settings, service: str) -> MetricsServer | None:
         },
     )
     return server
-
-
-def families(registry: CollectorRegistry = REGISTRY) -> Iterator[Metric]:
-    """Every metric family of ``registry`` (for tests and the dashboard's checks)."""
-    return iter(registry.collect())
