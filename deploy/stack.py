@@ -23,6 +23,13 @@ kills what is left.
 the tail of its log) and restarted after a back-off that doubles from 1 s up to 30 s, reset
 once it has stayed up for a minute. A local stack is for development: it keeps going so the
 rest stays usable, and the log says what crashed. A broker that dies ends the stack.
+
+**Metrics and health.** Each jobwheel service gets a port of its own for ``/metrics``,
+``/health/live`` and ``/health/ready`` (``JOBWHEEL_METRICS_PORT`` in its environment): from
+``JOBWHEEL_METRICS_PORT`` of the stack (default :data:`METRICS_BASE_PORT`) upwards, in
+:data:`SERVICES` order, or a free port when one is taken. The banner prints them, and
+``<data_dir>/stack.json`` lists them while the stack runs, which is where ``jobwheel health``
+finds them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -54,6 +62,11 @@ STOP_GRACE_S = 10.0
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
+#: The first metrics port of ``jobwheel up`` when JOBWHEEL_METRICS_PORT is not set.
+METRICS_BASE_PORT = 9400
+#: What ``jobwheel up`` writes in its data dir while it runs: its pid and its services'
+#: metrics/health URLs (read by ``jobwheel health``).
+STACK_FILE = "stack.json"
 #: Lines of a traceback (or other continuation lines) shown after a service's error line.
 MAX_CONTINUATION_LINES = 40
 
@@ -81,7 +94,8 @@ class Service:
     stack's settings; ``waiting_for`` says what that time is for; ``stop_stage`` orders the
     stop (lower first, a stage at a time).
     ``shown`` are the messages of the service's INFO log lines worth a line in the terminal
-    (warnings and errors always are).
+    (warnings and errors always are). ``metrics``: a jobwheel service that serves
+    ``/metrics`` and ``/health/*`` on the port the stack gives it.
     """
 
     name: str
@@ -93,6 +107,7 @@ class Service:
     waiting_for: Callable[[Settings], str] = lambda settings: ""
     stop_stage: int = 1
     shown: frozenset[str] = frozenset()
+    metrics: bool = False
 
 
 def _worker_grace(settings: Settings) -> float:
@@ -123,6 +138,7 @@ def worker_service(tasks: str) -> Service:
         ),
         stop_stage=0,
         shown=frozenset({"worker stopping", "worker stopped"}),
+        metrics=True,
     )
 
 
@@ -133,6 +149,7 @@ SERVICES: list[Service] = [
         jobwheel("scheduler"),
         grace=_scheduler_grace,
         waiting_for=lambda s: "it commits its last transaction and leaves its group",
+        metrics=True,
     ),
     worker_service(DEMO_TASKS),
     Service(
@@ -140,6 +157,7 @@ SERVICES: list[Service] = [
         jobwheel("serve"),
         banner="status API: {settings.status_api_url} (OpenAPI at {settings.status_api_url}/docs)",
         waiting_for=lambda s: "the status sink writes what it has read",
+        metrics=True,
     ),
 ]
 
@@ -243,6 +261,9 @@ class Stack:
                 worker_service(tasks) if s.name == "worker" else s for s in self.services
             ]
         self.logs_dir = self.data_dir / "logs"
+        self.stack_file = self.data_dir / STACK_FILE
+        #: service name -> its metrics/health port (services with ``metrics`` only)
+        self.metrics_ports: dict[str, int] = {}
         self.out = out or sys.stdout
         self._out_lock = threading.Lock()
         self._running: list[_Running] = []
@@ -256,14 +277,57 @@ class Stack:
             self.out.flush()
 
     def child_env(self, service: Service) -> dict[str, str]:
-        """This process's environment, pointed at the stack's broker and data dir."""
-        return {
+        """This process's environment, pointed at the stack's broker and data dir, with its
+        own metrics port (and none for a service that serves no metrics)."""
+        env = {
             **os.environ,
             "JOBWHEEL_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
             "JOBWHEEL_DATA_DIR": str(self.data_dir),
             "PYTHONUNBUFFERED": "1",
             **service.env,
         }
+        env.pop("JOBWHEEL_METRICS_PORT", None)
+        port = self.metrics_ports.get(service.name)
+        if port is not None:
+            env["JOBWHEEL_METRICS_PORT"] = str(port)
+        return env
+
+    def metrics_url(self, name: str) -> str:
+        host = self.settings.metrics_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        return f"http://{host}:{self.metrics_ports[name]}"
+
+    def _assign_metrics_port(self, service: Service) -> None:
+        """The service's metrics port: the one it had if still free, else the next of the
+        stack's range (:data:`METRICS_BASE_PORT` or JOBWHEEL_METRICS_PORT), else any free one."""
+        if not service.metrics:
+            return
+        current = self.metrics_ports.get(service.name)
+        if current is not None and _port_free(self.settings.metrics_host, current):
+            return
+        base = self.settings.metrics_port or METRICS_BASE_PORT
+        taken = set(self.metrics_ports.values())
+        wanted = base + [s.name for s in self.services if s.metrics].index(service.name)
+        if wanted not in taken and _port_free(self.settings.metrics_host, wanted):
+            port = wanted
+        else:
+            from deploy.broker import free_port
+
+            port = free_port(self.settings.metrics_host)
+        if current is not None:
+            self._say(f"service {service.name}: metrics port {current} is taken; using {port}")
+        self.metrics_ports[service.name] = port
+
+    def _write_stack_file(self) -> None:
+        """``stack.json``: where ``jobwheel health`` finds the services' health endpoints."""
+        doc = {
+            "pid": os.getpid(),
+            "bootstrap_servers": self.settings.bootstrap_servers,
+            "services": {name: self.metrics_url(name) for name in self.metrics_ports},
+        }
+        tmp = self.stack_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(self.stack_file)
 
     def ask_again(self) -> None:
         """A stop request while stopping (a second Ctrl-C): hurry the services, then kill."""
@@ -289,6 +353,7 @@ class Stack:
                 running = _Running(service, self.logs_dir / f"{service.name}.log")
                 self._running.append(running)
                 self._spawn(running)
+            self._write_stack_file()
             self._banner()
             while not stop.wait(0.5):
                 if self.external is None and self.broker.running_pid() is None:
@@ -326,6 +391,11 @@ class Stack:
         for running in self._running:
             if running.service.banner:
                 lines.append("  " + running.service.banner.format(settings=self.settings))
+        if self.metrics_ports:
+            urls = ", ".join(
+                f"{name} {self.metrics_url(name)}/metrics" for name in self.metrics_ports
+            )
+            lines.append(f"  metrics:           {urls} (health: /health/live, /health/ready)")
         lines.append(
             "Ctrl-C stops everything (workers first: runs in flight may finish within their "
             "grace, then are handed back; Ctrl-C again to hand them back at once)."
@@ -334,6 +404,10 @@ class Stack:
 
     def _spawn(self, running: _Running) -> None:
         service = running.service
+        before = self.metrics_ports.get(service.name)
+        self._assign_metrics_port(service)
+        if before is not None and self.metrics_ports[service.name] != before:
+            self._write_stack_file()
         proc = subprocess.Popen(
             service.argv,
             env=self.child_env(service),
@@ -413,6 +487,7 @@ class Stack:
                 running.pump.join(2.0)
         if alive:
             self._say(f"services stopped: {', '.join(r.service.name for r in self._running)}")
+        self.stack_file.unlink(missing_ok=True)
         if self._owns_broker:
             self.broker.stop()
             self._say("kafka: stopped")
@@ -464,6 +539,35 @@ class Stack:
                         f"!! service {running.service.name} did not stop within "
                         f"{deadlines[id(running)] - started:.0f}s; killed"
                     )
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``host`` right now."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def read_stack_file(data_dir: Path) -> dict[str, str]:
+    """Service name -> metrics/health URL of the ``jobwheel up`` running on ``data_dir``
+    (empty when none runs: no file, or its supervisor is gone)."""
+    try:
+        doc = json.loads((data_dir / STACK_FILE).read_text())
+        services = {str(k): str(v) for k, v in dict(doc["services"]).items()}
+        pid = int(doc["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # it runs, as another user
+    except OSError:
+        return {}  # left behind by a stack that was killed
+    return services
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

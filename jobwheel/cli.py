@@ -79,20 +79,46 @@ def _run(args: argparse.Namespace) -> int:
     except (SettingsValidationError, SettingsError) as exc:
         print(f"jobwheel {args.command}: {settings_error(exc)}", file=sys.stderr)
         return 2
-    _configure_logging(args.command, args.command in SERVICES or _foreground(args), settings)
+    service = args.command in SERVICES
+    _configure_logging(args.command, service or _foreground(args), settings)
     _importable_from_here()
+    # A service's output is its JSON log: its last word is a log line too (a supervisor shows
+    # it, a log collector keeps it); a one-shot command's is one plain line.
+    json_out = service and settings.log_format == "json"
+    server = None
     try:
+        if service:  # /metrics and /health/* when JOBWHEEL_METRICS_PORT is set
+            from jobwheel import metrics
+
+            server = metrics.start(settings, args.command)
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
         return code
     except ValidationError as exc:
-        print(f"jobwheel {args.command}: invalid {exc}", file=sys.stderr)
+        _say_error(args.command, f"invalid {exc}", json_out)
         return 2
     except JobwheelError as exc:
-        print(f"jobwheel {args.command}: {exc}", file=sys.stderr)
+        _say_error(args.command, str(exc), json_out)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        if not json_out:
+            raise
+        logging.getLogger("jobwheel.cli").exception(
+            "the service crashed", extra={"command": args.command}
+        )
+        return 1
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _say_error(command: str, message: str, json_out: bool) -> None:
+    if json_out:
+        logging.getLogger("jobwheel.cli").error(message, extra={"command": command})
+    else:
+        print(f"jobwheel {command}: {message}", file=sys.stderr)
 
 
 def _foreground(args: argparse.Namespace) -> bool:

@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+#: Not written: uvicorn's copy of its message with terminal colour codes in it.
+_DROPPED = _STANDARD | {"color_message"}
 
 
 class _JsonFormatter(logging.Formatter):
@@ -22,7 +24,7 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        out.update({k: v for k, v in record.__dict__.items() if k not in _DROPPED})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
@@ -30,7 +32,7 @@ class _JsonFormatter(logging.Formatter):
 
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD)
+        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in _DROPPED)
         line = f"{record.levelname.lower():5} {record.name}: {record.getMessage()}"
         line = f"{line} {extra}" if extra else line
         if record.exc_info:

@@ -130,9 +130,21 @@ class Settings(BaseSettings):
     # Producer limits
     max_args_bytes: int = 64 * 1024
 
-    # `jobwheel health`: a scheduler partition that has not committed for this long while it
-    # has input to read or a timer overdue is reported stuck.
+    # `jobwheel health` and the scheduler's readiness: a partition that has not committed for
+    # this long while it has input to read or a timer overdue is reported stuck.
     health_stuck_after_ms: int = 30_000
+    # A service's liveness (/health/live): its loop has turned within this long (a hung loop
+    # is restarted by whoever watches the probe).
+    health_live_after_ms: int = 120_000
+    # Readiness endpoints `jobwheel health` asks besides those of a running `jobwheel up`:
+    # "name=http://host:port,..." (or bare URLs), each serving /health/ready.
+    health_urls: str = ""
+
+    # Metrics and health over HTTP (/metrics, /health/live, /health/ready) of a long-running
+    # process (scheduler, worker, serve, sink); unset: no server, nothing bound. `jobwheel up`
+    # gives each of its services a port of its own.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     # Logging
     log_level: str = "INFO"

@@ -82,7 +82,7 @@ class Scheduler:
             if event.get("msg") == "partition ready":
                 owned.add(event["partition"])
             elif event.get("msg") in ("partition revoked", "partition lost", "partition stopped"):
-                owned.discard(event["partition"])
+                owned.difference_update(event["partitions"])  # one line per rebalance
         return owned
 
     def stop(self, sig: int = signal.SIGTERM) -> None:

@@ -16,6 +16,7 @@ from types import FrameType
 
 from jobwheel.settings import Settings
 from streams.engine import SchedulerEngine
+from streams.metrics import SchedulerCollector
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,11 @@ def run_scheduler(settings: Settings) -> int:
         engine.stop()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    uninstall = SchedulerCollector(engine).install()  # served when JOBWHEEL_METRICS_PORT is set
     try:
         engine.run()
     finally:
+        uninstall()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0

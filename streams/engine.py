@@ -91,6 +91,7 @@ from streams.kafka import (
     Record,
     TransactionalProducer,
 )
+from streams.metrics import EngineMeters
 from streams.processor import Output, SchedulerProcessor
 from streams.state.directory import StateDirectory
 from streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
@@ -114,6 +115,8 @@ MAX_TRANSACTION_RECORDS = 20_000
 #: A dead-letter copy of a record larger than this carries a reference instead of the bytes.
 MAX_DEAD_LETTER_VALUE = 512 * 1024
 STATUS_LOG_INTERVAL_S = 60.0
+#: How often the loop samples its inputs' end offsets for the metrics (lag, stuck partitions).
+ENDS_SAMPLE_S = 0.5
 _EPOCH = struct.Struct(">q")
 
 
@@ -137,6 +140,7 @@ class PartitionTask:
     restore_reading: bool = False
     restore_fresh: bool = False
     restored: int = 0
+    restore_next: int = 0  # next changelog offset to restore (progress, for metrics)
     # Input positions: next offset to read, as processed (uncommitted) and as committed.
     requests_next: int | None = None
     acks_next: int | None = None
@@ -150,6 +154,10 @@ class PartitionTask:
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
+    # Health: the progress note of the open transaction, and of the last commit (or, before
+    # the first, of the moment the partition became ready).
+    pending_note: Progress | None = None
+    committed_note: Progress | None = None
 
 
 @dataclass
@@ -201,7 +209,15 @@ class SchedulerEngine:
         ).resources()
         self.changelog_topic = self.topics.changelog(settings.scheduler_app_id)
         self.stats = EngineStats()
+        self.meters = EngineMeters()
         self.tasks: dict[int, PartitionTask] = {}
+        # For the metrics server's thread, which reads these and never calls a client: the
+        # loop's last turn, whether the group has assigned anything yet, and the end offsets
+        # (requests, acks) of the held partitions as of the last fetch, sampled by the loop.
+        self.turned_at = time.monotonic()
+        self.joined = False
+        self.input_ends: dict[int, tuple[int | None, int | None]] = {}
+        self._ends_at = 0.0
         self._stop = threading.Event()
         self._instance = ""
         self._backoff_s = 0.0
@@ -252,8 +268,10 @@ class SchedulerEngine:
 
     def _connect(self) -> None:
         client = f"{self.settings.scheduler_app_id}-{self._instance}"
+        self.joined = False
         self.producer = TransactionalProducer(self.settings, client, self.changelog_topic)
         while True:
+            self.turned_at = time.monotonic()
             try:
                 self.producer.init()
                 break
@@ -274,14 +292,14 @@ class SchedulerEngine:
         try:
             if self.input is not None:
                 self.input.close()  # runs the revoke callback
-            for task in list(self.tasks.values()):
-                self._close_task(task, "stopped")
+            self._close_tasks(list(self.tasks), "stopped")
         finally:
             self._closing = False
         for client in (self.acks, self.changelog, self.producer):
             if client is not None:
                 client.close()
         self.input = self.acks = self.changelog = self.producer = None
+        self.input_ends = {}
 
     def _reset(self, reason: str) -> None:
         """Fatal producer error or fenced: drop every partition's uncommitted state, replace
@@ -290,6 +308,7 @@ class SchedulerEngine:
         self.stats.resets += 1
         log.error("dropping all partitions and rejoining the group", extra={"reason": reason})
         self._out, self._touched, self._txn_since = [], set(), None
+        self.meters.discard()
         for task in list(self.tasks.values()):
             task.state.discard()
         self._disconnect()
@@ -299,6 +318,7 @@ class SchedulerEngine:
     # --- rebalance callbacks (run inside the input consumer's poll) -------------------------
 
     def _on_assign(self, partitions: list[int]) -> None:
+        self.joined = True
         if not partitions:
             return
         warm = []
@@ -330,21 +350,26 @@ class SchedulerEngine:
 
     def _on_revoke(self, partitions: list[int]) -> None:
         self._drop_pending(partitions)
-        for p in partitions:
-            task = self.tasks.get(p)
-            if task is not None:
-                self._close_task(task, "revoked")
+        self._close_tasks(partitions, "revoked")
 
     def _on_lost(self, partitions: list[int]) -> None:
         self._drop_pending(partitions)
-        for p in partitions:
-            task = self.tasks.get(p)
-            if task is not None:
-                self._close_task(task, "lost")
+        self._close_tasks(partitions, "lost")
 
-    def _close_task(self, task: PartitionTask, why: str) -> None:
+    def _close_tasks(self, partitions: list[int], why: str) -> None:
+        """Give partitions up; one log line for the lot (one per rebalance, not per partition)."""
+        owned = []
+        for p in sorted(partitions):
+            task = self.tasks.get(p)
+            if task is not None and self._close_task(task):
+                owned.append(p)
+        if owned:
+            level = logging.WARNING if why == "lost" else logging.INFO
+            log.log(level, f"partition {why}", extra={"partitions": owned})
+
+    def _close_task(self, task: PartitionTask) -> bool:
         """Give a partition up, with whatever it had not committed (see :meth:`_drop_pending`):
-        keep it as a standby copy, or close it."""
+        keep it as a standby copy, or close it. True when it was owned (not a standby copy)."""
         if self.acks is not None:
             self.acks.unassign(task.partition)
         if self.changelog is not None:
@@ -360,15 +385,14 @@ class SchedulerEngine:
         else:
             self.tasks.pop(task.partition, None)
             task.backend.close()
-        if was_owned:
-            level = logging.WARNING if why == "lost" else logging.INFO
-            log.log(level, f"partition {why}", extra={"partition": task.partition})
+        return was_owned
 
     # --- the loop ---------------------------------------------------------------------------
 
     def step(self) -> None:
         """One iteration: poll, process, punctuate, commit (see the module doc)."""
         assert self.input is not None and self.acks is not None
+        self.turned_at = time.monotonic()
         try:
             requests = self.input.poll(self.settings.scheduler_max_batch, self._wait_s())
             acks = self.acks.poll(self.settings.scheduler_max_batch, 0)
@@ -414,6 +438,7 @@ class SchedulerEngine:
                 self._commit_pending()
         else:
             self._backoff_s = 0.0
+        self._sample_ends()
         self._maybe_log_status()
 
     def _commit_pending(self) -> None:
@@ -429,6 +454,7 @@ class SchedulerEngine:
         if gone & self._touched:
             self._out = [r for r in self._out if r.partition not in gone]
             self._touched -= gone
+            self.meters.discard(gone)
 
     def _wait_s(self) -> float:
         """How long the next poll may block: not at all while there is work to do, else until
@@ -495,6 +521,7 @@ class SchedulerEngine:
             origin = _header(record, REPLAYED_FROM_HEADER)
             if origin is not None:  # `jobwheel dlq replay`: its answer says so
                 result.status = note_replay(result.status, cmd.command_id, origin)
+                self.meters.replays += 1
             self._emit(task, result, out)
             if result.rejected is not None:
                 self._dead_letter(task, record, result.rejected, out)
@@ -580,6 +607,7 @@ class SchedulerEngine:
         t = self.topics
         enc = self.codec.encode
         p = task.partition
+        self.meters.output(p, result)
         for run in result.runs:
             out.append(_Out(t.runs, p, run.job_id.encode(), enc(run)))
         for event in result.status:
@@ -588,6 +616,17 @@ class SchedulerEngine:
             self.stats.dead_lettered += 1
             headers = [(ERROR_HEADER, _cut(reason, 2000).encode()), (KIND_HEADER, DEAD_RUN_KIND)]
             out.append(_Out(t.dead_letter, p, run.job_id.encode(), enc(run), headers))
+            log.info(
+                "run dead-lettered",
+                extra={
+                    "partition": p,
+                    "job_id": run.job_id,
+                    "run_id": run.run_id,
+                    "task": run.task,
+                    "attempt": run.attempt,
+                    "reason": _cut(reason),
+                },
+            )
 
     def _reject(
         self,
@@ -616,6 +655,7 @@ class SchedulerEngine:
         self, task: PartitionTask, record: Record, reason: str, out: list[_Out]
     ) -> None:
         self.stats.dead_lettered += 1
+        self.meters.dead_letter("request" if record.topic == self.topics.requests else "ack")
         headers = [
             (ERROR_HEADER, _cut(reason, 2000).encode()),
             (SOURCE_TOPIC_HEADER, record.topic.encode()),
@@ -656,6 +696,7 @@ class SchedulerEngine:
         assert self.producer is not None and self.input is not None
         producer = self.producer
         now = self.clock.now_ms()
+        began = time.perf_counter()
         try:
             producer.begin()
             for record in out:
@@ -675,6 +716,7 @@ class SchedulerEngine:
             return
         self.stats.transactions += 1
         self.stats.last_commit_ms = now
+        self.meters.committed(self.clock.now_ms(), time.perf_counter() - began)
         self._backoff_s = 0.0
         for task in self.tasks.values():
             if task.phase is not Phase.READY:
@@ -689,6 +731,7 @@ class SchedulerEngine:
                 task.acks_committed = task.acks_next
             task.acks_seen_committed_ms = task.acks_seen_ms
             task.reached_committed_ms = task.reached_ms
+            task.committed_note = task.pending_note
 
     def _produce(self, record: _Out) -> None:
         assert self.producer is not None
@@ -702,6 +745,7 @@ class SchedulerEngine:
                 extra={"topic": record.topic, "partition": record.partition, "error": str(exc)},
             )
             self.stats.dead_lettered += 1
+            self.meters.dead_letter("too-large")
             self.producer.produce(
                 *_fields(
                     self._reference(
@@ -723,7 +767,8 @@ class SchedulerEngine:
             if task.phase is not Phase.READY:
                 continue
             assert task.processor is not None
-            note = Progress(now, task.processor.next_due_ms(), self._instance).encode()
+            task.pending_note = Progress(now, task.processor.next_due_ms(), self._instance)
+            note = task.pending_note.encode()
             p = task.partition
             requests = task.requests_next
             if requests is None:
@@ -741,6 +786,7 @@ class SchedulerEngine:
         """The transaction cannot commit: abort it, forget its changes, read its input again."""
         assert self.producer is not None and self.input is not None and self.acks is not None
         self.stats.aborts += 1
+        self.meters.discard()
         self._backoff_s = min(max(self._backoff_s * 2, 0.1), 5.0)
         log.warning(
             "transaction aborted; processing the batch again",
@@ -818,9 +864,13 @@ class SchedulerEngine:
                 return  # the standby copies are up to date
             for p, batch in by_partition.items():
                 task = reading[p]
-                task.restored += apply_batch(
+                applied = apply_batch(
                     task.backend, batch, batch[-1][0] + 1, fresh=task.restore_fresh
                 )
+                task.restored += applied
+                task.restore_next = batch[-1][0] + 1
+                self.meters.restored_records += applied
+            self.turned_at = time.monotonic()  # a long restore is the loop at work, not hung
 
     def _start_restore(self, task: PartitionTask) -> None:
         """Measure what is left to read, and read it: from the local checkpoint (or from the
@@ -840,6 +890,7 @@ class SchedulerEngine:
             plan = plan_restore(task.backend, low, high)
             plan_start, fresh = plan.start, plan.fresh
         task.restore_end = high
+        task.restore_next = plan_start
         task.restore_fresh = fresh
         task.restore_reading = True
         if plan_start < high or task.phase is Phase.STANDBY:
@@ -878,14 +929,17 @@ class SchedulerEngine:
         task.acks_committed = acks if acks >= 0 else None
         self.acks.assign(p, acks if acks >= 0 else NO_OFFSET)
         self.input.resume(p)
+        task.committed_note = Progress(self.clock.now_ms(), task.processor.next_due_ms(), "")
         task.phase = Phase.READY
+        restore_s = time.monotonic() - task.restore_started
+        self.meters.restore.observe(restore_s * 1000)
         log.info(
             "partition ready",
             extra={
                 "partition": p,
                 "fencing_token": task.epoch,
                 "restored_records": task.restored,
-                "restore_s": round(time.monotonic() - task.restore_started, 3),
+                "restore_s": round(restore_s, 3),
                 "next_due_ms": task.processor.next_due_ms(),
             },
         )
@@ -915,6 +969,21 @@ class SchedulerEngine:
                 behind.append(max(0, end - pos) if end is not None and pos is not None else 0)
             out[task.partition] = (behind[0], behind[1])
         return out
+
+    def _sample_ends(self) -> None:
+        """Every :data:`ENDS_SAMPLE_S`, the held partitions' input end offsets as of the last
+        fetch, for the metrics server's thread (lag, stuck partitions). That thread must not
+        call a consumer itself: a confluent-kafka consumer blocks other threads' calls while
+        one of them polls it."""
+        now = time.monotonic()
+        if now - self._ends_at < ENDS_SAMPLE_S or self.input is None or self.acks is None:
+            return
+        self._ends_at = now
+        self.input_ends = {
+            p: (self.input.cached_end(p), self.acks.cached_end(p))
+            for p, t in self.tasks.items()
+            if t.phase is not Phase.STANDBY
+        }
 
     def _maybe_log_status(self) -> None:
         """Every minute, when there is something to tell (work done, input waiting, a restore

@@ -131,6 +131,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "health",
         help="check broker, schedulers, workers and the status service; exit 0 if all answer",
+        description="Check Kafka, the scheduler and worker groups, every scheduler partition "
+        "(stuck: no commit for JOBWHEEL_HEALTH_STUCK_AFTER_MS with work waiting), the status "
+        "API, and the readiness (/health/ready) of each process it can find: the services of "
+        "a running `jobwheel up` (its stack.json in the data dir) and JOBWHEEL_HEALTH_URLS "
+        "(name=http://host:port,...). Exit 0 when all are fine, 1 naming what is not.",
     )
     p.add_argument("--timeout", type=float, default=5.0, help="per check, seconds (5)")
     p.add_argument("--json", action="store_true")
@@ -700,7 +705,7 @@ def health(args: argparse.Namespace) -> int:
         else:
             print(f"FAIL  {'broker':<10}  {detail}")
         return 1
-    checks = [
+    checks: list[tuple[str, Any]] = [
         ("broker", lambda: _check_broker(settings, args.timeout)),
         (
             "schedulers",
@@ -710,9 +715,13 @@ def health(args: argparse.Namespace) -> int:
         ("workers", lambda: _check_group(settings, settings.worker_group, args.timeout)),
         ("status", lambda: _check_api(settings, args.timeout)),
     ]
+    over_http = {"status"}
+    for name, url in health_endpoints(settings).items():
+        over_http.add(f"ready:{name}")
+        checks.append((f"ready:{name}", lambda url=url: _check_ready(url, args.timeout)))
     results = []
     for name, check in checks:
-        if results and not results[0]["ok"] and name != "status":
+        if results and not results[0]["ok"] and name not in over_http:
             continue  # the broker does not answer: asking it again only waits longer
         try:
             ok, detail = check()
@@ -722,9 +731,50 @@ def health(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"ok": all(r["ok"] for r in results), "checks": results})
     else:
+        width = max(10, *(len(r["check"]) for r in results))
         for r in results:
-            print(f"{'ok  ' if r['ok'] else 'FAIL'}  {r['check']:<10}  {r['detail']}")
+            print(f"{'ok  ' if r['ok'] else 'FAIL'}  {r['check']:<{width}}  {r['detail']}")
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def health_endpoints(settings: Settings) -> dict[str, str]:
+    """Name -> base URL of the processes whose /health/ready ``jobwheel health`` asks: the
+    services of the ``jobwheel up`` running on this data dir, then JOBWHEEL_HEALTH_URLS
+    (``name=http://host:port`` or a bare URL, named by its host:port, comma separated)."""
+    from deploy.stack import read_stack_file
+
+    found = read_stack_file(settings.data_dir)
+    for item in settings.health_urls.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        if not sep or "://" in name:
+            name, url = urllib.parse.urlsplit(item).netloc or item, item
+        found[name.strip()] = url.strip().rstrip("/")
+    return found
+
+
+def _check_ready(base: str, timeout_s: float) -> tuple[bool, str]:
+    """One process's readiness: ok, or the checks that fail, in its own words."""
+    url = f"{base}/health/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - configured
+            code, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        code, raw = exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"{url} does not answer ({reason}); is the process running?"
+    try:
+        report = json.loads(raw)
+        failing = [c for c in report["checks"] if not c["ok"]]
+    except (ValueError, KeyError, TypeError):
+        return False, f"{url} answered {code} without a health report: {raw[:200]!r}"
+    if code == 200 and not failing:
+        return True, f"{base}: ready"
+    what = "; ".join(f"{c['check']}: {c['detail']}" for c in failing) or f"HTTP {code}"
+    return False, f"{base}: not ready: {what}"
 
 
 def _one_line(exc: Exception) -> str:

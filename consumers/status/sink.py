@@ -43,6 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from consumers.status.metrics import SinkCollector, SinkMeters
 from consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
 from jobwheel.errors import BrokerError, SchemaDecodeError, StoreError
 from schemas.codec import Codec, default_codec
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 5.0
 _SWITCH_INTERVAL_S = 0.0005
+#: How often the consumer thread samples its partitions' lag for the metrics.
+_LAG_SAMPLE_S = 0.5
 
 
 @dataclass
@@ -269,6 +272,10 @@ class StatusSink:
         self._abandoned = False  # an insert gave up: commit nothing more in this run
         self._owned: set[tuple[str, int]] = set()
         self._rows = EventRows(self.codec)
+        # Metrics and health (jobwheel_sink_*, served when JOBWHEEL_METRICS_PORT is set).
+        self.meters = SinkMeters()
+        self.joined = False
+        self._lag_at = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -302,6 +309,7 @@ class StatusSink:
             on_lost=self._on_lost,
         )
         self.stats.running = True
+        uninstall = SinkCollector(self).install()
         log.info(
             "status sink started",
             extra={"topics": list(self.sources), "group": self.settings.status_group},
@@ -311,6 +319,7 @@ class StatusSink:
                 self._poll_once(consumer)
             self._flush(consumer)
         finally:
+            uninstall()
             self.stats.running = False
             self._inserter.shutdown(wait=True)
             try:
@@ -346,6 +355,9 @@ class StatusSink:
         messages = consumer.consume(num_messages=min(room, 10_000), timeout=min(wait_s, 1.0))
         for message in messages:
             self._add(message)
+        if time.monotonic() - self._lag_at >= _LAG_SAMPLE_S:
+            self._lag_at = time.monotonic()
+            self.meters.lag = _lag(consumer)
         if not self._batch:
             return
         full = len(self._batch.rows) >= self.batch_size
@@ -421,13 +433,16 @@ class StatusSink:
         backoff = 0.2
         while True:
             try:
+                began = time.perf_counter()
                 self.store.insert_events(batch.rows, dedup_token=batch.token())
+                self.meters.inserted(len(batch.rows), time.perf_counter() - began)
                 self.stats.inserted += len(batch.rows)
                 self.stats.batches += 1
                 self.stats.last_insert_ms = time.time_ns() // 1_000_000
                 return True
             except StoreError as exc:
                 self.stats.insert_failures += 1
+                self.meters.failed()
                 self.stats.last_error = str(exc)[:500]
                 log.error(
                     "status insert failed; retrying, offsets not committed",
@@ -469,6 +484,7 @@ class StatusSink:
     # --- rebalance ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.joined = True
         self._owned |= {(tp.topic, tp.partition) for tp in partitions}
         self.stats.assigned = sorted({p for _, p in self._owned})
         log.info("status partitions assigned", extra={"partitions": self.stats.assigned})
@@ -483,3 +499,19 @@ class StatusSink:
         self._flush(consumer, lost=lost)
         self._owned -= lost
         self.stats.assigned = sorted({p for _, p in self._owned})
+
+
+def _lag(consumer: Consumer) -> dict[tuple[str, int], int]:
+    """Per assigned partition, records not fetched yet (end offset as of the last fetch
+    response minus the position; no request to the broker)."""
+    from confluent_kafka import KafkaException
+
+    out: dict[tuple[str, int], int] = {}
+    try:
+        for tp in consumer.position(consumer.assignment()):
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            known = high >= 0 and tp.offset >= 0
+            out[(tp.topic, tp.partition)] = max(0, high - tp.offset) if known else 0
+    except KafkaException as exc:
+        log.debug("lag not sampled", extra={"error": str(exc)})
+    return out

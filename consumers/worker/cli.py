@@ -65,6 +65,7 @@ def load_tasks(modules: str) -> None:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from consumers.worker.metrics import WorkerCollector
     from consumers.worker.pool import WorkerPool
     from consumers.worker.registry import default_registry
     from jobwheel.settings import get_settings
@@ -73,7 +74,11 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
     load_tasks(args.tasks)
     pool = WorkerPool(get_settings(), default_registry, concurrency=args.concurrency)
-    asyncio.run(_serve(pool))
+    uninstall = WorkerCollector(pool).install()  # served when JOBWHEEL_METRICS_PORT is set
+    try:
+        asyncio.run(_serve(pool))
+    finally:
+        uninstall()
     if pool.busy_threads:
         # Sync task functions still running cannot be stopped, and the interpreter would wait
         # for them at exit. Their runs were handed back already, so leave without them.

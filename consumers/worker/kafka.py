@@ -164,6 +164,21 @@ class RunsConsumer:
     def assignment(self) -> list[int]:
         return [tp.partition for tp in self._consumer.assignment() if tp.topic == self.topic]
 
+    def lag(self) -> dict[int, int]:
+        """Per assigned partition, records not fetched yet: the end offset as of the last
+        fetch response minus the position (no request to the broker). A partition not
+        fetched yet counts 0."""
+        out: dict[int, int] = {}
+        try:
+            assigned = [tp for tp in self._consumer.assignment() if tp.topic == self.topic]
+            for tp in self._consumer.position(assigned):
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                known = high >= 0 and tp.offset >= 0
+                out[tp.partition] = max(0, high - tp.offset) if known else 0
+        except KafkaException as exc:
+            log.debug("lag not sampled", extra={"error": str(exc)})
+        return out
+
     def close(self) -> None:
         """Leave the group now (the revoke callback runs first), so partitions move at once."""
         if self._closed:

@@ -34,9 +34,11 @@ class Middleware:
 class LoggingMiddleware(Middleware):
     """One structured line per state change: the trail operators grep by run_id.
 
-    Started and succeeded runs are logged at DEBUG (``JOBWHEEL_LOG_LEVEL=DEBUG`` for the full
-    trail): two JSON lines per run cost more CPU than running a small task, and the status
-    store has every event anyway. Failures and skips stay at WARNING and INFO.
+    Every per-run line is at DEBUG (``JOBWHEEL_LOG_LEVEL=DEBUG`` for the full trail): a line
+    per run costs more CPU than running a small task, a flaky task would flood the log (and
+    the terminal of ``jobwheel up``), and the status store has every event anyway. What an
+    operator watches is counted instead (``jobwheel_worker_runs_total{task,state}``), and a
+    run that fails for good is one INFO line of the scheduler's ("run dead-lettered").
     """
 
     def before_process(self, run: Run) -> None:
@@ -53,7 +55,7 @@ class LoggingMiddleware(Middleware):
         )
 
     def after_process(self, run: Run, outcome: Outcome) -> None:
-        if outcome.state is State.SUCCEEDED and not log.isEnabledFor(logging.DEBUG):
+        if not log.isEnabledFor(logging.DEBUG):
             return
         extra = {
             "run_id": run.run_id,
@@ -68,10 +70,12 @@ class LoggingMiddleware(Middleware):
             extra.update(
                 error=outcome.error, reason=outcome.reason, retry_delay_ms=outcome.retry_delay_ms
             )
-            log.warning("run failed", extra=extra)
+            log.debug("run failed", extra=extra)
 
     def after_skip(self, run: Run, state: State | None, reason: str) -> None:
-        log.info(
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        log.debug(
             "run skipped",
             extra={
                 "run_id": run.run_id,

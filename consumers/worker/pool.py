@@ -82,6 +82,7 @@ from typing import Any, TypeVar
 from consumers.worker.context import RunContext, reset_context, set_context
 from consumers.worker.executor import Executor, Outcome, Prepared, format_error
 from consumers.worker.kafka import Record, RunsConsumer, StatusProducer
+from consumers.worker.metrics import WorkerMeters
 from consumers.worker.middleware import Middleware, default_middleware
 from consumers.worker.registry import TaskRegistry, default_registry
 from consumers.worker.tracking import LatestAttempts, OffsetTracker
@@ -101,6 +102,8 @@ FETCH_BATCH = 500
 SWEEP_INTERVAL_S = 0.05
 FULL_WAIT_S = 1.0
 HAND_BACK_TIMEOUT_S = 10.0
+#: How often the consumer thread samples its partitions' lag for the metrics.
+LAG_SAMPLE_S = 0.5
 _MAX_REDELIVERY_DELAY_S = 5.0
 
 #: An encoded acks record: topic, key, value, headers.
@@ -211,6 +214,14 @@ class WorkerPool:
         self._consumer: RunsConsumer | None = None
         self._producer: StatusProducer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # For metrics and health (read by the metrics server's thread, never waited on):
+        # verdicts counted on the loop, the loop's last turn, whether the group has assigned
+        # anything yet, and the lag per assigned partition sampled by the consumer thread.
+        self.meters = WorkerMeters()
+        self.turned_at = time.monotonic()
+        self.joined = False
+        self.lag: dict[int, int] = {}
+        self._lag_at = 0.0
 
     # --- public ---------------------------------------------------------------------------
 
@@ -219,6 +230,25 @@ class WorkerPool:
         if self._stop_requested.is_set():
             self._hurry.set()
         self._stop_requested.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    @property
+    def partitions(self) -> list[int]:
+        """The runs partitions assigned to this worker now."""
+        return sorted(list(self._trackers))  # list(): one atomic copy of the keys
+
+    @property
+    def inflight(self) -> int:
+        """Runs executing now."""
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        """Runs fetched and waiting for a free slot."""
+        return len(self._backlog)
 
     @property
     def busy_threads(self) -> int:
@@ -270,6 +300,7 @@ class WorkerPool:
         return await self._loop.run_in_executor(self._kafka_thread, lambda: fn(*args))
 
     def _on_assign(self, partitions: list[int]) -> None:
+        self.joined = True
         with self._lock:
             for p in partitions:
                 self._trackers[p] = OffsetTracker(p)
@@ -333,6 +364,9 @@ class WorkerPool:
         if now - self._last_commit >= self._commit_interval_s:
             self._last_commit = now
             self._commit(asynchronous=True)
+        if now - self._lag_at >= LAG_SAMPLE_S:
+            self._lag_at = now
+            self.lag = self._consumer.lag()
         # Take what is there without waiting; with nothing there, wait for the first record
         # only (a batch call would hold early records back until the batch fills or times
         # out), no longer than until the next commit is due.
@@ -531,6 +565,13 @@ class WorkerPool:
             return
         ex.outcome = outcome
         self._active.discard(ex)
+        self.meters.verdict(
+            ex.run.task,
+            outcome.state.value,
+            outcome.duration_ms if ex.started_ms is not None else None,
+        )
+        if outcome.reason == HANDBACK_REASON:
+            self.meters.handed_back += 1
         if ex.holds_slot and (outcome.lingering is None or self._draining):
             ex.holds_slot = False
             self._running -= 1
@@ -613,6 +654,7 @@ class WorkerPool:
         """A STALE event; the offsets are done once the broker has it."""
         assert self._producer is not None
         record = self._record(self._event(run, State.STALE, reason=reason), run)
+        self.meters.verdict(run.task, State.STALE.value)
         ex = _Execution(run, offsets)  # only for the delivery bookkeeping
         ex.outcome = Outcome(State.STALE, 0, reason=reason)
         self._send_verdict(ex, record)
@@ -637,6 +679,7 @@ class WorkerPool:
         third of the visibility timeout, sync tasks over their time limit. One timer for all
         runs instead of timers per run."""
         now = time.monotonic()
+        self.turned_at = now
         for ex in list(self._active):
             if ex.outcome is not None:
                 continue

@@ -148,6 +148,10 @@ def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, 
     assert f"{job_id}@" in sql.stdout and "SUCCEEDED" in sql.stdout
     health = cli("health")
     assert health.returncode == 0, health.stdout + health.stderr
+    # ... and it asked every service's readiness, found through the running stack
+    for service in ("scheduler", "worker", "api"):
+        assert f"ok    ready:{service}" in health.stdout, health.stdout
+    assert "  metrics:           scheduler http://127.0.0.1:" in log.read_text()
 
     # Quiet: the services' start-up chatter and librdkafka's lines are in their log files.
     terminal = log.read_text()

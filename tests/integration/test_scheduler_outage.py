@@ -1,9 +1,13 @@
 """A broker outage longer than a transaction's timeout, mid-stream, on a broker of the test's own
 (the session's broker is shared): afterwards every job runs, none is lost, and every partition
-dispatches again without restarting anything."""
+dispatches again without restarting anything. Meanwhile the scheduler's readiness says Kafka is
+unreachable, and its liveness does not ask for a restart that would not help."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -57,7 +61,21 @@ def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, c
     ensure_topics(settings)
     env = settings_env(settings)
     start_worker(procs, env, tmp_path / "worker.log")
-    scheduler = start_scheduler(procs, env, tmp_path / "s")
+    metrics = f"http://127.0.0.1:{free_port()}"
+    scheduler = start_scheduler(
+        procs, env, tmp_path / "s", extra_env={"JOBWHEEL_METRICS_PORT": metrics.rsplit(":", 1)[1]}
+    )
+
+    def health(kind: str) -> tuple[int, dict[str, str]]:
+        """The scheduler's /health/<kind>: status and the failing checks' details."""
+        try:
+            with urllib.request.urlopen(f"{metrics}/health/{kind}", timeout=10) as resp:
+                code, body = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            code, body = exc.code, exc.read()
+        failing = {c["check"]: c["detail"] for c in json.loads(body)["checks"] if not c["ok"]}
+        return code, failing
+
     tail = TopicTail(settings)
     try:
         start = now_ms() + 2000
@@ -73,11 +91,21 @@ def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, c
             job_ids = client.schedule_many(jobs)
         wait_until(lambda: len(tail.events(state=State.SUCCEEDED)) >= 20, 30, 0.2, "no runs")
 
+        assert health("ready")[0] == 200
         own_broker.stop()
         stopped_at = now_ms()
+        code, failing = wait_until(
+            lambda: (h := health("ready"))[0] == 503 and "kafka" in h[1] and h,
+            30,
+            0.5,
+            "readiness never said Kafka is unreachable",
+        )
+        assert failing["kafka"].startswith(f"cannot reach Kafka at {own_broker.bootstrap}")
         wait_until(lambda: now_ms() - stopped_at >= OUTAGE_S * 1000, OUTAGE_S + 5, 1.0)
+        assert health("live")[0] == 200, health("live")  # a restart would not bring Kafka back
         own_broker.start()
         restarted_at = now_ms()
+        wait_until(lambda: health("ready")[0] == 200, 150, 1.0, "never ready after the outage")
 
         wait_until(
             lambda: set(job_ids) <= {e.job_id for e in tail.events(state=State.SUCCEEDED)},

@@ -63,6 +63,26 @@ def test_a_service_gets_the_same_one_line(tmp_path: Path) -> None:
     ]
 
 
+def test_a_running_service_says_its_last_word_as_a_json_log_line(tmp_path: Path) -> None:
+    """Once its logging is set up, a service writes nothing but JSON lines, its fatal error
+    included (a supervisor shows it, a log collector keeps it); in the text format it is the
+    plain line of every other command."""
+    import json
+
+    result = run("worker", "--tasks", "no_such_module", JOBWHEEL_DATA_DIR=str(tmp_path))
+    assert result.returncode == 1
+    records = [json.loads(line) for line in result.stderr.splitlines()]  # JSON, or it fails
+    assert records[-1]["level"] == "error" and records[-1]["command"] == "worker"
+    assert "cannot import module 'no_such_module'" in records[-1]["msg"]
+    text = run(
+        "worker", "--tasks", "no_such_module", JOBWHEEL_DATA_DIR=str(tmp_path),
+        JOBWHEEL_LOG_FORMAT="text",
+    )  # fmt: skip
+    assert text.returncode == 1
+    (line,) = text.stderr.splitlines()
+    assert line.startswith("jobwheel worker: --tasks: cannot import module 'no_such_module'")
+
+
 def test_output_cut_short_by_its_reader_ends_quietly() -> None:
     """`jobwheel ... | head -1`: the reader goes away, the command stops without a traceback."""
     proc = subprocess.Popen(

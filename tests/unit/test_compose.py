@@ -80,7 +80,7 @@ def test_compose_defines_the_whole_stack():
     result = _compose("config", "--services")
     assert result.returncode == 0, result.stderr
     services = set(result.stdout.split())
-    assert services == {"kafka", "clickhouse", "grafana"} | JOBWHEEL_SERVICES
+    assert services == {"kafka", "clickhouse", "prometheus", "grafana"} | JOBWHEEL_SERVICES
 
 
 def _commands() -> dict[str, list[str]]:
@@ -114,7 +114,7 @@ def test_the_stack_refuses_to_start_without_its_secrets():
 def test_ports_are_published_on_loopback_only():
     ports = re.findall(r"^\s+- \"?([^\"\s]+)\"?$", COMPOSE_FILE.read_text(), re.MULTILINE)
     published = [p for p in ports if re.fullmatch(r"[0-9.:]+", p)]
-    assert len(published) == 4, published
+    assert len(published) == 5, published
     assert all(p.startswith("127.0.0.1:") for p in published), published
 
 
@@ -163,3 +163,45 @@ def test_services_reach_kafka_and_clickhouse_by_service_name():
     assert "JOBWHEEL_BOOTSTRAP_SERVERS: kafka:9092" in text
     assert "JOBWHEEL_CLICKHOUSE_URL: http://clickhouse:8123" in text
     assert "image: apache/kafka:4.1.1" in text
+
+
+#: The services that run until stopped (the others are one-shot commands).
+LONG_RUNNING = {"scheduler", "worker", "sink", "api"}
+
+
+def test_prometheus_scrapes_every_long_running_service_where_it_serves_metrics():
+    """Each long-running service serves /metrics on JOBWHEEL_METRICS_PORT on every interface
+    of its container, checks its readiness there, and Prometheus scrapes each of them, every
+    replica (DNS discovery of the service name), on that port."""
+    services = _services()
+    for name in LONG_RUNNING:
+        block = services[name]
+        assert "JOBWHEEL_METRICS_PORT: '9400'" in block or 'JOBWHEEL_METRICS_PORT: "9400"' in (
+            block
+        ), name
+        assert "JOBWHEEL_METRICS_HOST: 0.0.0.0" in block, name
+        assert "http://127.0.0.1:9400/health/ready" in block, name
+    config = (COMPOSE_FILE.parent / "prometheus" / "prometheus.yml").read_text()
+    jobs = re.split(r"^  - job_name: ", config, flags=re.MULTILINE)[1:]
+    scraped = {}
+    for job in jobs:  # the file's own simple layout (no YAML parser among the dependencies)
+        name = job.split()[0]
+        names = re.findall(r"^ +- names: \[(.*)\]$", job, re.MULTILINE)
+        ports = re.findall(r"^ +port: (\d+)$", job, re.MULTILINE)
+        scraped[name] = (names, ports)
+    assert scraped == {name: ([name], ["9400"]) for name in LONG_RUNNING}
+    mounted = f"{COMPOSE_FILE.parent}/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro"
+    assert mounted in services["prometheus"]  # the resolved config names the absolute path
+
+
+def test_grafana_provisions_both_dashboards_and_their_datasources():
+    from consumers.status import queries
+    from deploy import grafana
+
+    provisioning = COMPOSE_FILE.parent / "grafana" / "provisioning" / "datasources"
+    prometheus = (provisioning / "prometheus.yaml").read_text()
+    assert f"uid: {grafana.DATASOURCE['uid']}" in prometheus
+    assert "url: http://prometheus:9090" in prometheus
+    dashboards = COMPOSE_FILE.parent / "grafana" / "dashboards"
+    uids = {json.loads(p.read_text())["uid"] for p in dashboards.glob("*.json")}
+    assert uids == {queries.grafana_dashboard()["uid"], grafana.dashboard()["uid"]}

@@ -153,3 +153,47 @@ def test_bad_records_are_logged_with_the_reason(caplog: pytest.LogCaptureFixture
     assert "no value" in reasons[1]
     assert "attempt" in reasons[2] and "range" in reasons[2]
     assert "Run" in reasons[3]
+
+
+def test_failing_inserts_make_the_sink_unready_until_one_succeeds() -> None:
+    """Readiness follows the inserts: the API's data gets older while ClickHouse refuses
+    them; the metrics count the failure and, once through, the batch and its latency."""
+    from prometheus_client import CollectorRegistry
+
+    from consumers.status.metrics import SinkCollector
+    from consumers.status.sink import _Batch
+    from jobwheel.errors import StoreError
+
+    class FlakyStore:
+        """Refuses the first insert; on the retry, records what readiness said meanwhile."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+            self.readiness_on_retry: tuple[bool, str] | None = None
+
+        def insert_events(self, rows: list[list[Any]], dedup_token: str) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise StoreError("ClickHouse is down")
+            self.readiness_on_retry = collector._ready()
+
+    store = FlakyStore()
+    sink = StatusSink(SETTINGS, store=store)  # type: ignore[arg-type]
+    collector = SinkCollector(sink)
+    sink.stats.running, sink.joined = True, True
+    assert collector._ready()[0]
+    batch = _Batch()
+    batch.rows = [["row"]] * 3
+    batch.add_offset(TOPICS[0], 0, 7)
+    assert sink._insert(batch)  # fails once, retries after 0.2 s, then goes through
+    assert store.calls == 2 and store.readiness_on_retry is not None
+    ok, detail = store.readiness_on_retry
+    assert not ok and "inserts into ClickHouse have failed" in detail and "is down" in detail
+    assert collector._ready()[0]
+    registry = CollectorRegistry()
+    registry.register(collector)
+    got = {s.name: s.value for f in registry.collect() for s in f.samples if not s.labels}
+    assert got["jobwheel_sink_insert_failures_total"] == 1
+    assert got["jobwheel_sink_rows_total"] == 3
+    assert got["jobwheel_sink_batch_rows_count"] == 1 and got["jobwheel_sink_batch_rows_sum"] == 3
+    assert got["jobwheel_sink_insert_seconds_count"] == 1

@@ -69,3 +69,50 @@ def test_up_tasks_replace_the_workers_modules(tmp_path) -> None:
     assert worker.argv[-2:] == ("--tasks", "consumers.demo,my_tasks")
     assert worker.stop_stage == 0
     assert [s.name for s in stack.services] == [s.name for s in SERVICES]
+
+
+def test_each_jobwheel_service_gets_its_own_metrics_port_and_health_finds_them(
+    tmp_path, monkeypatch
+) -> None:
+    """Ports from JOBWHEEL_METRICS_PORT upwards (a taken one is skipped), in each service's
+    environment only; a service that serves none gets none; `jobwheel health` reads them from
+    stack.json while the stack's supervisor runs."""
+    import socket
+    import subprocess
+
+    from consumers.status.cli import health_endpoints
+    from deploy.broker import free_port
+    from deploy.stack import Service, Stack, read_stack_file
+    from jobwheel.settings import Settings
+
+    base = free_port()
+    with socket.socket() as taken:  # the second port of the range is in use
+        taken.bind(("127.0.0.1", base + 1))
+        taken.listen()
+        monkeypatch.setenv("JOBWHEEL_METRICS_PORT", "1")  # inherited, never passed on as is
+        settings = Settings(data_dir=tmp_path, metrics_port=base)  # type: ignore[call-arg]
+        other = Service("other", ("true",))
+        stack = Stack(settings, services=[*SERVICES, other])
+        for service in stack.services:
+            stack._assign_metrics_port(service)
+    ports = stack.metrics_ports
+    assert set(ports) == {s.name for s in SERVICES}
+    assert ports["scheduler"] == base and ports["worker"] != base + 1
+    assert len(set(ports.values())) == len(ports)
+    by_name = {s.name: s for s in stack.services}
+    assert stack.child_env(by_name["worker"])["JOBWHEEL_METRICS_PORT"] == str(ports["worker"])
+    assert "JOBWHEEL_METRICS_PORT" not in stack.child_env(other)
+
+    stack._write_stack_file()
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    assert read_stack_file(tmp_path) == urls
+    monkeypatch.delenv("JOBWHEEL_METRICS_PORT")
+    extra = "x=http://h:1/,http://h2:2"
+    found = health_endpoints(Settings(data_dir=tmp_path, health_urls=extra))  # type: ignore[call-arg]
+    assert found == {**urls, "x": "http://h:1", "h2:2": "http://h2:2"}
+    # a stack.json left by a supervisor that is gone names nothing
+    doc = json.loads((tmp_path / "stack.json").read_text())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "stack.json").write_text(json.dumps({**doc, "pid": gone.pid}))
+    assert read_stack_file(tmp_path) == {}

@@ -1,0 +1,364 @@
+"""The scheduler's metrics and health checks (served by :mod:`jobwheel.metrics`).
+
+The engine keeps its counters where it already works (:class:`~streams.engine.EngineStats`,
+and :class:`EngineMeters` here for what needs labels or a histogram); everything else is read
+when Prometheus scrapes, by :class:`SchedulerCollector`: partitions and their phase, restore
+progress, consumer lag, the age of each partition's last commit. What the hot path pays per
+job is a few dictionary additions and, per run, one tuple appended (its lateness is measured
+when its transaction commits, i.e. when workers can see it).
+
+Names (all ``jobwheel_scheduler_*``; seconds and ``_total`` as Prometheus wants them):
+
+====================================== ========= ============================================
+name                                   type      what
+====================================== ========= ============================================
+commands_total                         counter   commands applied (``kind`` is not split)
+acks_total                             counter   worker acknowledgements applied
+fires_total                            counter   runs dispatched as first attempts, committed
+retries_total                          counter   runs dispatched again (attempt > 1)
+runs_total{task,state}                 counter   run events the scheduler wrote (DISPATCHED,
+                                                 RETRYING, DEAD, MISSED, SKIPPED, CANCELLED)
+job_events_total{state}                counter   job events (SCHEDULED, PAUSED, COMPLETED, ...)
+rejected_total                         counter   commands and acks refused (dead-lettered)
+dead_letters_total{kind}               counter   records to the dead-letter topic, by the kind
+                                                 ``jobwheel dlq list --kind`` takes: ``dead-run``,
+                                                 ``request``, ``ack``, ``too-large``
+replays_total                          counter   commands replayed from the dead letters
+                                                 (``jobwheel dlq replay``)
+fire_lateness_seconds                  histogram commit of a first attempt - its scheduled time
+transactions_total                     counter   transactions committed
+transaction_aborts_total               counter   transactions aborted (batch processed again)
+resets_total                           counter   fenced or fatal: every partition dropped
+commit_seconds                         histogram one transaction, begin to committed
+last_commit_timestamp_seconds          gauge     wall clock of the last commit
+partitions{phase}                      gauge     partitions held: ready, restoring, standby
+partition_phase{partition,phase}       gauge     1 per partition held, by phase
+restore_remaining_records{partition}   gauge     changelog offsets left to restore
+restored_records_total                 counter   changelog records applied by restores
+restore_seconds                        histogram assignment to ready, per partition
+lag_records{topic,partition}           gauge     requests/acks records not yet read
+partition_commit_age_seconds{partition} gauge    since the partition's last commit (ready ones)
+stuck_partitions                       gauge     partitions with work waiting and no commit
+                                                 for JOBWHEEL_HEALTH_STUCK_AFTER_MS
+====================================== ========= ============================================
+
+Readiness (``/health/ready``) is false while the process is not connected, while any
+partition it owns is restoring, and while a partition is stuck (the rule of
+:func:`schemas.progress.stuck_reason`, applied to what this process knows first-hand);
+liveness is false when the loop has not turned for ``JOBWHEEL_HEALTH_LIVE_AFTER_MS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from jobwheel.metrics import (
+    Check,
+    Collector,
+    Histogram,
+    LabelLimiter,
+    counter,
+    gauge,
+    histogram,
+    loop_check,
+)
+from schemas.progress import stuck_reason
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+    from streams.engine import SchedulerEngine
+    from streams.processor import Output
+
+PREFIX = "jobwheel_scheduler_"
+#: Fire lateness bounds in milliseconds (exposed in seconds): the target is p99 < 100 ms and
+#: never more than 2 s, so the buckets are fine below a second.
+LATENESS_MS = (5, 10, 25, 50, 75, 100, 150, 250, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000)
+COMMIT_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
+RESTORE_MS = (100, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000, 900_000)
+MS = 0.001
+
+
+@dataclass
+class EngineMeters:
+    """What the engine counts for metrics, on its own thread (one writer, no lock)."""
+
+    runs: dict[tuple[str, str], int] = field(default_factory=dict)
+    job_events: dict[tuple[str], int] = field(default_factory=dict)
+    dead_letters: dict[tuple[str], int] = field(default_factory=dict)
+    fires: int = 0
+    retries: int = 0
+    replays: int = 0
+    restored_records: int = 0
+    lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_MS))
+    commit: Histogram = field(default_factory=lambda: Histogram(COMMIT_MS))
+    restore: Histogram = field(default_factory=lambda: Histogram(RESTORE_MS))
+    tasks: LabelLimiter = field(default_factory=LabelLimiter)
+    #: ``(partition, scheduled ms)`` of the first attempts in the open transaction.
+    pending: list[tuple[int, int]] = field(default_factory=list)
+
+    def output(self, partition: int, result: Output) -> None:
+        """Count one processor output (runs, status events, dead runs)."""
+        for run in result.runs:
+            if run.attempt <= 1:
+                self.pending.append((partition, run.scheduled_time_ms))
+            else:
+                self.retries += 1
+        runs, jobs = self.runs, self.job_events
+        for event in result.status:
+            if event.run_id is None:
+                key1 = (event.state.value,)
+                jobs[key1] = jobs.get(key1, 0) + 1
+            else:
+                key2 = (self.tasks(event.task or ""), event.state.value)
+                runs[key2] = runs.get(key2, 0) + 1
+        if result.dead_runs:
+            self.dead_letter("dead-run", len(result.dead_runs))
+
+    def dead_letter(self, kind: str, n: int = 1) -> None:
+        key = (kind,)
+        self.dead_letters[key] = self.dead_letters.get(key, 0) + n
+
+    def committed(self, now_ms: int, took_s: float) -> None:
+        """The transaction committed: its runs are visible now."""
+        self.commit.observe(took_s * 1000)
+        pending, self.pending = self.pending, []
+        self.fires += len(pending)
+        observe = self.lateness.observe
+        for _, scheduled in pending:
+            observe(now_ms - scheduled)
+
+    def discard(self, partitions: Iterable[int] | None = None) -> None:
+        """The open transaction's work is forgotten (all of it, or the partitions')."""
+        if partitions is None:
+            self.pending = []
+        else:
+            gone = set(partitions)
+            self.pending = [x for x in self.pending if x[0] not in gone]
+
+
+class SchedulerCollector(Collector):
+    """Reads a running :class:`~streams.engine.SchedulerEngine` at scrape time."""
+
+    def __init__(self, engine: SchedulerEngine) -> None:
+        self.engine = engine
+        self.settings = engine.settings
+
+    # --- what the engine knows, read from the server's thread -------------------------------
+
+    def _ends(self) -> dict[int, tuple[int | None, int | None]]:
+        """Per held partition, the end offsets of requests and acks as of the last fetch,
+        sampled by the engine's loop (twice a second while it turns)."""
+        return self.engine.input_ends
+
+    def partition_report(self) -> tuple[dict[int, int | None], dict[int, str], list[int]]:
+        """``(restoring {partition: records left, None before the changelog is measured},
+        stuck {partition: why}, ready)``."""
+        now = int(time.time() * 1000)
+        ends = self._ends()
+        restoring: dict[int, int | None] = {}
+        stuck: dict[int, str] = {}
+        ready: list[int] = []
+        for p, task in sorted(list(self.engine.tasks.items())):
+            phase = task.phase.value
+            if phase == "restoring":
+                measured = task.restore_reading and task.restore_end >= 0
+                restoring[p] = max(0, task.restore_end - task.restore_next) if measured else None
+            elif phase == "ready":
+                ready.append(p)
+                unread = _unread(ends.get(p), task.requests_committed, task.acks_committed)
+                why = stuck_reason(
+                    task.committed_note,
+                    now,
+                    unread,
+                    stuck_after_ms=self.settings.health_stuck_after_ms,
+                )
+                if why is not None:
+                    stuck[p] = why
+        return restoring, stuck, ready
+
+    # --- health -----------------------------------------------------------------------------
+
+    def checks(self) -> dict[str, tuple[Check | None, Check | None]]:
+        live = loop_check(
+            "scheduler loop",
+            lambda: self.engine.turned_at,
+            self.settings.health_live_after_ms / 1000,
+        )
+        return {
+            "loop": (live, None),
+            "group": (None, self._ready_group),
+            "partitions": (None, self._ready_parts),
+        }
+
+    def _ready_group(self) -> tuple[bool, str]:
+        """Connected. Not "joined": under the consumer protocol (KIP-848) a member the group
+        gives no partition gets no callback at all, so a process with nothing assigned yet
+        cannot tell "not yet" from "nothing for me" (it is a hot spare; it is ready)."""
+        engine = self.engine
+        group = self.settings.scheduler_app_id
+        if engine.input is None:
+            return False, "connecting to Kafka (the transactional producer is not registered)"
+        if not engine.joined:
+            return True, f"in the group {group}, no partition assigned so far"
+        return True, f"member of the group {group}"
+
+    def _ready_parts(self) -> tuple[bool, str]:
+        restoring, stuck, ready = self.partition_report()
+        problems = [f"partition {p}: {why}" for p, why in sorted(stuck.items())]
+        if restoring:
+            known = [n for n in restoring.values() if n is not None]
+            left = f"{sum(known)} records left" if known else "changelog not measured yet"
+            problems.append(f"restoring partitions {sorted(restoring)} ({left})")
+        if problems:
+            return False, "; ".join(problems)
+        standby = sum(1 for t in list(self.engine.tasks.values()) if t.phase.value == "standby")
+        if not ready:
+            return True, f"owns no partition (standby copies: {standby})"
+        return True, f"partitions {ready} ready, none stuck (standby copies: {standby})"
+
+    # --- metrics ----------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        engine, stats, meters = self.engine, self.engine.stats, self.engine.meters
+        n = PREFIX
+        yield counter(n + "commands_total", "Commands applied.", stats.commands)
+        yield counter(n + "acks_total", "Worker acknowledgements applied.", stats.acks)
+        yield counter(
+            n + "fires_total", "Runs dispatched as first attempts (committed).", meters.fires
+        )
+        yield counter(n + "retries_total", "Runs dispatched again (attempt > 1).", meters.retries)
+        yield counter(
+            n + "runs_total",
+            "Run events written by the scheduler, by task and state.",
+            meters.runs,
+            ("task", "state"),
+        )
+        yield counter(
+            n + "job_events_total", "Job events written, by state.", meters.job_events, ("state",)
+        )
+        yield counter(n + "rejected_total", "Commands and acks refused.", stats.rejected)
+        yield counter(
+            n + "dead_letters_total",
+            "Records written to the dead-letter topic, by kind (as jobwheel dlq list --kind).",
+            meters.dead_letters,
+            ("kind",),
+        )
+        yield counter(
+            n + "replays_total",
+            "Commands replayed from the dead letters (jobwheel dlq replay).",
+            meters.replays,
+        )
+        yield histogram(
+            n + "fire_lateness_seconds",
+            "Commit of a run's first attempt minus its scheduled time.",
+            meters.lateness,
+            scale=MS,
+        )
+        yield counter(n + "transactions_total", "Transactions committed.", stats.transactions)
+        yield counter(
+            n + "transaction_aborts_total",
+            "Transactions aborted (their batch is processed again).",
+            stats.aborts,
+        )
+        yield counter(
+            n + "resets_total",
+            "Fenced or fatal producer errors: every partition dropped, the group rejoined.",
+            stats.resets,
+        )
+        yield histogram(
+            n + "commit_seconds", "One transaction, begin to committed.", meters.commit, scale=MS
+        )
+        yield gauge(
+            n + "last_commit_timestamp_seconds",
+            "Wall clock of the last commit.",
+            stats.last_commit_ms / 1000,
+        )
+        tasks = sorted(list(engine.tasks.items()))
+        phases = {("ready",): 0, ("restoring",): 0, ("standby",): 0}
+        for _, task in tasks:
+            phases[(task.phase.value,)] += 1
+        yield gauge(n + "partitions", "Partitions held, by phase.", phases, ("phase",))
+        yield gauge(
+            n + "partition_phase",
+            "1 for each partition held, with its phase.",
+            {(str(p), t.phase.value): 1 for p, t in tasks},
+            ("partition", "phase"),
+        )
+        restoring, stuck, ready = self.partition_report()
+        yield gauge(
+            n + "restore_remaining_records",
+            "Changelog offsets left to restore, per restoring partition.",
+            {(str(p),): left for p, left in restoring.items() if left is not None},
+            ("partition",),
+        )
+        yield counter(
+            n + "restored_records_total",
+            "Changelog records applied by restores.",
+            meters.restored_records,
+        )
+        yield histogram(
+            n + "restore_seconds",
+            "Restores, assignment to ready, per partition.",
+            meters.restore,
+            scale=MS,
+        )
+        lag: dict[tuple[str, str], float] = {}
+        ends = self._ends()
+        t = self.settings.topics
+        for p, task in tasks:
+            if p not in ends:
+                continue
+            requests = task.requests_next
+            acks = task.acks_next if task.acks_next is not None else task.acks_committed
+            if requests is None:
+                requests = task.requests_committed
+            end_requests, end_acks = ends[p]
+            if end_requests is not None:
+                lag[(t.requests, str(p))] = max(0, end_requests - (requests or 0))
+            if end_acks is not None and acks is not None:
+                lag[(t.acks, str(p))] = max(0, end_acks - acks)
+        yield gauge(
+            n + "lag_records",
+            "Input records not yet read, per topic and partition.",
+            lag,
+            ("topic", "partition"),
+        )
+        now_ms = time.time() * 1000
+        yield gauge(
+            n + "partition_commit_age_seconds",
+            "Seconds since each ready partition last committed (or became ready).",
+            {
+                (str(p),): (now_ms - task.committed_note.committed_at_ms) / 1000
+                for p, task in tasks
+                if p in ready and task.committed_note is not None
+            },
+            ("partition",),
+        )
+        yield gauge(
+            n + "stuck_partitions",
+            "Partitions with work waiting and no commit for JOBWHEEL_HEALTH_STUCK_AFTER_MS.",
+            len(stuck),
+        )
+
+
+def _unread(
+    ends: tuple[int | None, int | None] | None,
+    requests_committed: int | None,
+    acks_committed: int | None,
+) -> int:
+    """Input records past the partition's committed offsets, counted as ``jobwheel health``
+    counts them from the group's offsets: requests never committed are all unread; acks never
+    committed are not counted (the scheduler starts reading them at their end)."""
+    if ends is None:
+        return 0
+    end_requests, end_acks = ends
+    unread = 0
+    if end_requests is not None:
+        unread += max(0, end_requests - (requests_committed or 0))
+    if end_acks is not None and acks_committed is not None:
+        unread += max(0, end_acks - acks_committed)
+    return unread

@@ -1,0 +1,181 @@
+"""What the scheduler's metrics and readiness say about an engine's partitions, driven
+without Kafka: a ready partition on in-memory state, records as the consumer wrapper hands
+them over, a collector reading the engine as the metrics server's thread does. (The same
+engine over a real broker, scraped over HTTP, is tests/integration/test_operations.py.)"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+
+from jobwheel.settings import Settings
+from schemas.codec import default_codec
+from schemas.models import After, JobCommand, Now, ScheduleJob
+from schemas.partitioning import partition_for
+from schemas.progress import Progress
+from streams.engine import PartitionTask, Phase, SchedulerEngine
+from streams.kafka import Record
+from streams.metrics import SchedulerCollector
+from streams.processor import SchedulerProcessor
+from streams.state.partition import MemoryBackend, PartitionState
+
+T0 = 1_800_000_000_000
+SETTINGS = Settings(_env_file=None, topic_prefix="p", partitions=2)  # type: ignore[call-arg]
+TOPICS = SETTINGS.topics
+CODEC = default_codec()
+
+
+def engine_with(*phases: Phase) -> SchedulerEngine:
+    engine = SchedulerEngine(SETTINGS)
+    for p, phase in enumerate(phases):
+        state = PartitionState(MemoryBackend())
+        task = PartitionTask(p, state.backend, state, phase=phase)  # type: ignore[arg-type]
+        if phase is Phase.READY:
+            task.processor = SchedulerProcessor(p, state, fencing_token=1)
+        engine.tasks[p] = task
+    return engine
+
+
+def command(job_id: str, trigger: object, task: str = "demo.echo") -> bytes:
+    return CODEC.encode(JobCommand(f"c-{job_id}", job_id, T0, ScheduleJob(task, trigger)))  # type: ignore[arg-type]
+
+
+def jobs_of(partition: int, n: int) -> list[str]:
+    """``n`` job ids that live in ``partition`` (the engine rejects a job in the wrong one)."""
+    ids = (f"job-{i}" for i in range(10_000))
+    return [j for j in ids if partition_for(j, SETTINGS.partitions) == partition][:n]
+
+
+def schedule(engine: SchedulerEngine, jobs: list[str], trigger: object) -> list:
+    """Feed a schedule command per job to partition 0, then let its timers fire."""
+    out: list = []
+    for i, job in enumerate(jobs):
+        record = Record(TOPICS.requests, 0, i, job.encode(), command(job, trigger), None, T0)
+        engine._on_request(record, T0, out, set())
+    engine._punctuate(engine.tasks[0], T0 + 30, out, set())
+    return out
+
+
+def samples(collector: SchedulerCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    families: list[Metric] = list(registry.collect())
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def test_commands_fires_and_lateness_are_counted_when_their_transaction_commits():
+    engine = engine_with(Phase.READY)
+    schedule(engine, jobs_of(0, 2), Now())
+    collector = SchedulerCollector(engine)
+    before = samples(collector)
+    # counted as decided ...
+    assert before[("jobwheel_scheduler_job_events_total", (("state", "SCHEDULED"),))] == 2
+    # ... but a run counts as fired, with its lateness, only once it is committed
+    assert before[("jobwheel_scheduler_fires_total", ())] == 0
+    assert before[("jobwheel_scheduler_fire_lateness_seconds_count", ())] == 0
+    dispatched = before.get(
+        ("jobwheel_scheduler_runs_total", (("state", "DISPATCHED"), ("task", "demo.echo"))), 0
+    )
+    assert dispatched == len(engine.meters.pending) == 2
+    engine.meters.committed(T0 + 40, 0.003)
+    after = samples(collector)
+    assert after[("jobwheel_scheduler_fires_total", ())] == dispatched
+    assert after[("jobwheel_scheduler_fire_lateness_seconds_count", ())] == dispatched
+    assert after[("jobwheel_scheduler_fire_lateness_seconds_bucket", (("le", "0.05"),))] == (
+        dispatched
+    )
+    assert after[("jobwheel_scheduler_fire_lateness_seconds_bucket", (("le", "0.025"),))] == 0
+    assert after[("jobwheel_scheduler_commit_seconds_count", ())] == 1
+
+
+def test_an_aborted_transaction_fires_nothing():
+    engine = engine_with(Phase.READY)
+    schedule(engine, jobs_of(0, 1), Now())
+    assert engine.meters.pending
+    engine.meters.discard()
+    engine.meters.committed(T0 + 5, 0.001)
+    assert samples(SchedulerCollector(engine))[("jobwheel_scheduler_fires_total", ())] == 0
+
+
+def test_a_rejected_command_is_a_dead_letter_of_kind_request():
+    engine = engine_with(Phase.READY)
+    bad = Record(TOPICS.requests, 0, 0, b"k", b"\x00 not a command", None, T0)
+    engine._on_request(bad, T0, [], set())
+    got = samples(SchedulerCollector(engine))
+    assert got[("jobwheel_scheduler_dead_letters_total", (("kind", "request"),))] == 1
+    assert got[("jobwheel_scheduler_rejected_total", ())] == 1
+
+
+def test_readiness_names_a_restoring_partition_and_what_is_left():
+    engine = engine_with(Phase.READY, Phase.RESTORING)
+    engine.input = engine.acks = object()  # type: ignore[assignment]  # connected
+    engine.joined = True
+    collector = SchedulerCollector(engine)
+    ok, detail = collector._ready_parts()
+    assert not ok and detail == "restoring partitions [1] (changelog not measured yet)"
+    task = engine.tasks[1]
+    task.restore_end, task.restore_next, task.restore_reading = 500, 120, True
+    ok, detail = collector._ready_parts()
+    assert not ok and detail == "restoring partitions [1] (380 records left)"
+    got = samples(collector)
+    assert got[("jobwheel_scheduler_restore_remaining_records", (("partition", "1"),))] == 380
+    assert got[("jobwheel_scheduler_partitions", (("phase", "restoring"),))] == 1
+    engine.tasks[1].phase = Phase.READY
+    engine.tasks[1].processor = SchedulerProcessor(1, engine.tasks[1].state, fencing_token=1)
+    assert collector._ready_parts()[0]
+
+
+def test_readiness_names_a_partition_with_input_waiting_and_no_recent_commit():
+    engine = engine_with(Phase.READY, Phase.READY)
+    now = int(__import__("time").time() * 1000)
+    stale = Progress(now - 45_000, None, "i")
+    fresh = Progress(now - 1_000, None, "i")
+    engine.tasks[0].committed_note, engine.tasks[1].committed_note = stale, fresh
+    engine.tasks[0].requests_committed = engine.tasks[1].requests_committed = 10
+    engine.input_ends = {0: (10, None), 1: (12, None)}  # nothing unread on 0, 2 on 1
+    collector = SchedulerCollector(engine)
+    assert collector._ready_parts()[0]  # idle for 45 s is fine; a fresh commit with input too
+    engine.input_ends = {0: (13, None), 1: (12, None)}
+    ok, detail = collector._ready_parts()
+    assert not ok
+    assert detail == "partition 0: 3 unread input records and no commit for 45 s"
+    got = samples(collector)
+    assert got[("jobwheel_scheduler_stuck_partitions", ())] == 1
+    lag = ("jobwheel_scheduler_lag_records", (("partition", "0"), ("topic", TOPICS.requests)))
+    assert got[lag] == 3
+
+
+def test_a_timer_overdue_without_commits_is_stuck_too():
+    engine = engine_with(Phase.READY)
+    now = int(__import__("time").time() * 1000)
+    engine.tasks[0].committed_note = Progress(now - 60_000, now - 40_000, "i")
+    ok, detail = SchedulerCollector(engine)._ready_parts()
+    assert not ok and detail.startswith("partition 0: a timer due 40 s ago")
+
+
+def test_partitions_are_counted_by_phase():
+    engine = engine_with(Phase.READY, Phase.STANDBY)
+    assert not schedule(engine, jobs_of(0, 1), After(60_000))[1:]  # SCHEDULED, nothing fired
+    got = samples(SchedulerCollector(engine))
+    assert got[("jobwheel_scheduler_partitions", (("phase", "ready"),))] == 1
+    assert got[("jobwheel_scheduler_partitions", (("phase", "standby"),))] == 1
+    assert got[("jobwheel_scheduler_partition_phase", (("partition", "1"), ("phase", "standby")))]
+    assert got[("jobwheel_scheduler_commands_total", ())] == 1
+    assert got[("jobwheel_scheduler_rejected_total", ())] == 0
+
+
+def test_a_command_replayed_from_the_dead_letters_is_counted():
+    from schemas.deadletter import REPLAYED_FROM_HEADER
+
+    engine = engine_with(Phase.READY)
+    [job, other] = jobs_of(0, 2)
+    replayed = Record(
+        TOPICS.requests, 0, 0, job.encode(), command(job, Now()),
+        [(REPLAYED_FROM_HEADER, b"p.dead-letter:0:7")], T0,
+    )  # fmt: skip
+    plain = Record(TOPICS.requests, 0, 1, other.encode(), command(other, Now()), None, T0)
+    for record in (replayed, plain):
+        engine._on_request(record, T0, [], set())
+    got = samples(SchedulerCollector(engine))
+    assert got[("jobwheel_scheduler_replays_total", ())] == 1
+    assert got[("jobwheel_scheduler_commands_total", ())] == 2
