@@ -187,7 +187,7 @@ def apply_acls(
         UserScramCredentialUpsertion,
     )
 
-    from deploy.broker import client_credentials, write_secret_json
+    from jobwheel.deploy.broker import client_credentials, write_secret_json
 
     roles = list(roles)
     for role in roles:

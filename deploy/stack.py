@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from deploy.broker import LocalBroker, tail
-from deploy.topics import ensure_topics
+from jobwheel.deploy.broker import LocalBroker, tail
+from jobwheel.deploy.topics import ensure_topics
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def _scheduler_grace(settings: Settings) -> float:
     return settings.scheduler_transaction_timeout_ms / 1000 + STOP_GRACE_S
 
 
-DEMO_TASKS = "consumers.demo"
+DEMO_TASKS = "jobwheel.consumers.demo"
 
 
 def worker_service(tasks: str) -> Service:
@@ -311,7 +311,7 @@ class Stack:
         if wanted not in taken and _port_free(self.settings.metrics_host, wanted):
             port = wanted
         else:
-            from deploy.broker import free_port
+            from jobwheel.deploy.broker import free_port
 
             port = free_port(self.settings.metrics_host)
         if current is not None:

@@ -1,4 +1,4 @@
-"""Topic provisioning: make the broker's topics match ``schemas.topics`` (idempotent).
+"""Topic provisioning: make the broker's topics match ``jobwheel.schemas.topics`` (idempotent).
 
 Existing topics are never altered: a partition count that differs from the definition means
 jobs would hash to other partitions (other scheduler owners, other changelog partitions), so
@@ -12,8 +12,8 @@ import time
 from collections.abc import Sequence
 
 from jobwheel.errors import BrokerConnectionError, BrokerError, TopicMismatchError
+from jobwheel.schemas.topics import TopicSpec
 from jobwheel.settings import Settings
-from schemas.topics import TopicSpec
 
 log = logging.getLogger(__name__)
 

@@ -41,10 +41,10 @@ BROKEN_PIPE = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from consumers import cli as consumers_cli
-    from deploy import cli as deploy_cli
-    from producers import cli as producers_cli
-    from streams import cli as streams_cli
+    from jobwheel.consumers import cli as consumers_cli
+    from jobwheel.deploy import cli as deploy_cli
+    from jobwheel.producers import cli as producers_cli
+    from jobwheel.streams import cli as streams_cli
 
     parser = argparse.ArgumentParser(
         prog="jobwheel", description="A distributed job scheduler on Apache Kafka."

@@ -1,11 +1,11 @@
 """Subcommands of the ``jobwheel`` CLI that belong to ``producers``: ``submit``.
 
 The job-control commands (cancel, pause, resume, trigger) live with the status commands
-(:mod:`consumers.status.cli`): after sending they wait for the scheduler's answer, which is
+(:mod:`jobwheel.consumers.status.cli`): after sending they wait for the scheduler's answer, which is
 read from the status store.
 
-Options are taken as text and converted by :mod:`producers.validation` (then checked by the
-contract's rules, :mod:`schemas.validation`), not by argparse types,
+Options are taken as text and converted by :mod:`jobwheel.producers.validation` (then checked by the
+contract's rules, :mod:`jobwheel.schemas.validation`), not by argparse types,
 so every bad value ends as one ``ValidationError`` naming the field (exit 2, one line, nothing
 sent) instead of argparse's usage dump.
 """
@@ -72,9 +72,9 @@ def one_line_errors(parser: argparse.ArgumentParser, command: str) -> None:
 def spec_from_args(args: argparse.Namespace, max_args_bytes: int | None = None) -> Any:
     """The :class:`JobSpec` of ``jobwheel submit`` options (ValidationError on bad input)."""
     from jobwheel.errors import ValidationError, clip
-    from producers import validation as v
-    from producers.client import DEFAULT_VISIBILITY_TIMEOUT, JobSpec
-    from schemas import validation as rules
+    from jobwheel.producers import validation as v
+    from jobwheel.producers.client import DEFAULT_VISIBILITY_TIMEOUT, JobSpec
+    from jobwheel.schemas import validation as rules
 
     if max_args_bytes is None:
         max_args_bytes = rules.DEFAULT_MAX_ARGS_BYTES
@@ -120,8 +120,8 @@ def spec_from_args(args: argparse.Namespace, max_args_bytes: int | None = None) 
 
 def submit(args: argparse.Namespace) -> int:
     from jobwheel.clock import SystemClock
+    from jobwheel.producers.client import JobClient, build_schedule
     from jobwheel.settings import get_settings
-    from producers.client import JobClient, build_schedule
 
     settings = get_settings()
     # Everything is validated before a producer exists: a bad request sends nothing.

@@ -1,7 +1,8 @@
 """The SDK services use to schedule jobs: :class:`JobClient` (blocking) and :class:`AsyncJobClient`.
 
 Both validate a request completely before anything is sent (the contract's rules in
-:mod:`schemas.validation`, the SDK's keyword forms in :mod:`producers.validation`), key
+:mod:`jobwheel.schemas.validation`, the SDK's keyword forms in
+:mod:`jobwheel.producers.validation`), key
 every command by the job id's UTF-8 bytes (so all commands of a job land in one partition, in
 order, murmur2-partitioned like the scheduler expects), encode with the codec, and only return
 once the broker acknowledged the record: a job id returned by ``schedule`` is durable, and a
@@ -27,13 +28,12 @@ from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
+from jobwheel.producers import validation as v
+from jobwheel.producers.kafka import Delivered, Producer, producer_config
 from jobwheel.reach import require_reachable
-from jobwheel.settings import Settings
-from producers import validation as v
-from producers.kafka import Delivered, Producer, producer_config
-from schemas import validation as rules
-from schemas.codec import Codec, default_codec
-from schemas.models import (
+from jobwheel.schemas import validation as rules
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import (
     CancelJob,
     ConcurrencyPolicy,
     JobCommand,
@@ -42,7 +42,8 @@ from schemas.models import (
     ScheduleJob,
     TriggerJob,
 )
-from schemas.partitioning import key_for
+from jobwheel.schemas.partitioning import key_for
+from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -315,11 +316,11 @@ class JobClient:
         which) and :class:`jobwheel.errors.WaitTimeoutError` after ``timeout`` (seconds).
 
         The outcome is read from the job's partition of the status and acks topics (see
-        :mod:`producers.results`): no status API needed. For a job this client scheduled
+        :mod:`jobwheel.producers.results`): no status API needed. For a job this client scheduled
         reading starts just before it was scheduled; for another, at ``since`` (default an
         hour ago). A recurring job never finishes: wait for a one-off (now, at, in) job.
         """
-        from producers.results import wait_for_result
+        from jobwheel.producers.results import wait_for_result
 
         rules.job_id(job_id)
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
@@ -347,7 +348,8 @@ class JobClient:
         self, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None
     ) -> None:
         """Produce bytes to the requests topic as they are (a dead-lettered command replayed by
-        :mod:`producers.deadletters`; it checks them first). Waits for the acknowledgement."""
+        :mod:`jobwheel.producers.deadletters`; it checks them first). Waits for the
+        acknowledgement."""
         done: list[DeliveryError | None] = []
 
         def delivered(err: DeliveryError | None, _: Delivered | None) -> None:

@@ -1,4 +1,4 @@
-"""List and replay the dead-letter topic: the Kafka side of :mod:`schemas.deadletter`.
+"""List and replay the dead-letter topic: the Kafka side of :mod:`jobwheel.schemas.deadletter`.
 
 Reading: every partition of ``<prefix>.dead-letter`` from ``since`` (the broker's offset for
 that time) up to the end offsets as they were when the read began, ``read_committed`` (the
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import BrokerError, DeliveryError, ValidationError
-from schemas import deadletter as dl
-from schemas.codec import Codec, default_codec
+from jobwheel.schemas import deadletter as dl
+from jobwheel.schemas.codec import Codec, default_codec
 
 if TYPE_CHECKING:
+    from jobwheel.producers.client import JobClient
     from jobwheel.settings import Settings
-    from producers.client import JobClient
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ MAX_LIST = 10_000
 @dataclass(frozen=True)
 class Filter:
     """Which dead letters: all given conditions hold. ``reason`` is a case-insensitive part of
-    the error text; ``kind`` one of :data:`schemas.deadletter.KINDS`."""
+    the error text; ``kind`` one of :data:`jobwheel.schemas.deadletter.KINDS`."""
 
     since_ms: int | None = None
     task: str | None = None
@@ -95,7 +95,7 @@ def read_dead_letters(
                 "enable.partition.eof": True,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
-                "logger": librdkafka_logger("producers.deadletters"),
+                "logger": librdkafka_logger("jobwheel.producers.deadletters"),
             }
         )
     )

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import BrokerError, JobFailedError, SchemaDecodeError, WaitTimeoutError
-from schemas.codec import Codec, default_codec
-from schemas.models import State, StatusEvent
-from schemas.partitioning import partition_for
-from schemas.topics import STATE_HEADER
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.schemas.topics import STATE_HEADER
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
@@ -141,7 +141,7 @@ def wait_for_result(
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
-                "logger": librdkafka_logger("producers.results"),
+                "logger": librdkafka_logger("jobwheel.producers.results"),
             }
         )
     )

@@ -1,7 +1,7 @@
 """The text and SDK forms of a job request, turned into values the contract rules check.
 
 The rules of a complete command (job id, task name, args, triggers, limits) live in
-:mod:`schemas.validation`, shared with the scheduler so that "valid" means the same on both
+:mod:`jobwheel.schemas.validation`, shared with the scheduler so that "valid" means the same on both
 sides of the requests topic. This module holds what only producers need: the SDK's keyword
 form (datetimes and timedeltas, :func:`trigger`) and the text forms of the CLI and the HTTP API
 (:func:`parse_duration`, :func:`parse_instant`, :func:`schedule_kwargs`). Every failure is a
@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobwheel.errors import ValidationError, clip
-from schemas import validation as rules
-from schemas.models import After, At, Every, Now, Trigger
+from jobwheel.schemas import validation as rules
+from jobwheel.schemas.models import After, At, Every, Now, Trigger
 
 MAX_PAST = timedelta(milliseconds=rules.MAX_PAST_MS)
 #: Longer duration or instant texts are refused before parsing (int() of 5,000 digits raises).

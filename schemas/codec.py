@@ -34,8 +34,8 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 
 from jobwheel.errors import ConfigError, SchemaDecodeError, SchemaRegistryError, ValidationError
-from schemas.flat import FlatError, FlatRecord
-from schemas.models import (
+from jobwheel.schemas.flat import FlatError, FlatRecord
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,

@@ -66,13 +66,12 @@ from jobwheel.errors import (
     SchemaDecodeError,
     ValidationError,
 )
-from jobwheel.settings import Settings
-from schemas.codec import Codec
-from schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
-from schemas.models import JobCommand, StatusEvent
-from schemas.partitioning import partition_for
-from schemas.progress import Progress
-from schemas.topics import (
+from jobwheel.schemas.codec import Codec
+from jobwheel.schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
+from jobwheel.schemas.models import JobCommand, StatusEvent
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.schemas.progress import Progress
+from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
     DISPATCHED_HEADER,
     ERROR_HEADER,
@@ -82,8 +81,9 @@ from schemas.topics import (
     SOURCE_TOPIC_HEADER,
     STATE_HEADER,
 )
-from schemas.validation import check_key
-from streams.kafka import (
+from jobwheel.schemas.validation import check_key
+from jobwheel.settings import Settings
+from jobwheel.streams.kafka import (
     NO_OFFSET,
     AcksConsumer,
     ChangelogReader,
@@ -91,12 +91,12 @@ from streams.kafka import (
     Record,
     TransactionalProducer,
 )
-from streams.metrics import EngineMeters
-from streams.processor import Output, SchedulerProcessor
-from streams.state.directory import StateDirectory
-from streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
-from streams.state.recovery import apply_batch, plan_restore, rebuild_index
-from streams.state.rocksdb import RocksDBLimits
+from jobwheel.streams.metrics import EngineMeters
+from jobwheel.streams.processor import Output, SchedulerProcessor
+from jobwheel.streams.state.directory import StateDirectory
+from jobwheel.streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
+from jobwheel.streams.state.recovery import apply_batch, plan_restore, rebuild_index
+from jobwheel.streams.state.rocksdb import RocksDBLimits
 
 log = logging.getLogger(__name__)
 

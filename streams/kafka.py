@@ -46,7 +46,7 @@ from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
-_client_log = logging.getLogger("streams.librdkafka")
+_client_log = logging.getLogger("jobwheel.streams.librdkafka")
 # A broker outage makes every client report every reconnect attempt: one line per kind per
 # half minute is enough to tell what is going on.
 log.addFilter(Throttle())

@@ -1,6 +1,7 @@
 """The scheduler's decisions for one partition, as a pure processor.
 
-No Kafka, no clock: the engine (:mod:`streams.engine`) hands it decoded records and the current
+No Kafka, no clock: the engine (:mod:`jobwheel.streams.engine`) hands it decoded records and the
+current
 time, and it returns what to produce. State lives in the injected :class:`PartitionState`, whose
 job records also derive the timing wheels. This is where every rule of the scheduler is, so it
 is unit-tested record by record with a manual clock.
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from jobwheel.errors import StateError, ValidationError
-from schemas.models import (
+from jobwheel.schemas.models import (
     HANDBACK_REASON,
     At,
     CancelJob,
@@ -69,9 +70,9 @@ from schemas.models import (
     TriggerJob,
     spec_document,
 )
-from schemas.validation import MAX_ID_CHARS, check_command
-from streams import triggers
-from streams.jobstate import (
+from jobwheel.schemas.validation import MAX_ID_CHARS, check_command
+from jobwheel.streams import triggers
+from jobwheel.streams.jobstate import (
     DEADLINES,
     EXPIRE,
     FIRE,
@@ -87,8 +88,8 @@ from streams.jobstate import (
     parse_tag,
     peek_timers,
 )
-from streams.state.partition import PartitionState
-from streams.wheel import TimingWheel, WheelEntry
+from jobwheel.streams.state.partition import PartitionState
+from jobwheel.streams.wheel import TimingWheel, WheelEntry
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,8 @@ class SchedulerProcessor:
     # --- commands ---------------------------------------------------------------------------
 
     def on_command(self, cmd: JobCommand, now_ms: int) -> Output:
-        # The SDK's own rules (one rule set, schemas.validation), judged as of the command's
+        # The SDK's own rules (one rule set, jobwheel.schemas.validation), judged as of the
+        # command's
         # issue time, so a replayed command gets the same verdict. A producer that skips the
         # SDK gets a REJECTED event, and the engine dead-letters the record.
         try:

@@ -1,14 +1,15 @@
 """When a job fires: the one calculation shared by the scheduler and ``jobwheel next``.
 
-Pure functions of a trigger (``schemas.models``) and epoch milliseconds; no clock is read here.
+Pure functions of a trigger (``jobwheel.schemas.models``) and epoch milliseconds; no clock is read
+here.
 
 - ``Now``/``At``/``After`` fire once: at ``issued_at``, at ``at_ms``, at ``issued_at + delay``.
 - ``Every`` fires at ``start_at_ms`` (or ``issued_at + interval``) and then every ``interval``
   after the previous SCHEDULED instant: real elapsed time, blind to DST and wall-clock shifts, and
   never drifting with dispatch lateness.
 - ``Cron`` fires at the wall-clock times of its expression in its time zone, mapped to instants by
-  the DST rules documented in :mod:`schemas.cron` (skipped time fires once when the gap ends;
-  repeated time fires twice only for a wildcard minute/hour). Each fire is strictly after the
+  the DST rules documented in :mod:`jobwheel.schemas.cron` (skipped time fires once when the gap
+  ends; repeated time fires twice only for a wildcard minute/hour). Each fire is strictly after the
   previous one.
 
 Parsed cron expressions and zones are cached (the scheduler asks for every fire of every job).
@@ -20,8 +21,8 @@ import functools
 from zoneinfo import ZoneInfo
 
 from jobwheel.errors import ValidationError
-from schemas.cron import CronSchedule, parse_cron, zone
-from schemas.models import After, At, Cron, Every, Now, Trigger
+from jobwheel.schemas.cron import CronSchedule, parse_cron, zone
+from jobwheel.schemas.models import After, At, Cron, Every, Now, Trigger
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,6 +1,6 @@
 """The status API (FastAPI): accept job commands, answer job state, runs and read-only SQL.
 
-Commands go to Kafka through :class:`producers.client.JobClient` (the API writes nothing to
+Commands go to Kafka through :class:`jobwheel.producers.client.JobClient` (the API writes nothing to
 ClickHouse itself); state comes from the status store, which the sink fills from the status
 topic. So a job accepted here shows up in ``GET /jobs/{id}`` once the scheduler has emitted its
 first status event and the sink has inserted it: eventually, normally within a second.
@@ -10,7 +10,7 @@ Errors: bad input is always a 4xx with a message that names what to fix. A jobwh
 ``{"detail": "field: message", "field", "message"}`` with long values cut; a refused or failing
 SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or store 503.
 
-Pages: ``/`` and ``/console/...`` are the web console (:mod:`consumers.status.console`);
+Pages: ``/`` and ``/console/...`` are the web console (:mod:`jobwheel.consumers.status.console`);
 ``/docs`` is Swagger UI with its scripts and styles served from the installed
 ``fastapi-offline`` package (``/docs/static/...``), never from a CDN, so it works without
 internet.
@@ -18,8 +18,8 @@ internet.
 Authentication: with ``JOBWHEEL_API_TOKEN`` (and/or ``JOBWHEEL_API_READ_TOKEN``) set, every
 API call needs ``Authorization: Bearer <token>``: 401 without it or with a wrong one, 403 when
 the read token asks to write (:class:`BearerAuth`). The console's session cookie
-(:mod:`consumers.status.console.session`) counts as the token it was issued for; a page load
-without either is sent to the console's login form. Public are ``GET /health``, the login form
+(:mod:`jobwheel.consumers.status.console.session`) counts as the token it was issued for; a page
+load without either is sent to the console's login form. Public are ``GET /health``, the login form
 and the console's script and stylesheet, and the pages that describe the API: ``/docs`` (with
 its assets) and ``/openapi.json``. They hold no data (the schema is what this source says), and
 a user must be able to open the docs to enter the token: the docs page's *Authorize* button
@@ -45,10 +45,10 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from consumers.status import console, queries
-from consumers.status.console import session
-from consumers.status.sql import SqlRunner
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status import console, queries
+from jobwheel.consumers.status.console import session
+from jobwheel.consumers.status.sql import SqlRunner
+from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import (
     BrokerError,
     QueryBusyError,
@@ -59,9 +59,9 @@ from jobwheel.errors import (
 )
 
 if TYPE_CHECKING:
-    from consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.sink import StatusSink
+    from jobwheel.producers.client import JobClient
     from jobwheel.settings import Settings
-    from producers.client import JobClient
 
 log = logging.getLogger(__name__)
 
@@ -269,15 +269,15 @@ class Health(BaseModel):
 
 
 def _duration(value: Duration, field: str) -> timedelta | None:
-    from producers import validation as v
+    from jobwheel.producers import validation as v
 
     return v.duration_ms(value, field)
 
 
 def schedule_kwargs(req: ScheduleRequest) -> dict[str, Any]:
     """``JobClient.schedule`` keyword arguments from the JSON body (text forms converted)."""
-    from producers import validation as v
-    from producers.client import DEFAULT_VISIBILITY_TIMEOUT
+    from jobwheel.producers import validation as v
+    from jobwheel.producers.client import DEFAULT_VISIBILITY_TIMEOUT
 
     return {
         "job_id": req.job_id,
@@ -335,7 +335,7 @@ def create_app(
     uvicorn re-raises SIGTERM after its graceful shutdown, so code after ``run`` never runs)."""
 
     def default_factory() -> JobClient:
-        from producers.client import JobClient
+        from jobwheel.producers.client import JobClient
 
         return JobClient(settings, delivery_timeout_s=15.0)
 
@@ -382,7 +382,7 @@ def create_app(
     @app.post("/jobs", status_code=202, response_model=Accepted, tags=["commands"])
     def schedule_job(req: ScheduleRequest) -> Accepted:
         """Schedule (or replace) a job. 202: the command is durable on the requests topic."""
-        from producers.client import JobSpec, build_schedule
+        from jobwheel.producers.client import JobSpec, build_schedule
 
         # validated completely before a producer exists: a bad request sends nothing
         command = build_schedule(
@@ -398,7 +398,7 @@ def create_app(
             job_id: Annotated[str, Path(description="the job id")],
             body: Annotated[ControlRequest | None, Body()] = None,
         ) -> Accepted:
-            from schemas import validation as rules
+            from jobwheel.schemas import validation as rules
 
             reason = body.reason if body is not None else None
             rules.job_id(job_id)
@@ -491,7 +491,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
         """Dead letters, oldest first (read from the dead-letter topic in Kafka)."""
-        from producers.deadletters import read_dead_letters
+        from jobwheel.producers.deadletters import read_dead_letters
 
         flt = _dead_letter_filter(since, task, reason, job, kind, limit)
         letters = read_dead_letters(settings, flt, timeout_s=20.0)
@@ -503,7 +503,7 @@ def create_app(
         does: a dead run is dispatched again as the same run, a rejected command is produced
         again only if the scheduler would accept it now; runs no longer DEAD and commands
         applied since are skipped). ``dry_run`` says what would be sent."""
-        from producers.deadletters import read_dead_letters, replay
+        from jobwheel.producers.deadletters import read_dead_letters, replay
 
         chosen = any(
             v is not None for v in (req.job, req.task, req.since, req.reason, req.kind, req.refs)
@@ -602,7 +602,7 @@ def _dead_letter_filter(
     kind: str | None,
     limit: int,
 ) -> Any:
-    from producers.deadletters import Filter
+    from jobwheel.producers.deadletters import Filter
 
     return Filter(
         since_ms=queries.parse_time(since, "since") if since is not None else None,

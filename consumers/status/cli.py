@@ -1,4 +1,4 @@
-"""Subcommands of the ``jobwheel`` CLI for ``consumers.status``.
+"""Subcommands of the ``jobwheel`` CLI for ``jobwheel.consumers.status``.
 
 ``serve`` and ``sink`` run the service. The read commands (``status``, ``list``, ``sql``) go
 through the status API over HTTP (``JOBWHEEL_API_URL``, default ``http://api_host:api_port``)
@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import JobwheelError, ValidationError
-from producers.cli import one_line_errors
-from schemas import progress
+from jobwheel.producers.cli import one_line_errors
+from jobwheel.schemas import progress
 
 if TYPE_CHECKING:
+    from jobwheel.schemas.models import JobCommand
     from jobwheel.settings import Settings
-    from schemas.models import JobCommand
 
 _CONTROL_HELP = {
     "cancel": "cancel a job: no further fires (an active run finishes)",
@@ -150,9 +150,9 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from consumers.status.api import create_app
-    from consumers.status.sink import StatusSink
-    from consumers.status.store import StatusStore
+    from jobwheel.consumers.status.api import create_app
+    from jobwheel.consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.store import StatusStore
     from jobwheel.settings import get_settings
 
     settings = get_settings()
@@ -203,8 +203,8 @@ def sink(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from consumers.status.sink import StatusSink
-    from consumers.status.store import StatusStore
+    from jobwheel.consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.store import StatusStore
     from jobwheel.settings import get_settings
 
     settings = get_settings()
@@ -229,8 +229,8 @@ def sink(args: argparse.Namespace) -> int:
 
 
 def control(args: argparse.Namespace) -> int:
-    from producers.client import JobClient
-    from schemas import validation as rules
+    from jobwheel.producers.client import JobClient
+    from jobwheel.schemas import validation as rules
 
     settings = _settings()
     rules.job_id(args.job_id)
@@ -545,8 +545,8 @@ def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _dlq_filter(args: argparse.Namespace) -> Any:
-    from consumers.status.queries import parse_time
-    from producers.deadletters import Filter
+    from jobwheel.consumers.status.queries import parse_time
+    from jobwheel.producers.deadletters import Filter
 
     return Filter(
         since_ms=parse_time(args.since, "since") if args.since else None,
@@ -573,7 +573,7 @@ def dead_letter_line(letter: dict[str, Any]) -> str:
 
 
 def dlq_list(args: argparse.Namespace) -> int:
-    from producers.deadletters import read_dead_letters
+    from jobwheel.producers.deadletters import read_dead_letters
 
     settings = _settings()
     _require_broker(settings)
@@ -588,8 +588,8 @@ def dlq_list(args: argparse.Namespace) -> int:
 
 
 def dlq_replay(args: argparse.Namespace) -> int:
-    from producers.client import JobClient
-    from producers.deadletters import read_dead_letters, replay
+    from jobwheel.producers.client import JobClient
+    from jobwheel.producers.deadletters import read_dead_letters, replay
 
     settings = _settings()
     chosen = any(
@@ -741,7 +741,7 @@ def health_endpoints(settings: Settings) -> dict[str, str]:
     """Name -> base URL of the processes whose /health/ready ``jobwheel health`` asks: the
     services of the ``jobwheel up`` running on this data dir, then JOBWHEEL_HEALTH_URLS
     (``name=http://host:port`` or a bare URL, named by its host:port, comma separated)."""
-    from deploy.stack import read_stack_file
+    from jobwheel.deploy.stack import read_stack_file
 
     found = read_stack_file(settings.data_dir)
     for item in settings.health_urls.split(","):
@@ -791,7 +791,7 @@ def _admin(settings: Settings) -> Any:
 
     from jobwheel.logs import librdkafka_logger
 
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status")))
+    return AdminClient(settings.librdkafka(logger=librdkafka_logger("jobwheel.consumers.status")))
 
 
 def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:

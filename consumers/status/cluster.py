@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from schemas import progress
+from jobwheel.schemas import progress
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
@@ -55,7 +55,9 @@ def _admin(settings: Settings) -> Any:
 
     from jobwheel.logs import librdkafka_logger
 
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status.cluster")))
+    return AdminClient(
+        settings.librdkafka(logger=librdkafka_logger("jobwheel.consumers.status.cluster"))
+    )
 
 
 def describe_group(settings: Settings, group: str, topic: str, timeout_s: float = 5.0) -> Group:

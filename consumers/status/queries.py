@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from consumers.status.sql import SQL_MAX_ROWS, SqlResult, SqlRunner
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status.sql import SQL_MAX_ROWS, SqlResult, SqlRunner
+from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import ValidationError, clip
-from schemas.models import State
-from schemas.validation import MAX_EPOCH_MS
+from jobwheel.schemas.models import State
+from jobwheel.schemas.validation import MAX_EPOCH_MS
 
 #: How state ties are broken inside one (seq, source): the order a run or job goes through.
 #: Mirrors ``state_rank`` in migrations/0001 (a unit test keeps the two equal).
@@ -235,7 +235,7 @@ def next_fires(job: dict[str, Any], spec: dict[str, Any] | None, count: int) -> 
             step = int(trigger["interval_ms"])
             fires += [fires[0] + step * k for k in range(1, count)]
         elif trigger.get("type") == "Cron":
-            from schemas.cron import parse_cron, zone
+            from jobwheel.schemas.cron import parse_cron, zone
 
             schedule = parse_cron(str(trigger["expression"]))
             tz = zone(str(trigger.get("timezone") or "UTC"))
@@ -444,7 +444,7 @@ STATE_COUNTS_SQL = "SELECT state, count() AS jobs FROM jobs GROUP BY state ORDER
 
 def run_read_only(store: StatusStore, sql: str, *, max_rows: int = SQL_MAX_ROWS) -> SqlResult:
     """One read-only statement on ``store``'s own connection (tools, tests, dashboards); the
-    API runs them on connections of their own (:class:`consumers.status.sql.SqlRunner`)."""
+    API runs them on connections of their own (:class:`jobwheel.consumers.status.sql.SqlRunner`)."""
     return SqlRunner(store.dsn, store.database, max_rows=max_rows).run_on(store, sql)
 
 
@@ -615,7 +615,8 @@ _GRID = {
 def grafana_dashboard() -> dict[str, Any]:
     """The provisioned dashboard (deploy/compose/grafana/dashboards/jobwheel.json) built from
     :data:`PANELS`, so Grafana runs exactly the SQL that DASHBOARDS.md documents. Regenerate
-    with ``python -m consumers.status.queries > deploy/compose/grafana/dashboards/jobwheel.json``.
+    with ``python -m jobwheel.consumers.status.queries >
+    deploy/compose/grafana/dashboards/jobwheel.json``.
     """
     panels = []
     for number, panel in enumerate(PANELS, start=1):

@@ -43,11 +43,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from consumers.status.metrics import SinkCollector, SinkMeters
-from consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
+from jobwheel.consumers.status.metrics import SinkCollector, SinkMeters
+from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
 from jobwheel.errors import BrokerError, SchemaDecodeError, StoreError
-from schemas.codec import Codec, default_codec
-from schemas.models import State, StatusEvent
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import State, StatusEvent
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message, TopicPartition

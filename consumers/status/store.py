@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import ConfigError, QueryError, StoreError
-from schemas.models import StatusEvent
+from jobwheel.schemas.models import StatusEvent
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

@@ -25,7 +25,7 @@ from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines, through logging (structured) instead of raw stderr.
-_client_log = logging.getLogger("consumers.worker.librdkafka")
+_client_log = logging.getLogger("jobwheel.consumers.worker.librdkafka")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +197,8 @@ DeliveryReport = Callable[[DeliveryError | None], None]
 class StatusProducer:
     """Produces the worker's events; each record's delivery report calls its ``on_delivery``.
 
-    Uses ``producers.kafka.producer_config`` (idempotent, acks=all, murmur2 partitioner): the
-    scheduler that owns a job's partition reads its acknowledgements from the same partition
+    Uses ``jobwheel.producers.kafka.producer_config`` (idempotent, acks=all, murmur2 partitioner):
+    the scheduler that owns a job's partition reads its acknowledgements from the same partition
     number of the acks topic, so the partitioner must be the one every other producer uses.
 
     Delivery reports are served by one polling thread of this object, and ``on_delivery`` runs
@@ -207,7 +207,7 @@ class StatusProducer:
     """
 
     def __init__(self, settings: Settings, **overrides: Any) -> None:
-        from producers.kafka import producer_config
+        from jobwheel.producers.kafka import producer_config
 
         config = producer_config(settings, **overrides)
         config.setdefault("error_cb", _log_client_error)

@@ -5,7 +5,8 @@ Offsets and at-least-once
 -------------------------
 A committed offset is a promise that every run before it is finished. The pool keeps that
 promise with manual commits of a per-partition *contiguous watermark*
-(:class:`~consumers.worker.tracking.OffsetTracker`): a run's offset counts as done only when the
+(:class:`~jobwheel.consumers.worker.tracking.OffsetTracker`): a run's offset counts as done only
+when the
 run reached a terminal state **and its status event was acknowledged by the broker** (SUCCEEDED,
 FAILED, STALE; a bad record counts as done once logged). The broker's acknowledgement marks the
 offset done right in the producer's delivery report, so that rule costs no round trip through
@@ -79,19 +80,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from consumers.worker.context import RunContext, reset_context, set_context
-from consumers.worker.executor import Executor, Outcome, Prepared, format_error
-from consumers.worker.kafka import Record, RunsConsumer, StatusProducer
-from consumers.worker.metrics import WorkerMeters
-from consumers.worker.middleware import Middleware, default_middleware
-from consumers.worker.registry import TaskRegistry, default_registry
-from consumers.worker.tracking import LatestAttempts, OffsetTracker
 from jobwheel.clock import Clock, SystemClock
+from jobwheel.consumers.worker.context import RunContext, reset_context, set_context
+from jobwheel.consumers.worker.executor import Executor, Outcome, Prepared, format_error
+from jobwheel.consumers.worker.kafka import Record, RunsConsumer, StatusProducer
+from jobwheel.consumers.worker.metrics import WorkerMeters
+from jobwheel.consumers.worker.middleware import Middleware, default_middleware
+from jobwheel.consumers.worker.registry import TaskRegistry, default_registry
+from jobwheel.consumers.worker.tracking import LatestAttempts, OffsetTracker
 from jobwheel.errors import BrokerError, DeliveryError, SchemaDecodeError
+from jobwheel.schemas.models import HANDBACK_REASON, Run, State, StatusEvent
+from jobwheel.schemas.partitioning import key_for
+from jobwheel.schemas.topics import DISPATCHED_HEADER, STATE_HEADER
 from jobwheel.settings import Settings
-from schemas.models import HANDBACK_REASON, Run, State, StatusEvent
-from schemas.partitioning import key_for
-from schemas.topics import DISPATCHED_HEADER, STATE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class WorkerPool:
         latest_attempts_capacity: int = 100_000,
         rng: random.Random | None = None,
     ) -> None:
-        from schemas.codec import Codec
+        from jobwheel.schemas.codec import Codec
 
         self.settings = settings
         self.registry = registry if registry is not None else default_registry

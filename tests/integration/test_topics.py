@@ -8,7 +8,7 @@ import sys
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from deploy.topics import ensure_topics
+from jobwheel.deploy.topics import ensure_topics
 from jobwheel.errors import TopicMismatchError
 
 

@@ -11,8 +11,8 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from jobwheel.errors import SchemaDecodeError, ValidationError
-from schemas.codec import Codec, SchemaCatalogue, crc64_avro, default_codec
-from schemas.models import (
+from jobwheel.schemas.codec import Codec, SchemaCatalogue, crc64_avro, default_codec
+from jobwheel.schemas.models import (
     After,
     CancelJob,
     ConcurrencyPolicy,
@@ -233,7 +233,7 @@ def test_readme_lists_the_current_fingerprints_and_partition_vectors() -> None:
     """Other-language services copy these numbers from schemas/README.md; keep them true."""
     from pathlib import Path
 
-    from schemas.partitioning import murmur2, partition_for
+    from jobwheel.schemas.partitioning import murmur2, partition_for
 
     readme = (Path(__file__).resolve().parents[2] / "schemas" / "README.md").read_text()
     for v in SchemaCatalogue.load().versions:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from fastavro import schemaless_writer
 
-from schemas import models
-from schemas.codec import SchemaCatalogue, default_codec
-from schemas.models import (
+from jobwheel.schemas import models
+from jobwheel.schemas.codec import SchemaCatalogue, default_codec
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,

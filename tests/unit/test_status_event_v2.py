@@ -6,8 +6,8 @@ import io
 
 from fastavro import schemaless_writer
 
-from schemas.codec import SchemaCatalogue, default_codec
-from schemas.models import State, StatusEvent
+from jobwheel.schemas.codec import SchemaCatalogue, default_codec
+from jobwheel.schemas.models import State, StatusEvent
 
 
 def test_started_ms_round_trips_and_v2_is_what_is_written() -> None:

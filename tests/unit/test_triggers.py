@@ -7,8 +7,8 @@ from datetime import datetime
 import pytest
 
 from jobwheel.errors import ValidationError
-from schemas.models import After, At, Cron, Every, Now
-from streams.triggers import fires_between, first_fire_ms, last_fire_between, next_fire_ms
+from jobwheel.schemas.models import After, At, Cron, Every, Now
+from jobwheel.streams.triggers import fires_between, first_fire_ms, last_fire_between, next_fire_ms
 
 HOUR = 3_600_000
 MINUTE = 60_000

@@ -8,10 +8,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from jobwheel.errors import ValidationError
-from producers import validation as v
-from producers.client import JobSpec, build_schedule
-from schemas import validation as rules
-from schemas.models import (
+from jobwheel.producers import validation as v
+from jobwheel.producers.client import JobSpec, build_schedule
+from jobwheel.schemas import validation as rules
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,
@@ -222,7 +222,7 @@ def test_check_command_applies_the_same_rules_to_hand_built_commands() -> None:
 
 
 def test_schedule_many_mappings_refuse_unknown_keys() -> None:
-    from producers.client import _spec
+    from jobwheel.producers.client import _spec
 
     assert _spec({"task": "demo.echo", "now": True}) == JobSpec(task="demo.echo", now=True)
     with pytest.raises(ValidationError) as info:
