@@ -230,7 +230,10 @@ def _acls_show(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from jobwheel import extras
     from jobwheel.deploy.stack import Stack
+
+    extras.require("all")  # before a broker is started for services that could not run
 
     stack = Stack(
         get_settings(),

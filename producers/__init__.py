@@ -23,4 +23,4 @@ def __getattr__(name: str) -> Any:
         from jobwheel.producers import client
 
         return getattr(client, name)
-    raise AttributeError(f"module 'producers' has no attribute {name!r}")
+    raise AttributeError(f"module 'jobwheel.producers' has no attribute {name!r}")

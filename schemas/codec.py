@@ -188,8 +188,9 @@ class SchemaRegistry(Protocol):
 class ConfluentSchemaRegistry:
     """:class:`SchemaRegistry` over ``confluent_kafka.schema_registry.SchemaRegistryClient``.
 
-    The registry client needs the ``confluent-kafka[schemaregistry]`` extra (authlib, attrs,
-    cachetools); it is imported only when a registry URL is configured.
+    The registry client needs the ``registry`` extra (``confluent-kafka[schemaregistry]``:
+    authlib, attrs, cachetools, an HTTP client); it is imported only when a registry URL is
+    configured.
     """
 
     def __init__(self, url: str, config: dict[str, Any] | None = None) -> None:
@@ -198,7 +199,7 @@ class ConfluentSchemaRegistry:
         except ImportError as exc:
             raise ConfigError(
                 "a Schema Registry URL is set but the registry client is not installed: "
-                "pip install 'confluent-kafka[schemaregistry]' (or unset "
+                "pip install 'jobwheel[registry]' (or unset "
                 "JOBWHEEL_SCHEMA_REGISTRY_URL to use single-object encoding)"
             ) from exc
         self._schema_cls = Schema

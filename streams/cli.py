@@ -19,6 +19,7 @@ import importlib
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
+from jobwheel import extras
 from jobwheel.errors import ConfigError, ValidationError
 from jobwheel.settings import get_settings
 
@@ -67,8 +68,9 @@ def _scheduler(args: argparse.Namespace) -> int:
                 "install a complete jobwheel"
             ) from exc
         raise ConfigError(
-            f"cannot start the scheduler: module {exc.name!r} is missing; "
-            "reinstall jobwheel with its dependencies (pip install -e .)"
+            extras.missing_message("scheduler", exc)
+            or f"cannot start the scheduler: module {exc.name!r} is missing; reinstall jobwheel "
+            f"with its scheduler extra ({extras.install_hint('scheduler')})"
         ) from exc
     run = getattr(app, "run_scheduler", None)
     if run is None:
