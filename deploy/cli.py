@@ -182,7 +182,7 @@ def _broker_status(args: argparse.Namespace) -> int:
 
 
 def _topics_ensure(args: argparse.Namespace) -> int:
-    from jobwheel.deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
     from jobwheel.reach import require_reachable
 
     settings = get_settings()

@@ -64,7 +64,7 @@ def bench_codec(n: int) -> None:
 
 
 def bench_producer(bootstrap: str, jobs: int) -> None:
-    from jobwheel.deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
     from jobwheel.producers.client import AsyncJobClient, JobClient, JobSpec
     from jobwheel.settings import Settings
 

@@ -379,7 +379,7 @@ class RunsReader:
 
         from confluent_kafka import Producer
 
-        from jobwheel.producers.kafka import producer_config
+        from jobwheel.kafka.producer import producer_config
 
         value = self._codec.encode(dataclasses.replace(run, attempt=run.attempt + 1))
 
@@ -460,7 +460,7 @@ def run_once(
     config: Config, bootstrap: str, out_dir: Path, broker_pid: int | None = None
 ) -> Result:
     """One load run on fresh topics and fresh processes; see the module doc."""
-    from jobwheel.deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
 
     prefix = f"e2e{uuid.uuid4().hex[:8]}"
     settings = Settings(

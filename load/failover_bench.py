@@ -35,7 +35,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-from jobwheel.deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.partitioning import partition_for

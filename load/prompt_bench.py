@@ -25,7 +25,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from jobwheel.deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State, StatusEvent

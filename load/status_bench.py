@@ -33,7 +33,7 @@ from confluent_kafka import Producer
 from jobwheel.consumers.status import queries
 from jobwheel.consumers.status.sink import StatusSink
 from jobwheel.consumers.status.store import StatusStore, event_row
-from jobwheel.deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from jobwheel.deploy.topics import ensure_topics
-from jobwheel.producers.kafka import producer_config
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for

@@ -28,8 +28,8 @@ from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
+from jobwheel.kafka.producer import Delivered, Producer, producer_config
 from jobwheel.producers import validation as v
-from jobwheel.producers.kafka import Delivered, Producer, producer_config
 from jobwheel.reach import require_reachable
 from jobwheel.schemas import validation as rules
 from jobwheel.schemas.codec import Codec, default_codec

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def run_scheduler(settings: Settings) -> int:
-    from jobwheel.deploy.topics import configure_scheduler_group, ensure_topics
+    from jobwheel.kafka.admin import configure_scheduler_group, ensure_topics
 
     ensure_topics(settings)
     configure_scheduler_group(settings)

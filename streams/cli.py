@@ -8,8 +8,7 @@ included:
     jobwheel next --every 90m --count 3
 
 Durations and instants are parsed by the same functions as ``jobwheel submit``
-(``jobwheel.producers.validation``), imported inside the handler so the scheduler never loads
-producers.
+(:mod:`jobwheel.schemas.timetext`, the one grammar of every part).
 """
 
 from __future__ import annotations
@@ -100,9 +99,9 @@ def next_fires(
 
     Raises :class:`ValidationError` for a bad expression, zone, duration, instant or count.
     """
-    from jobwheel.producers.validation import parse_duration, parse_instant
     from jobwheel.schemas.cron import zone
     from jobwheel.schemas.models import Cron, Every, Trigger
+    from jobwheel.schemas.timetext import parse_duration, parse_instant
     from jobwheel.streams import triggers
 
     n = _count(count)

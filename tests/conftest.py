@@ -121,7 +121,7 @@ def _test_prefix() -> str:
 def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
     """Settings for one test: unique topic prefix and group ids, its topics already created."""
     from jobwheel.deploy.broker import free_port
-    from jobwheel.deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
     from jobwheel.settings import Settings
 
     prefix = _test_prefix()

@@ -545,11 +545,13 @@ def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _dlq_filter(args: argparse.Namespace) -> Any:
-    from jobwheel.consumers.status.queries import parse_time
+    from jobwheel.clock import SystemClock
     from jobwheel.producers.deadletters import Filter
+    from jobwheel.schemas.timetext import instant_ms
 
+    since = instant_ms(args.since, "since", now=SystemClock().now_ms()) if args.since else None
     return Filter(
-        since_ms=parse_time(args.since, "since") if args.since else None,
+        since_ms=since,
         task=args.task,
         reason=args.reason,
         job_id=args.job,
@@ -778,20 +780,15 @@ def _check_ready(base: str, timeout_s: float) -> tuple[bool, str]:
 
 
 def _one_line(exc: Exception) -> str:
-    from confluent_kafka import KafkaError, KafkaException
+    from jobwheel.kafka.errors import error_text
 
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if isinstance(err, KafkaError):
-        return f"{err.str()} ({err.name()})"
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, JobwheelError) else str(exc)
+    return str(exc) if isinstance(exc, JobwheelError) else error_text(exc)
 
 
 def _admin(settings: Settings) -> Any:
-    from confluent_kafka.admin import AdminClient
+    from jobwheel.kafka.admin import admin_client
 
-    from jobwheel.logs import librdkafka_logger
-
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger("jobwheel.consumers.status")))
+    return admin_client(settings, "jobwheel.consumers.status")
 
 
 def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
@@ -805,56 +802,12 @@ def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
 
 
 def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool, str]:
-    admin = _admin(settings)  # keep a reference: a collected client never resolves its futures
-    futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
-    description = futures[group].result(timeout=timeout_s + 1)
-    members = len(description.members)
-    state = getattr(description.state, "name", str(description.state))
-    if members == 0:
+    from jobwheel.kafka.admin import describe_group
+
+    state, members = describe_group(settings, group, timeout_s, "jobwheel.consumers.status")
+    if not members:
         return False, f"group {group}: no members (state {state}); is it running?"
-    return True, f"group {group}: {members} member(s), {state}"
-
-
-def _scheduler_progress(
-    settings: Settings, timeout_s: float
-) -> dict[int, tuple[progress.Progress | None, int]]:
-    """Per partition: the scheduler's last progress note and how many input records (requests
-    and acks) it has not committed past."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    t = settings.topics
-    tps = [TopicPartition(topic, p) for topic in (t.requests, t.acks) for p in range(t.partitions)]
-    admin = _admin(settings)
-    request = ConsumerGroupTopicPartitions(settings.scheduler_app_id, tps)
-    found = admin.list_consumer_group_offsets([request], request_timeout=timeout_s)
-    committed = {
-        (tp.topic, tp.partition): tp
-        for tp in found[settings.scheduler_app_id].result(timeout_s + 1).topic_partitions
-    }
-    ends = {
-        (tp.topic, tp.partition): future.result(timeout_s + 1).offset
-        for tp, future in admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
-        ).items()
-    }
-    out: dict[int, tuple[progress.Progress | None, int]] = {}
-    for p in range(t.partitions):
-        notes = []
-        unread = 0
-        for topic in (t.requests, t.acks):
-            tp = committed.get((topic, p))
-            end = ends.get((topic, p), 0)
-            if tp is not None and tp.offset >= 0:
-                unread += max(0, end - tp.offset)
-                notes.append(progress.decode(tp.metadata))
-            elif topic == t.requests:
-                unread += end  # never committed: all of it is unread
-        latest = max(
-            (n for n in notes if n is not None), key=lambda n: n.committed_at_ms, default=None
-        )
-        out[p] = (latest, unread)
-    return out
+    return True, f"group {group}: {len(members)} member(s), {state}"
 
 
 def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[bool, str]:
@@ -863,11 +816,15 @@ def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[b
     is looked at again after a moment, so a record that arrived on an idle partition just now
     is not mistaken for a stall."""
 
+    from jobwheel.kafka.admin import scheduler_progress
+
     def stuck() -> dict[int, str]:
         now = int(time.time() * 1000)
         return {
             p: reason
-            for p, (note, unread) in _scheduler_progress(settings, timeout_s).items()
+            for p, (note, unread) in scheduler_progress(
+                settings, timeout_s, "jobwheel.consumers.status"
+            ).items()
             if (
                 reason := progress.stuck_reason(
                     note, now, unread, stuck_after_ms=settings.health_stuck_after_ms

@@ -77,7 +77,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from jobwheel.clock import Clock, SystemClock
@@ -89,6 +89,7 @@ from jobwheel.consumers.worker.middleware import Middleware, default_middleware
 from jobwheel.consumers.worker.registry import TaskRegistry, default_registry
 from jobwheel.consumers.worker.tracking import LatestAttempts, OffsetTracker
 from jobwheel.errors import BrokerError, DeliveryError, SchemaDecodeError
+from jobwheel.retry import Backoff
 from jobwheel.schemas.models import HANDBACK_REASON, Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for
 from jobwheel.schemas.topics import DISPATCHED_HEADER, STATE_HEADER
@@ -137,7 +138,10 @@ class _Execution:
     handing_back: bool = False
     outcome: Outcome | None = None
     acked: bool = False
-    redeliveries: int = 0
+    #: Sending its verdict again after a failed delivery: 0.1 s, doubling up to the cap.
+    redelivery: Backoff = field(
+        default_factory=lambda: Backoff(start_s=0.1, max_s=_MAX_REDELIVERY_DELAY_S)
+    )
 
     @property
     def key(self) -> tuple[str, int]:
@@ -629,9 +633,7 @@ class WorkerPool:
         re-delivered to the next owner)."""
         if self._closing or self._loop is None:
             return
-        delay = min(0.1 * 2**ex.redeliveries, _MAX_REDELIVERY_DELAY_S)
-        ex.redeliveries += 1
-        self._loop.call_later(delay, self._send_verdict, ex, record)
+        self._loop.call_later(ex.redelivery.failed(), self._send_verdict, ex, record)
 
     def _reap(self) -> None:
         """Forget acknowledged executions and tell the middleware (after the broker ack)."""

@@ -120,7 +120,7 @@ def _produce(
     else the error's name."""
     from confluent_kafka import KafkaException, Producer
 
-    from jobwheel.producers.kafka import producer_config
+    from jobwheel.kafka.producer import producer_config
 
     errors: list[str] = []
     producer = Producer(producer_config(settings, **{"message.timeout.ms": 15_000, **overrides}))

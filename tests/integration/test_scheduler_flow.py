@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from confluent_kafka import Producer
 
+from jobwheel.kafka.producer import producer_config
 from jobwheel.producers.client import JobClient
-from jobwheel.producers.kafka import producer_config
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import CancelJob, Cron, JobCommand, ScheduleJob, State
 from jobwheel.schemas.partitioning import key_for, partition_for

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jobwheel.deploy.broker import LocalBroker, free_port
-from jobwheel.deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings

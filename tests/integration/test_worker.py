@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from jobwheel.producers.kafka import producer_config
+from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from jobwheel.deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.test_worker import (

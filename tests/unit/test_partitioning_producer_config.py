@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobwheel.producers.kafka import producer_config
+from jobwheel.kafka.producer import producer_config
 from jobwheel.settings import Settings
 
 

@@ -173,7 +173,8 @@ def test_args_limit_counts_utf8_bytes() -> None:
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("250ms", 250), ("5s", 5000), ("10m", 600_000), ("1h30m", 5_400_000), ("2d", 172_800_000)],
+    [("250ms", 250), ("5s", 5000), ("10m", 600_000), ("1h30m", 5_400_000), ("2d", 172_800_000)]
+    + [("1w", 604_800_000)],
 )
 def test_parse_duration(text: str, ms: int) -> None:
     assert v.parse_duration(text, "in") == timedelta(milliseconds=ms)
