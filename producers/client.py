@@ -1,8 +1,8 @@
 """The SDK services use to schedule jobs: :class:`JobClient` (blocking) and :class:`AsyncJobClient`.
 
-Both validate a request completely before anything is sent (the contract's rules in
-:mod:`jobwheel.schemas.validation`, the SDK's keyword forms in
-:mod:`jobwheel.producers.validation`), key
+Both validate a request completely before anything is sent (the options of a job are
+:class:`~jobwheel.producers.spec.JobSpec`; the contract's rules are in
+:mod:`jobwheel.schemas.validation`), key
 every command by the job id's UTF-8 bytes (so all commands of a job land in one partition, in
 order, murmur2-partitioned like the scheduler expects), encode with the codec, and only return
 once the broker acknowledged the record: a job id returned by ``schedule`` is durable, and a
@@ -22,7 +22,6 @@ import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,16 +29,15 @@ from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
 from jobwheel.kafka.producer import Delivered, Producer, producer_config
 from jobwheel.producers import validation as v
+from jobwheel.producers.spec import JobSpec, build_schedule, spec_from_mapping
 from jobwheel.reach import require_reachable
 from jobwheel.schemas import validation as rules
 from jobwheel.schemas.codec import Codec, default_codec
 from jobwheel.schemas.models import (
     CancelJob,
-    ConcurrencyPolicy,
     JobCommand,
     PauseJob,
     ResumeJob,
-    ScheduleJob,
     TriggerJob,
 )
 from jobwheel.schemas.partitioning import key_for
@@ -47,79 +45,16 @@ from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_VISIBILITY_TIMEOUT = timedelta(seconds=30)
 #: Jobs a client remembers having scheduled (for ``wait``), the most recent.
 REMEMBERED_JOBS = 10_000
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    """The arguments of ``schedule`` as a value, for ``schedule_many``.
-
-    Exactly one of ``now``/``at``/``in_``/``every``/``cron`` is required. ``at`` and
-    ``start_at`` must be time-zone-aware. ``tz`` applies to ``cron`` only.
-    """
-
-    task: str
-    job_id: str | None = None
-    args: Any = None
-    now: bool = False
-    at: datetime | None = None
-    in_: timedelta | None = None
-    every: timedelta | None = None
-    cron: str | None = None
-    tz: str = "UTC"
-    start_at: datetime | None = None
-    max_attempts: int = 3
-    timeout: timedelta | None = None
-    visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT
-    starting_deadline: timedelta | None = None
-    concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW
-    idempotency_key: str | None = None
 
 
 def _spec(item: JobSpec | Mapping[str, Any]) -> JobSpec:
     if isinstance(item, JobSpec):
         return item
     if isinstance(item, Mapping):
-        kwargs = v.schedule_kwargs(item)
-        if "task" not in kwargs:
-            raise ValidationError("task", "is required")
-        return JobSpec(**kwargs)
+        return spec_from_mapping(item)
     raise ValidationError("spec", f"expected a JobSpec or a mapping, got {type(item).__name__}")
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
-
-
-def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCommand:
-    """The validated ScheduleJob command for ``spec`` (raises ValidationError naming the field)."""
-    job_id = rules.job_id(spec.job_id) if spec.job_id is not None else _new_id()
-    trigger = v.trigger(
-        now=spec.now,
-        at=spec.at,
-        in_=spec.in_,
-        every=spec.every,
-        cron=spec.cron,
-        tz=spec.tz,
-        start_at=spec.start_at,
-        now_ms=now_ms,
-    )
-    body = ScheduleJob(
-        task=rules.task(spec.task),
-        trigger=trigger,
-        args_json=rules.args_json(spec.args, max_args_bytes),
-        max_attempts=rules.max_attempts(spec.max_attempts),
-        timeout_ms=rules.positive_ms(spec.timeout, "timeout", allow_none=True),
-        visibility_timeout_ms=rules.positive_ms(spec.visibility_timeout, "visibility_timeout"),  # type: ignore[arg-type]
-        starting_deadline_ms=rules.positive_ms(
-            spec.starting_deadline, "starting_deadline", allow_none=True
-        ),
-        concurrency_policy=rules.concurrency_policy(spec.concurrency_policy),
-        idempotency_key=rules.idempotency_key(spec.idempotency_key),
-    )
-    return JobCommand(_new_id(), job_id, now_ms, body)
 
 
 _CONTROL = {"cancel": CancelJob, "pause": PauseJob, "resume": ResumeJob, "trigger": TriggerJob}
@@ -164,7 +99,7 @@ class _Commands:
 
     def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
         body = _CONTROL[kind](rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS))
-        return JobCommand(_new_id(), rules.job_id(job_id), now_ms, body)
+        return JobCommand(uuid.uuid4().hex, rules.job_id(job_id), now_ms, body)
 
     def check(self, command: JobCommand, now_ms: int) -> JobCommand:
         if not isinstance(command, JobCommand):
@@ -247,46 +182,10 @@ class JobClient:
         require_reachable(self._c.settings.bootstrap_servers, min(timeout_s, 2.0))
         self._c.producer.check_topic(self._c.topic, timeout_s)
 
-    def schedule(
-        self,
-        job_id: str | None = None,
-        *,
-        task: str,
-        args: Any = None,
-        now: bool = False,
-        at: datetime | None = None,
-        in_: timedelta | None = None,
-        every: timedelta | None = None,
-        cron: str | None = None,
-        tz: str = "UTC",
-        start_at: datetime | None = None,
-        max_attempts: int = 3,
-        timeout: timedelta | None = None,
-        visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT,
-        starting_deadline: timedelta | None = None,
-        concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW,
-        idempotency_key: str | None = None,
-    ) -> str:
-        """Create (or replace) a job; returns its id (a new uuid4 hex unless given)."""
-        spec = JobSpec(
-            job_id=job_id,
-            task=task,
-            args=args,
-            now=now,
-            at=at,
-            in_=in_,
-            every=every,
-            cron=cron,
-            tz=tz,
-            start_at=start_at,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            visibility_timeout=visibility_timeout,
-            starting_deadline=starting_deadline,
-            concurrency_policy=concurrency_policy,
-            idempotency_key=idempotency_key,
-        )
-        return self.schedule_many([spec])[0]
+    def schedule(self, job_id: str | None = None, **options: Any) -> str:
+        """Create (or replace) a job; returns its id (a new uuid4 hex unless given).
+        ``options`` are the fields of :class:`JobSpec` (``task=`` is required)."""
+        return self.schedule_many([JobSpec(job_id=job_id, **options)])[0]
 
     def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
         """Validate all, produce all, wait once. Nothing is sent if any spec is invalid."""
@@ -497,46 +396,9 @@ class AsyncJobClient:
         while not self._stop.is_set():
             self._c.producer.poll(0.1)
 
-    async def schedule(
-        self,
-        job_id: str | None = None,
-        *,
-        task: str,
-        args: Any = None,
-        now: bool = False,
-        at: datetime | None = None,
-        in_: timedelta | None = None,
-        every: timedelta | None = None,
-        cron: str | None = None,
-        tz: str = "UTC",
-        start_at: datetime | None = None,
-        max_attempts: int = 3,
-        timeout: timedelta | None = None,  # noqa: ASYNC109 - the job's run-time limit
-        visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT,
-        starting_deadline: timedelta | None = None,
-        concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW,
-        idempotency_key: str | None = None,
-    ) -> str:
+    async def schedule(self, job_id: str | None = None, **options: Any) -> str:
         """See :meth:`JobClient.schedule`."""
-        spec = JobSpec(
-            job_id=job_id,
-            task=task,
-            args=args,
-            now=now,
-            at=at,
-            in_=in_,
-            every=every,
-            cron=cron,
-            tz=tz,
-            start_at=start_at,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            visibility_timeout=visibility_timeout,
-            starting_deadline=starting_deadline,
-            concurrency_policy=concurrency_policy,
-            idempotency_key=idempotency_key,
-        )
-        return (await self.schedule_many([spec]))[0]
+        return (await self.schedule_many([JobSpec(job_id=job_id, **options)]))[0]
 
     async def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
         now_ms = self._c.clock.now_ms()

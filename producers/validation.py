@@ -4,8 +4,8 @@ The rules of a complete command (job id, task name, args, triggers, limits) live
 :mod:`jobwheel.schemas.validation`, shared with the scheduler so that "valid" means the same on both
 sides of the requests topic. This module holds what only producers need: the SDK's keyword
 form (datetimes and timedeltas, :func:`trigger`) and the text forms of the CLI and the HTTP API
-(:func:`duration_ms`, :func:`schedule_kwargs`; the grammar of durations and instants is
-:mod:`jobwheel.schemas.timetext`, the one every part reads). Every failure is a
+(:func:`duration_ms`; the options themselves are :mod:`jobwheel.producers.spec`, the grammar
+of durations and instants :mod:`jobwheel.schemas.timetext`). Every failure is a
 :class:`jobwheel.errors.ValidationError` naming the field, with long values cut.
 
 The functions are pure: "now" is an argument, so the same rules check a request built by hand.
@@ -13,7 +13,6 @@ The functions are pure: "now" is an argument, so the same rules check a request 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -88,37 +87,3 @@ def duration_ms(value: Any, field: str) -> timedelta | None:
         field,
         f"must be a duration like {DURATION_EXAMPLES} or whole milliseconds, got {clip(value)}",
     )
-
-
-def schedule_kwargs(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A mapping of ``JobClient.schedule`` keyword arguments, with unknown keys refused."""
-    unknown = set(spec) - SCHEDULE_KEYS
-    if unknown:
-        name = sorted(unknown)[0]
-        raise ValidationError(
-            name if len(name) <= 60 else name[:60] + "…",
-            f"unknown option; expected some of {', '.join(sorted(SCHEDULE_KEYS))}",
-        )
-    return dict(spec)
-
-
-SCHEDULE_KEYS = frozenset(
-    {
-        "job_id",
-        "task",
-        "args",
-        "now",
-        "at",
-        "in_",
-        "every",
-        "cron",
-        "tz",
-        "start_at",
-        "max_attempts",
-        "timeout",
-        "visibility_timeout",
-        "starting_deadline",
-        "concurrency_policy",
-        "idempotency_key",
-    }
-)
