@@ -71,37 +71,10 @@ def next_fire_ms(trigger: Trigger, previous_fire_ms: int) -> int | None:
     raise TypeError(f"unknown trigger type {type(trigger).__name__}")
 
 
-def fires_between(trigger: Trigger, after_ms: int, until_ms: int, limit: int) -> list[int]:
-    """The fires that follow ``after_ms`` up to ``until_ms`` inclusive, at most ``limit``.
-
-    I.e. ``next_fire_ms(after)``, ``next_fire_ms(that)``, ... while ``<= until_ms``: for an
-    ``Every`` trigger ``after_ms`` should be one of its fire instants. Used for Kubernetes-style
-    missed-run accounting after downtime; one-shot triggers have none. To find only the latest
-    one, use :func:`last_fire_between` (constant cost, whatever the gap).
-    """
-    if limit <= 0 or until_ms <= after_ms:
-        return []
-    if isinstance(trigger, Every):
-        interval = _interval(trigger)
-        count = min(limit, (until_ms - after_ms) // interval)
-        return [after_ms + interval * k for k in range(1, count + 1)]
-    if isinstance(trigger, Cron):
-        schedule, tz = _cron(trigger.expression, trigger.timezone)
-        out: list[int] = []
-        t = after_ms
-        while len(out) < limit:
-            t = schedule.next_after(t, tz)
-            if t > until_ms:
-                break
-            out.append(t)
-        return out
-    if isinstance(trigger, Now | At | After):
-        return []
-    raise TypeError(f"unknown trigger type {type(trigger).__name__}")
-
-
 def last_fire_between(trigger: Trigger, after_ms: int, until_ms: int) -> int | None:
-    """The last of :func:`fires_between` (without its limit), or None when there is none.
+    """The last fire after ``after_ms`` up to ``until_ms`` inclusive (``next_fire_ms`` from
+    ``after_ms`` again and again, the last one), or None when there is none; for an ``Every``
+    trigger ``after_ms`` should be one of its fire instants.
 
     Constant work for ``Every`` (arithmetic) and one or two wall-clock steps for ``Cron``
     (walking backwards from ``until_ms``), so a scheduler that was down for a month does not

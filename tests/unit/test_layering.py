@@ -154,7 +154,7 @@ def test_only_the_kafka_home_imports_the_kafka_client(module: str) -> None:
     }
     if module.startswith("jobwheel.kafka") or module in KAFKA_CLIENTS:
         return
-    if module == "jobwheel.schemas.codec":  # the Schema Registry adapter, nothing of Kafka
+    if module == "jobwheel.schemas.registry":  # the Schema Registry adapter, nothing of Kafka
         found = {n for n in found if not n.startswith("confluent_kafka.schema_registry")}
     assert not found, f"{module} imports {sorted(found)}: use jobwheel.kafka instead"
 
