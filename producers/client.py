@@ -136,16 +136,8 @@ def _batch_error(failures: list[tuple[str, DeliveryError]], total: int) -> Deliv
     )
 
 
-class JobClient:
-    """Blocking client: every method returns after the broker acknowledged the command.
-
-    Safe to share between threads. Use as a context manager or call :meth:`close`.
-
-    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
-    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
-    importing the workers' task modules) scheduling any other name warns
-    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
-    """
+class _Client:
+    """What both clients are made of: the settings, codec and producer behind their commands."""
 
     def __init__(
         self,
@@ -167,13 +159,31 @@ class JobClient:
             known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
-        #: job id -> (issued ms, command id) of the ScheduleJobs this client sent (for wait)
-        self._scheduled: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        self._scheduled_lock = threading.Lock()
+        self._setup()
+
+    def _setup(self) -> None:
+        """The client's own state (a subclass's)."""
 
     @property
     def topic(self) -> str:
         return self._c.topic
+
+
+class JobClient(_Client):
+    """Blocking client: every method returns after the broker acknowledged the command.
+
+    Safe to share between threads. Use as a context manager or call :meth:`close`.
+
+    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
+    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
+    importing the workers' task modules) scheduling any other name warns
+    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
+    """
+
+    def _setup(self) -> None:
+        #: job id -> (issued ms, command id) of the ScheduleJobs this client sent (for wait)
+        self._scheduled: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._scheduled_lock = threading.Lock()
 
     def check_broker(self, timeout_s: float = 5.0) -> None:
         """Fail within ``timeout_s`` when Kafka cannot be reached or the requests topic is
@@ -350,40 +360,17 @@ class JobClient:
         self.close()
 
 
-class AsyncJobClient:
+class AsyncJobClient(_Client):
     """The asyncio client: the same methods as coroutines, resolved by delivery callbacks.
 
     A background thread polls the producer and hands each delivery report to the event loop
     (``loop.call_soon_threadsafe``), so awaiting a schedule never blocks the loop.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        clock: Clock | None = None,
-        codec: Codec | None = None,
-        producer: Producer | None = None,
-        producer_overrides: Mapping[str, Any] | None = None,
-        delivery_timeout_s: float = 60.0,
-        known_tasks: Collection[str] | None = None,
-    ) -> None:
-        self._c = _Commands(
-            settings,
-            clock=clock,
-            codec=codec,
-            producer=producer,
-            producer_overrides=producer_overrides,
-            known_tasks=known_tasks,
-        )
-        self.delivery_timeout_s = delivery_timeout_s
+    def _setup(self) -> None:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._pending: set[asyncio.Future[Delivered]] = set()
-
-    @property
-    def topic(self) -> str:
-        return self._c.topic
 
     def _start(self) -> None:
         if self._poller is None:

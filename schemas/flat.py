@@ -8,11 +8,11 @@ lookups, a dict per record) costs more than the encoding itself. :class:`FlatRec
 once from a parsed schema and reads or writes a list of field values directly.
 
 It is a fast path, not a second codec: :class:`jobwheel.schemas.codec.Codec` uses it only for
-values and
-bytes it handles exactly, and falls back to fastavro for anything else (a value of the wrong
-type, bytes it refuses), so results and error messages stay fastavro's. Its decoder is the
-stricter of the two (int and long ranges, UTF-8, no trailing bytes); ``tests/unit/test_flat.py``
-holds it to byte-identical results with fastavro on valid records and random bytes.
+values and bytes it handles exactly, and falls back to fastavro for anything else (a value of the
+wrong type, bytes it refuses), so results and error messages stay fastavro's. Its decoder is the
+stricter of the two (int and long ranges, UTF-8, no trailing bytes);
+``tests/unit/test_flat_codec.py`` holds it to byte-identical results with fastavro on valid records
+and random bytes.
 """
 
 from __future__ import annotations

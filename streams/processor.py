@@ -1,9 +1,8 @@
 """The scheduler's decisions for one partition, as a pure processor.
 
 No Kafka, no clock: the engine (:mod:`jobwheel.streams.engine`) hands it decoded records and the
-current
-time, and it returns what to produce. State lives in the injected :class:`PartitionState`, whose
-job records also derive the timing wheels. This is where every rule of the scheduler is, so it
+current time, and it returns what to produce. State lives in the injected :class:`PartitionState`,
+whose job records also derive the timing wheels. This is where every rule of the scheduler is, so it
 is unit-tested record by record with a manual clock.
 
 Rules, in the words of Kubernetes CronJob and SQS:

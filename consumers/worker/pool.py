@@ -6,13 +6,12 @@ Offsets and at-least-once
 A committed offset is a promise that every run before it is finished. The pool keeps that
 promise with manual commits of a per-partition *contiguous watermark*
 (:class:`~jobwheel.consumers.worker.tracking.OffsetTracker`): a run's offset counts as done only
-when the
-run reached a terminal state **and its status event was acknowledged by the broker** (SUCCEEDED,
-FAILED, STALE; a bad record counts as done once logged). The broker's acknowledgement marks the
-offset done right in the producer's delivery report, so that rule costs no round trip through
-the event loop. The watermark is the first offset still pending, so a long run holds back
-commits of its partition while shorter runs behind it finish. Watermarks that moved are
-committed every ``JOBWHEEL_WORKER_COMMIT_INTERVAL_MS`` (100 ms).
+when the run reached a terminal state **and its status event was acknowledged by the broker**
+(SUCCEEDED, FAILED, STALE; a bad record counts as done once logged). The broker's acknowledgement
+marks the offset done right in the producer's delivery report, so that rule costs no round trip
+through the event loop. The watermark is the first offset still pending, so a long run holds back
+commits of its partition while shorter runs behind it finish. Watermarks that moved are committed
+every ``JOBWHEEL_WORKER_COMMIT_INTERVAL_MS`` (100 ms).
 
 Consequences:
 

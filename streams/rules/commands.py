@@ -138,16 +138,7 @@ class CommandRules(ProcessorCore):
         job.status = JobStatus.CANCELLED
         job.next_fire_ms = None
         self._retire(job, now_ms)
-        out.status.append(
-            self._event(
-                job,
-                job.job_id,
-                State.CANCELLED,
-                now_ms,
-                event_id=f"{cmd.command_id}:CANCELLED",
-                reason=body.reason,
-            )
-        )
+        self._answer(job, cmd, State.CANCELLED, now_ms, out, body.reason)
 
     def _pause(
         self, job: JobRecord, cmd: JobCommand, body: PauseJob, now_ms: int, out: Output
@@ -157,16 +148,7 @@ class CommandRules(ProcessorCore):
             self._refuse(job, cmd, f"cannot pause: job is {already}{job.status.shown}", now_ms, out)
             return
         job.status = JobStatus.PAUSED
-        out.status.append(
-            self._event(
-                job,
-                job.job_id,
-                State.PAUSED,
-                now_ms,
-                event_id=f"{cmd.command_id}:PAUSED",
-                reason=body.reason,
-            )
-        )
+        self._answer(job, cmd, State.PAUSED, now_ms, out, body.reason)
 
     def _resume(
         self, job: JobRecord, cmd: JobCommand, body: ResumeJob, now_ms: int, out: Output
@@ -176,16 +158,7 @@ class CommandRules(ProcessorCore):
             self._refuse(job, cmd, reason, now_ms, out)
             return
         job.status = JobStatus.ACTIVE
-        out.status.append(
-            self._event(
-                job,
-                job.job_id,
-                State.RESUMED,
-                now_ms,
-                event_id=f"{cmd.command_id}:RESUMED",
-                reason=body.reason,
-            )
-        )
+        self._answer(job, cmd, State.RESUMED, now_ms, out, body.reason)
         # Its last fire may have passed and its runs ended while it was paused: then it ends now.
         self._settle(job, now_ms, out)
 
@@ -244,3 +217,25 @@ class CommandRules(ProcessorCore):
             )
         self.save(job)
         return out
+
+    def _answer(
+        self,
+        job: JobRecord,
+        cmd: JobCommand,
+        state: State,
+        now_ms: int,
+        out: Output,
+        reason: str | None,
+    ) -> None:
+        """The job-level event a command causes directly, under the command's id
+        (``<command id>:<STATE>``), so whoever sent it can find the scheduler's verdict."""
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                state,
+                now_ms,
+                event_id=f"{cmd.command_id}:{state.value}",
+                reason=reason,
+            )
+        )

@@ -1,5 +1,5 @@
-"""The contract's rules for a raw JobCommand (jobwheel.schemas.validation), as the scheduler
-applies them.
+"""The contract's rules for a raw JobCommand (jobwheel.schemas.validation), as the scheduler applies
+them.
 
 A command written to the requests topic by hand, without the SDK, must get exactly the SDK's
 verdict: these are the cases an attacker or a buggy service sent straight to Kafka, which the
