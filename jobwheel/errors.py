@@ -81,10 +81,6 @@ class StateError(JobwheelError):
     """Scheduler state is unusable (unknown version, corrupt record)."""
 
 
-class RecoveryError(StateError):
-    """A partition's state could not be restored from its changelog."""
-
-
 class TaskError(JobwheelError):
     """A task is unknown or misdeclared."""
 

@@ -43,17 +43,8 @@ class SchemaVersion:
     canonical: str  # Parsing Canonical Form
     fingerprint: bytes  # 8 bytes, little-endian, as framed on the wire
 
-    @property
-    def fingerprint_int(self) -> int:
-        return int.from_bytes(self.fingerprint, "little")
-
     def label(self) -> str:
         return f"{self.name}.v{self.version}"
-
-    @property
-    def fingerprint_hex(self) -> str:
-        """The fingerprint as big-endian hex of the 64-bit value (how Java prints it)."""
-        return f"{self.fingerprint_int:016x}"
 
 
 def load_version(path: Path) -> SchemaVersion:
@@ -103,6 +94,3 @@ class SchemaCatalogue:
         if not candidates:
             raise ConfigError(f"no schema for record {full_name}")
         return max(candidates, key=lambda v: v.version)
-
-    def by_fingerprint(self) -> dict[bytes, SchemaVersion]:
-        return {v.fingerprint: v for v in self.versions}

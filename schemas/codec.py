@@ -317,12 +317,6 @@ class Codec:
             return None
         return reader.full_name, reader.flat.names, values
 
-    # introspection ---------------------------------------------------------------------
-
-    def current(self, model: type) -> SchemaVersion:
-        """The schema version ``encode`` writes for ``model``."""
-        return self._writers[model].version
-
 
 @functools.cache
 def default_codec(registry_url: str | None = None) -> Codec:

@@ -205,11 +205,3 @@ class FlatRecord:
             append(n)
             if kind == _STRING:
                 out += raw
-
-
-def _varint(n: int, out: bytearray) -> None:
-    """Append an unsigned varint (the caller has zigzag-encoded ``n``)."""
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)

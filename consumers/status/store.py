@@ -483,11 +483,6 @@ class StatusStore:
         except Exception:
             return False
 
-    def optimize(self) -> None:
-        """Force merges (tests and tools): collapses duplicate rows now instead of eventually."""
-        for table in ("status_events", "job_state", "run_state"):
-            self._command(f"OPTIMIZE TABLE {table} FINAL")
-
     def _command(self, sql: str) -> None:
         try:
             self.client.command(sql)
