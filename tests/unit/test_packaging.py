@@ -7,6 +7,7 @@ The built wheel in fresh environments is tests/integration/test_wheel.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -112,3 +113,34 @@ def test_a_service_without_its_extra_says_so_in_one_line(tmp_path: Path) -> None
     assert len(lines) == 1, result.stderr
     assert "prometheus_client is not installed" in lines[0]
     assert "pip install 'jobwheel[worker]'" in lines[0]
+
+
+def test_the_editable_install_maps_the_folders_from_anywhere(tmp_path: Path) -> None:
+    """From the repository root (where ``./jobwheel/`` is a plain package on sys.path, as under
+    pytest) and from any other folder (a ``python -m jobwheel.cli`` subprocess), each part
+    imports from its own folder of this checkout, once, under its ``jobwheel.*`` name only."""
+    import jobwheel.consumers.worker
+    import jobwheel.schemas
+
+    assert Path(jobwheel.schemas.__file__).parent == REPO / "schemas"
+    assert Path(jobwheel.consumers.worker.__file__).parent == REPO / "consumers" / "worker"
+    script = (
+        "import importlib.util, json, jobwheel.cli, jobwheel.schemas.codec, jobwheel.streams\n"
+        "print(json.dumps([jobwheel.schemas.codec.__file__, jobwheel.streams.__file__,\n"
+        "    importlib.util.find_spec('schemas') is None]))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    codec, streams, no_old_name = json.loads(result.stdout)
+    assert Path(codec) == REPO / "schemas" / "codec.py"
+    assert Path(streams) == REPO / "streams" / "__init__.py"
+    assert no_old_name
+    help_ = subprocess.run(
+        [sys.executable, "-m", "jobwheel.cli", "--help"], capture_output=True, text=True,
+        timeout=60, check=False, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert help_.returncode == 0 and help_.stdout.startswith("usage: jobwheel"), help_.stderr
