@@ -19,7 +19,7 @@ setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose $(VENV)/.chromium
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
 	touch $@
 
 # Java 17+ and Maven run the local broker; installed with apt-get only when missing and root.

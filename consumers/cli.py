@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from consumers.status import cli as status_cli
-from consumers.worker import cli as worker_cli
+from jobwheel.consumers.status import cli as status_cli
+from jobwheel.consumers.worker import cli as worker_cli
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

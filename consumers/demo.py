@@ -1,4 +1,4 @@
-"""Example tasks: ``jobwheel worker --tasks consumers.demo``.
+"""Example tasks: ``jobwheel worker --tasks jobwheel.consumers.demo``.
 
 Small on purpose; the tests and the benchmark drive the worker with them. ``demo.flaky`` decides
 by the run's attempt number (``current_run().attempt``) so it needs no shared state, and
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from consumers.worker import current_run, task
+from jobwheel.consumers.worker import current_run, task
 
 
 @task("demo.echo")

@@ -37,10 +37,8 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from jobwheel.errors import BrokerError, ConfigError
-from jobwheel.logs import librdkafka_logger
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -114,42 +112,6 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
     return sorted(grants[role])
 
 
-def _bindings(principal: str, grants: Iterable[Grant]) -> list[Any]:
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    return [
-        AclBinding(
-            ResourceType[g.resource],
-            g.name,
-            ResourcePatternType.PREFIXED if g.prefixed else ResourcePatternType.LITERAL,
-            principal,
-            "*",
-            AclOperation[op],
-            AclPermissionType.ALLOW,
-        )
-        for g in grants
-        for op in g.operations
-    ]
-
-
-def _key(binding: Any) -> tuple[str, ...]:
-    return (
-        binding.restype.name,
-        binding.name,
-        binding.resource_pattern_type.name,
-        binding.principal,
-        binding.host,
-        binding.operation.name,
-        binding.permission_type.name,
-    )
-
-
 @dataclass(frozen=True)
 class Applied:
     role: str
@@ -174,25 +136,13 @@ def apply_acls(
     wrote, else it is generated; each role's client config is written to
     ``credentials_dir/<role>.json`` (mode 0600), ready for ``JOBWHEEL_KAFKA_CONFIG``.
     """
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        AdminClient,
-        ResourcePatternType,
-        ResourceType,
-        ScramCredentialInfo,
-        ScramMechanism,
-        UserScramCredentialUpsertion,
-    )
-
-    from deploy.broker import client_credentials, write_secret_json
+    from jobwheel.deploy.broker import client_credentials, write_secret_json
+    from jobwheel.kafka.admin import admin_client, replace_acls, upsert_scram_user
 
     roles = list(roles)
     for role in roles:
         username(settings, role)
-    admin = AdminClient(settings.librdkafka(logger=librdkafka_logger("deploy")))
+    admin = admin_client(settings, "jobwheel.deploy")
     given = dict(passwords or {})
     done: list[Applied] = []
     try:
@@ -200,61 +150,25 @@ def apply_acls(
             user = username(settings, role)
             path = credentials_dir / f"{role}.json"
             password = given.get(role) or _existing_password(path, user) or _new_password()
-            info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
-            upsert = UserScramCredentialUpsertion(user, info, password.encode())
-            admin.alter_user_scram_credentials([upsert])[user].result(timeout=timeout_s)
-
+            upsert_scram_user(admin, user, password, SCRAM_ITERATIONS, timeout_s)
             principal = f"User:{user}"
-            wanted = {_key(b): b for b in _bindings(principal, role_grants(settings, role))}
-            held_filter = AclBindingFilter(
-                ResourceType.ANY,
-                None,
-                ResourcePatternType.ANY,
-                principal,
-                None,
-                AclOperation.ANY,
-                AclPermissionType.ANY,
+            granted, revoked = replace_acls(
+                admin, principal, role_grants(settings, role), timeout_s
             )
-            held = admin.describe_acls(held_filter, request_timeout=timeout_s).result(
-                timeout=timeout_s
-            )
-            extra = [b for b in held if _key(b) not in wanted]
-            if extra:
-                filters = [
-                    AclBindingFilter(
-                        b.restype,
-                        b.name,
-                        b.resource_pattern_type,
-                        b.principal,
-                        b.host,
-                        b.operation,
-                        b.permission_type,
-                    )
-                    for b in extra
-                ]
-                for future in admin.delete_acls(filters, request_timeout=timeout_s).values():
-                    future.result(timeout=timeout_s)
-            for future in admin.create_acls(
-                list(wanted.values()), request_timeout=timeout_s
-            ).values():
-                future.result(timeout=timeout_s)
-
             config = {"bootstrap.servers": settings.bootstrap_servers}
             config |= client_credentials(user, password)
             write_secret_json(path, config)
-            done.append(Applied(role, principal, path, len(wanted), len(extra)))
+            done.append(Applied(role, principal, path, granted, revoked))
             log.info(
                 "kafka role applied",
-                extra={"role": role, "principal": principal, "acls": len(wanted)},
+                extra={"role": role, "principal": principal, "acls": granted},
             )
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else exc
-        code = getattr(error, "name", lambda: None)()
+    except BrokerError as exc:
         raise BrokerError(
-            f"applying Kafka ACLs at {settings.bootstrap_servers} failed: {error}. "
+            f"applying Kafka ACLs at {settings.bootstrap_servers} failed: {exc}. "
             "JOBWHEEL_KAFKA_CONFIG must hold an admin's credentials (for `jobwheel broker start "
             "--secure`: the admin.json in its data dir), and the broker must run an authorizer",
-            code=code,
+            code=exc.code,
         ) from exc
     return done
 

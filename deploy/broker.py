@@ -710,15 +710,9 @@ class LocalBroker:
             return False
 
     def _metadata_ok(self, timeout_s: float = 2.0) -> bool:
-        from confluent_kafka.admin import AdminClient
+        from jobwheel.kafka.admin import metadata_answers
 
-        quiet = logging.getLogger(f"{__name__}.librdkafka")
-        quiet.setLevel(logging.CRITICAL)
-        admin = AdminClient({**self.client_config(), "logger": quiet})
-        try:
-            return bool(admin.list_topics(timeout=timeout_s).brokers)
-        except Exception:
-            return False
+        return metadata_answers(self.client_config(), timeout_s)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """SIGTERM (a clean shutdown), then SIGKILL after ``timeout_s``. False if not running."""

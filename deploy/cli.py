@@ -97,8 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--tasks",
         metavar="MODULE[,MODULE]",
         default=None,
-        help="task modules of the stack's worker (default consumers.demo), found in the "
-        "current folder too, e.g. --tasks consumers.demo,my_tasks",
+        help="task modules of the stack's worker (default jobwheel.consumers.demo), found in the "
+        "current folder too, e.g. --tasks jobwheel.consumers.demo,my_tasks",
     )
     up.set_defaults(handler=_up)
 
@@ -123,7 +123,7 @@ def _broker_args(
 
 
 def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from deploy.broker import LocalBroker
+    from jobwheel.deploy.broker import LocalBroker
 
     return LocalBroker.from_settings(
         get_settings(),
@@ -182,7 +182,7 @@ def _broker_status(args: argparse.Namespace) -> int:
 
 
 def _topics_ensure(args: argparse.Namespace) -> int:
-    from deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
     from jobwheel.reach import require_reachable
 
     settings = get_settings()
@@ -199,7 +199,7 @@ def _topics_ensure(args: argparse.Namespace) -> int:
 
 
 def _acls_apply(args: argparse.Namespace) -> int:
-    from deploy.acls import ROLES, apply_acls
+    from jobwheel.deploy.acls import ROLES, apply_acls
 
     settings = get_settings()
     out = args.out or settings.kafka_credentials_dir or settings.data_dir / "kafka-credentials"
@@ -218,7 +218,7 @@ def _acls_apply(args: argparse.Namespace) -> int:
 
 
 def _acls_show(args: argparse.Namespace) -> int:
-    from deploy.acls import ROLES, role_grants, username
+    from jobwheel.deploy.acls import ROLES, role_grants, username
 
     settings = get_settings()
     for role in ROLES:
@@ -230,7 +230,10 @@ def _acls_show(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.stack import Stack
+    from jobwheel import extras
+    from jobwheel.deploy.stack import Stack
+
+    extras.require("all")  # before a broker is started for services that could not run
 
     stack = Stack(
         get_settings(),

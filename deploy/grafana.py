@@ -6,7 +6,7 @@ metric it names is one the services export (tests/unit/test_metrics_dashboard.py
 ``docs/operations.md`` ("Reading the dashboards") says what each panel is for. Regenerate the
 provisioned file after a change::
 
-    python -m deploy.grafana > deploy/compose/grafana/dashboards/jobwheel-metrics.json
+    python -m jobwheel.deploy.grafana > deploy/compose/grafana/dashboards/jobwheel-metrics.json
 
 The metrics come from the Prometheus of ``deploy/compose`` (``prometheus/prometheus.yml``
 scrapes every scheduler, worker, sink and api container; the ``job`` label is the service).

@@ -51,8 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from deploy.broker import LocalBroker, tail
-from deploy.topics import ensure_topics
+from jobwheel.deploy.broker import LocalBroker, tail
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.retry import Backoff
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ def _scheduler_grace(settings: Settings) -> float:
     return settings.scheduler_transaction_timeout_ms / 1000 + STOP_GRACE_S
 
 
-DEMO_TASKS = "consumers.demo"
+DEMO_TASKS = "jobwheel.consumers.demo"
 
 
 def worker_service(tasks: str) -> Service:
@@ -176,7 +177,7 @@ class _Running:
         self.proc: subprocess.Popen[bytes] | None = None
         self.pump: threading.Thread | None = None
         self.started_at = 0.0
-        self.backoff_s = BACKOFF_START_S
+        self.backoff = Backoff(start_s=BACKOFF_START_S, max_s=BACKOFF_MAX_S)
         self.restart_at: float | None = None
         self.restarts = 0
 
@@ -311,7 +312,7 @@ class Stack:
         if wanted not in taken and _port_free(self.settings.metrics_host, wanted):
             port = wanted
         else:
-            from deploy.broker import free_port
+            from jobwheel.deploy.broker import free_port
 
             port = free_port(self.settings.metrics_host)
         if current is not None:
@@ -457,19 +458,19 @@ class Stack:
                 if running.pump is not None:
                     running.pump.join(2.0)
                 if now - running.started_at >= STABLE_AFTER_S:
-                    running.backoff_s = BACKOFF_START_S
+                    running.backoff.reset()
+                delay_s = running.backoff.failed()
                 running.proc = None
-                running.restart_at = now + running.backoff_s
+                running.restart_at = now + delay_s
                 self._say(
                     f"!! service {running.service.name} exited with code {proc.returncode}; "
-                    f"restarting in {running.backoff_s:.0f}s. Last lines of {running.log_path}:\n"
+                    f"restarting in {delay_s:.0f}s. Last lines of {running.log_path}:\n"
                     + tail(running.log_path, 15)
                 )
                 log.info(  # the terminal has the line above; this is for a redirected log
                     "service exited",
                     extra={"service": running.service.name, "code": proc.returncode},
                 )
-                running.backoff_s = min(running.backoff_s * 2, BACKOFF_MAX_S)
             elif running.proc is None and now >= (running.restart_at or float("inf")):
                 running.restarts += 1
                 self._spawn(running)

@@ -10,6 +10,8 @@ What a user sees is decided here for every subcommand:
 - a one-shot command (submit, status, health, ...) reports its outcome itself (stdout, exit
   code, that one line), so its log shows errors only (``JOBWHEEL_LOG_LEVEL=DEBUG``: all);
   services (scheduler, worker, serve, sink, up) log at ``JOBWHEEL_LOG_LEVEL``;
+- a server command run on an install without its extra (``pip install jobwheel`` is the client
+  SDK only) names the extra to install in that one line (:mod:`jobwheel.extras`);
 - output cut short by the reader (``jobwheel status ID | head -3``) ends the command quietly;
 - modules named on the command line (``jobwheel worker --tasks my_tasks``) are found in the
   current folder too, as ``python -m`` would find them.
@@ -25,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from jobwheel import logs
+from jobwheel import extras, logs
 from jobwheel.errors import JobwheelError, ValidationError, clip
 
 if TYPE_CHECKING:
@@ -41,10 +43,10 @@ BROKEN_PIPE = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from consumers import cli as consumers_cli
-    from deploy import cli as deploy_cli
-    from producers import cli as producers_cli
-    from streams import cli as streams_cli
+    from jobwheel.consumers import cli as consumers_cli
+    from jobwheel.deploy import cli as deploy_cli
+    from jobwheel.producers import cli as producers_cli
+    from jobwheel.streams import cli as streams_cli
 
     parser = argparse.ArgumentParser(
         prog="jobwheel", description="A distributed job scheduler on Apache Kafka."
@@ -102,6 +104,12 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except ImportError as exc:
+        missing = extras.missing_message(args.command, exc)
+        if missing is None:
+            raise
+        _say_error(args.command, missing, json_out)
+        return 1
     except Exception:
         if not json_out:
             raise

@@ -26,7 +26,7 @@ class ConfigError(JobwheelError):
 
 
 class BrokerError(JobwheelError):
-    """Kafka said no. ``code`` is the librdkafka/aiokafka error code name when there is one."""
+    """Kafka said no. ``code`` is librdkafka's error code name when there is one."""
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -79,10 +79,6 @@ class SchemaRegistryError(JobwheelError):
 
 class StateError(JobwheelError):
     """Scheduler state is unusable (unknown version, corrupt record)."""
-
-
-class RecoveryError(StateError):
-    """A partition's state could not be restored from its changelog."""
 
 
 class TaskError(JobwheelError):

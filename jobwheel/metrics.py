@@ -34,7 +34,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import (
@@ -207,24 +207,24 @@ class LabelLimiter:
         return value
 
 
+F = TypeVar("F", CounterMetricFamily, GaugeMetricFamily)
+
+
 def counter(
     name: str, doc: str, values: dict[tuple[str, ...], float] | float, labels: Sequence[str] = ()
 ) -> CounterMetricFamily:
     """A counter family from a number, or from ``{label values: number}``."""
-    family = CounterMetricFamily(name, doc, labels=list(labels) if labels else None)
-    if isinstance(values, dict):
-        for key, value in list(values.items()):
-            family.add_metric(list(key), value)
-    else:
-        family.add_metric([], values)
-    return family
+    return _filled(CounterMetricFamily(name, doc, labels=list(labels) if labels else None), values)
 
 
 def gauge(
     name: str, doc: str, values: dict[tuple[str, ...], float] | float, labels: Sequence[str] = ()
 ) -> GaugeMetricFamily:
     """A gauge family from a number, or from ``{label values: number}``."""
-    family = GaugeMetricFamily(name, doc, labels=list(labels) if labels else None)
+    return _filled(GaugeMetricFamily(name, doc, labels=list(labels) if labels else None), values)
+
+
+def _filled(family: F, values: dict[tuple[str, ...], float] | float) -> F:
     if isinstance(values, dict):
         for key, value in list(values.items()):
             family.add_metric(list(key), value)

@@ -18,7 +18,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobwheel.errors import ConfigError
-from schemas.topics import (
+from jobwheel.schemas.topics import (
     DEFAULT_PARTITIONS,
     DEFAULT_PREFIX,
     DEFAULT_REPLICATION_FACTOR,

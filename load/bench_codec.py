@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
-from schemas.codec import default_codec
-from schemas.models import After, JobCommand, ScheduleJob, State, StatusEvent
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import After, JobCommand, ScheduleJob, State, StatusEvent
 
 COMMAND = JobCommand(
     uuid.uuid4().hex,
@@ -64,9 +64,9 @@ def bench_codec(n: int) -> None:
 
 
 def bench_producer(bootstrap: str, jobs: int) -> None:
-    from deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
+    from jobwheel.producers.client import AsyncJobClient, JobClient, JobSpec
     from jobwheel.settings import Settings
-    from producers.client import AsyncJobClient, JobClient, JobSpec
 
     settings = Settings(
         _env_file=None,  # type: ignore[call-arg]

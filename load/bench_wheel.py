@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from schemas.models import Cron, Every
-from streams import triggers
-from streams.state.rocksdb import RocksDBLimits, RocksDBWheelStore
-from streams.wheel import TimingWheel
+from jobwheel.schemas.models import Cron, Every
+from jobwheel.streams import triggers
+from jobwheel.streams.state.rocksdb import RocksDBLimits, RocksDBWheelStore
+from jobwheel.streams.wheel import TimingWheel
 
 T0 = 1_780_000_000_000
 

@@ -318,7 +318,7 @@ class RunsReader:
     def __init__(self, settings: Settings, duplicate: int = 0) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        from schemas.codec import default_codec
+        from jobwheel.schemas.codec import default_codec
 
         self.settings = settings
         self.fires: list[Fire] = []
@@ -346,7 +346,7 @@ class RunsReader:
         self._thread.start()
 
     def _loop(self) -> None:
-        from schemas.models import Run
+        from jobwheel.schemas.models import Run
 
         while not self._stop.is_set():
             # What is there now, else wait for one record only: a batch call would hold the
@@ -379,7 +379,7 @@ class RunsReader:
 
         from confluent_kafka import Producer
 
-        from producers.kafka import producer_config
+        from jobwheel.kafka.producer import producer_config
 
         value = self._codec.encode(dataclasses.replace(run, attempt=run.attempt + 1))
 
@@ -407,7 +407,7 @@ def read_starts(directory: Path) -> list[Start]:
 
 def jobs_per_partition(settings: Settings, prefix: str) -> list[str]:
     """One job id per partition (the readiness probes)."""
-    from schemas.partitioning import partition_for
+    from jobwheel.schemas.partitioning import partition_for
 
     found: dict[int, str] = {}
     i = 0
@@ -460,7 +460,7 @@ def run_once(
     config: Config, bootstrap: str, out_dir: Path, broker_pid: int | None = None
 ) -> Result:
     """One load run on fresh topics and fresh processes; see the module doc."""
-    from deploy.topics import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics
 
     prefix = f"e2e{uuid.uuid4().hex[:8]}"
     settings = Settings(
@@ -514,7 +514,7 @@ def _drive(
 ) -> Result:
     from confluent_kafka.admin import AdminClient
 
-    from producers.client import JobClient, JobSpec
+    from jobwheel.producers.client import JobClient, JobSpec
 
     # Ready: every process in its group, a probe per partition run, the sink storing.
     admin = AdminClient(settings.librdkafka())
@@ -730,7 +730,7 @@ def own_broker(bootstrap: str | None, work: Path) -> Iterator[tuple[str, int | N
     if bootstrap:
         yield bootstrap, None
         return
-    from deploy.broker import LocalBroker, free_port
+    from jobwheel.deploy.broker import LocalBroker, free_port
 
     broker = LocalBroker(work / "kafka", port=free_port(), controller_port=free_port(), heap="1g")
     broker.start(die_with_parent=True)

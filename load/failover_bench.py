@@ -35,13 +35,13 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-from deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.partitioning import partition_for
 from jobwheel.settings import Settings
 from load.harness import broker
 from load.scheduler_bench import cpu_s, env_for, rss_mib
-from producers.client import JobClient, JobSpec
-from schemas.codec import default_codec
-from schemas.partitioning import partition_for
 
 PROTOCOLS = {
     "consumer (KIP-848)": {"JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": "consumer"},

@@ -20,7 +20,7 @@ def broker(start: bool, bootstrap: str | None) -> Iterator[str]:
     if not start:
         yield bootstrap or Settings().bootstrap_servers
         return
-    from deploy.broker import LocalBroker, free_port
+    from jobwheel.deploy.broker import LocalBroker, free_port
 
     with tempfile.TemporaryDirectory(prefix="jobwheel-bench-") as tmp:
         local = LocalBroker(Path(tmp), port=free_port(), controller_port=free_port(), heap="512m")

@@ -25,12 +25,12 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.producers.client import JobClient
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.settings import Settings
 from load.harness import broker
-from producers.client import JobClient
-from schemas.codec import default_codec
-from schemas.models import State, StatusEvent
 
 
 def percentile(values: list[int], q: float) -> int:

@@ -31,13 +31,13 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import Run, State, StatusEvent
+from jobwheel.schemas.topics import STATE_HEADER
 from jobwheel.settings import Settings
 from load.harness import broker
-from producers.client import JobClient, JobSpec
-from schemas.codec import default_codec
-from schemas.models import Run, State, StatusEvent
-from schemas.topics import STATE_HEADER
 
 
 def percentile(values: list[int], q: float) -> int:

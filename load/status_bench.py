@@ -1,8 +1,8 @@
 """Throughput of the status sink into the embedded ClickHouse engine (chdb).
 
 Produces N status events (six per job: a full one-shot life) to a fresh status topic, then runs
-one :class:`consumers.status.sink.StatusSink` in this process against a new chdb directory and
-waits until every event is inserted and committed. Prints:
+one :class:`jobwheel.consumers.status.sink.StatusSink` in this process against a new chdb directory
+and waits until every event is inserted and committed. Prints:
 
 - the sink's rate: events/s from the first to the last insert (steady state) and over the whole
   run (consumer group join and engine start included);
@@ -30,15 +30,15 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from consumers.status import queries
-from consumers.status.sink import StatusSink
-from consumers.status.store import StatusStore, event_row
-from deploy.topics import ensure_topics
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.sink import StatusSink
+from jobwheel.consumers.status.store import StatusStore, event_row
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.schemas.codec import Codec
+from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import key_for
 from jobwheel.settings import Settings
 from load.harness import broker
-from schemas.codec import Codec
-from schemas.models import State, StatusEvent
-from schemas.partitioning import key_for
 
 
 def job_events(i: int, t0: int) -> list[StatusEvent]:

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from consumers.worker import current_run, task
+from jobwheel.consumers.worker import current_run, task
 
 _files: dict[str, int] = {}
 

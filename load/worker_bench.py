@@ -28,13 +28,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from deploy.topics import ensure_topics
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.kafka.producer import producer_config
+from jobwheel.schemas.codec import Codec
+from jobwheel.schemas.models import Run, State, StatusEvent
+from jobwheel.schemas.partitioning import key_for, partition_for
 from jobwheel.settings import Settings
 from load.harness import broker
-from producers.kafka import producer_config
-from schemas.codec import Codec
-from schemas.models import Run, State, StatusEvent
-from schemas.partitioning import key_for, partition_for
 
 
 def produce_runs(settings: Settings, n: int, codec: Codec, task: str = "demo.echo") -> float:
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     "jobwheel.cli",
                     "worker",
                     "--tasks",
-                    "consumers.demo,load.tasks",
+                    "jobwheel.consumers.demo,load.tasks",
                 ],
                 env=worker_env(settings, args.concurrency, args.log_level),
                 stdout=log_file,

@@ -1,7 +1,8 @@
 """The SDK services use to schedule jobs: :class:`JobClient` (blocking) and :class:`AsyncJobClient`.
 
-Both validate a request completely before anything is sent (the contract's rules in
-:mod:`schemas.validation`, the SDK's keyword forms in :mod:`producers.validation`), key
+Both validate a request completely before anything is sent (the options of a job are
+:class:`~jobwheel.producers.spec.JobSpec`; the contract's rules are in
+:mod:`jobwheel.schemas.validation`), key
 every command by the job id's UTF-8 bytes (so all commands of a job land in one partition, in
 order, murmur2-partitioned like the scheduler expects), encode with the codec, and only return
 once the broker acknowledged the record: a job id returned by ``schedule`` is durable, and a
@@ -21,104 +22,39 @@ import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
+from jobwheel.kafka.producer import Delivered, Producer, producer_config
+from jobwheel.producers import validation as v
+from jobwheel.producers.spec import JobSpec, build_schedule, spec_from_mapping
 from jobwheel.reach import require_reachable
-from jobwheel.settings import Settings
-from producers import validation as v
-from producers.kafka import Delivered, Producer, producer_config
-from schemas import validation as rules
-from schemas.codec import Codec, default_codec
-from schemas.models import (
+from jobwheel.schemas import validation as rules
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import (
     CancelJob,
-    ConcurrencyPolicy,
     JobCommand,
     PauseJob,
     ResumeJob,
-    ScheduleJob,
     TriggerJob,
 )
-from schemas.partitioning import key_for
+from jobwheel.schemas.partitioning import key_for
+from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_VISIBILITY_TIMEOUT = timedelta(seconds=30)
 #: Jobs a client remembers having scheduled (for ``wait``), the most recent.
 REMEMBERED_JOBS = 10_000
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobSpec:
-    """The arguments of ``schedule`` as a value, for ``schedule_many``.
-
-    Exactly one of ``now``/``at``/``in_``/``every``/``cron`` is required. ``at`` and
-    ``start_at`` must be time-zone-aware. ``tz`` applies to ``cron`` only.
-    """
-
-    task: str
-    job_id: str | None = None
-    args: Any = None
-    now: bool = False
-    at: datetime | None = None
-    in_: timedelta | None = None
-    every: timedelta | None = None
-    cron: str | None = None
-    tz: str = "UTC"
-    start_at: datetime | None = None
-    max_attempts: int = 3
-    timeout: timedelta | None = None
-    visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT
-    starting_deadline: timedelta | None = None
-    concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW
-    idempotency_key: str | None = None
 
 
 def _spec(item: JobSpec | Mapping[str, Any]) -> JobSpec:
     if isinstance(item, JobSpec):
         return item
     if isinstance(item, Mapping):
-        kwargs = v.schedule_kwargs(item)
-        if "task" not in kwargs:
-            raise ValidationError("task", "is required")
-        return JobSpec(**kwargs)
+        return spec_from_mapping(item)
     raise ValidationError("spec", f"expected a JobSpec or a mapping, got {type(item).__name__}")
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
-
-
-def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCommand:
-    """The validated ScheduleJob command for ``spec`` (raises ValidationError naming the field)."""
-    job_id = rules.job_id(spec.job_id) if spec.job_id is not None else _new_id()
-    trigger = v.trigger(
-        now=spec.now,
-        at=spec.at,
-        in_=spec.in_,
-        every=spec.every,
-        cron=spec.cron,
-        tz=spec.tz,
-        start_at=spec.start_at,
-        now_ms=now_ms,
-    )
-    body = ScheduleJob(
-        task=rules.task(spec.task),
-        trigger=trigger,
-        args_json=rules.args_json(spec.args, max_args_bytes),
-        max_attempts=rules.max_attempts(spec.max_attempts),
-        timeout_ms=rules.positive_ms(spec.timeout, "timeout", allow_none=True),
-        visibility_timeout_ms=rules.positive_ms(spec.visibility_timeout, "visibility_timeout"),  # type: ignore[arg-type]
-        starting_deadline_ms=rules.positive_ms(
-            spec.starting_deadline, "starting_deadline", allow_none=True
-        ),
-        concurrency_policy=rules.concurrency_policy(spec.concurrency_policy),
-        idempotency_key=rules.idempotency_key(spec.idempotency_key),
-    )
-    return JobCommand(_new_id(), job_id, now_ms, body)
 
 
 _CONTROL = {"cancel": CancelJob, "pause": PauseJob, "resume": ResumeJob, "trigger": TriggerJob}
@@ -163,7 +99,7 @@ class _Commands:
 
     def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
         body = _CONTROL[kind](rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS))
-        return JobCommand(_new_id(), rules.job_id(job_id), now_ms, body)
+        return JobCommand(uuid.uuid4().hex, rules.job_id(job_id), now_ms, body)
 
     def check(self, command: JobCommand, now_ms: int) -> JobCommand:
         if not isinstance(command, JobCommand):
@@ -200,16 +136,8 @@ def _batch_error(failures: list[tuple[str, DeliveryError]], total: int) -> Deliv
     )
 
 
-class JobClient:
-    """Blocking client: every method returns after the broker acknowledged the command.
-
-    Safe to share between threads. Use as a context manager or call :meth:`close`.
-
-    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
-    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
-    importing the workers' task modules) scheduling any other name warns
-    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
-    """
+class _Client:
+    """What both clients are made of: the settings, codec and producer behind their commands."""
 
     def __init__(
         self,
@@ -231,13 +159,31 @@ class JobClient:
             known_tasks=known_tasks,
         )
         self.delivery_timeout_s = delivery_timeout_s
-        #: job id -> (issued ms, command id) of the ScheduleJobs this client sent (for wait)
-        self._scheduled: OrderedDict[str, tuple[int, str]] = OrderedDict()
-        self._scheduled_lock = threading.Lock()
+        self._setup()
+
+    def _setup(self) -> None:
+        """The client's own state (a subclass's)."""
 
     @property
     def topic(self) -> str:
         return self._c.topic
+
+
+class JobClient(_Client):
+    """Blocking client: every method returns after the broker acknowledged the command.
+
+    Safe to share between threads. Use as a context manager or call :meth:`close`.
+
+    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
+    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
+    importing the workers' task modules) scheduling any other name warns
+    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
+    """
+
+    def _setup(self) -> None:
+        #: job id -> (issued ms, command id) of the ScheduleJobs this client sent (for wait)
+        self._scheduled: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._scheduled_lock = threading.Lock()
 
     def check_broker(self, timeout_s: float = 5.0) -> None:
         """Fail within ``timeout_s`` when Kafka cannot be reached or the requests topic is
@@ -246,46 +192,10 @@ class JobClient:
         require_reachable(self._c.settings.bootstrap_servers, min(timeout_s, 2.0))
         self._c.producer.check_topic(self._c.topic, timeout_s)
 
-    def schedule(
-        self,
-        job_id: str | None = None,
-        *,
-        task: str,
-        args: Any = None,
-        now: bool = False,
-        at: datetime | None = None,
-        in_: timedelta | None = None,
-        every: timedelta | None = None,
-        cron: str | None = None,
-        tz: str = "UTC",
-        start_at: datetime | None = None,
-        max_attempts: int = 3,
-        timeout: timedelta | None = None,
-        visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT,
-        starting_deadline: timedelta | None = None,
-        concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW,
-        idempotency_key: str | None = None,
-    ) -> str:
-        """Create (or replace) a job; returns its id (a new uuid4 hex unless given)."""
-        spec = JobSpec(
-            job_id=job_id,
-            task=task,
-            args=args,
-            now=now,
-            at=at,
-            in_=in_,
-            every=every,
-            cron=cron,
-            tz=tz,
-            start_at=start_at,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            visibility_timeout=visibility_timeout,
-            starting_deadline=starting_deadline,
-            concurrency_policy=concurrency_policy,
-            idempotency_key=idempotency_key,
-        )
-        return self.schedule_many([spec])[0]
+    def schedule(self, job_id: str | None = None, **options: Any) -> str:
+        """Create (or replace) a job; returns its id (a new uuid4 hex unless given).
+        ``options`` are the fields of :class:`JobSpec` (``task=`` is required)."""
+        return self.schedule_many([JobSpec(job_id=job_id, **options)])[0]
 
     def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
         """Validate all, produce all, wait once. Nothing is sent if any spec is invalid."""
@@ -315,11 +225,11 @@ class JobClient:
         which) and :class:`jobwheel.errors.WaitTimeoutError` after ``timeout`` (seconds).
 
         The outcome is read from the job's partition of the status and acks topics (see
-        :mod:`producers.results`): no status API needed. For a job this client scheduled
+        :mod:`jobwheel.producers.results`): no status API needed. For a job this client scheduled
         reading starts just before it was scheduled; for another, at ``since`` (default an
         hour ago). A recurring job never finishes: wait for a one-off (now, at, in) job.
         """
-        from producers.results import wait_for_result
+        from jobwheel.producers.results import wait_for_result
 
         rules.job_id(job_id)
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
@@ -347,7 +257,8 @@ class JobClient:
         self, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None
     ) -> None:
         """Produce bytes to the requests topic as they are (a dead-lettered command replayed by
-        :mod:`producers.deadletters`; it checks them first). Waits for the acknowledgement."""
+        :mod:`jobwheel.producers.deadletters`; it checks them first). Waits for the
+        acknowledgement."""
         done: list[DeliveryError | None] = []
 
         def delivered(err: DeliveryError | None, _: Delivered | None) -> None:
@@ -449,40 +360,17 @@ class JobClient:
         self.close()
 
 
-class AsyncJobClient:
+class AsyncJobClient(_Client):
     """The asyncio client: the same methods as coroutines, resolved by delivery callbacks.
 
     A background thread polls the producer and hands each delivery report to the event loop
     (``loop.call_soon_threadsafe``), so awaiting a schedule never blocks the loop.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        clock: Clock | None = None,
-        codec: Codec | None = None,
-        producer: Producer | None = None,
-        producer_overrides: Mapping[str, Any] | None = None,
-        delivery_timeout_s: float = 60.0,
-        known_tasks: Collection[str] | None = None,
-    ) -> None:
-        self._c = _Commands(
-            settings,
-            clock=clock,
-            codec=codec,
-            producer=producer,
-            producer_overrides=producer_overrides,
-            known_tasks=known_tasks,
-        )
-        self.delivery_timeout_s = delivery_timeout_s
+    def _setup(self) -> None:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._pending: set[asyncio.Future[Delivered]] = set()
-
-    @property
-    def topic(self) -> str:
-        return self._c.topic
 
     def _start(self) -> None:
         if self._poller is None:
@@ -495,46 +383,9 @@ class AsyncJobClient:
         while not self._stop.is_set():
             self._c.producer.poll(0.1)
 
-    async def schedule(
-        self,
-        job_id: str | None = None,
-        *,
-        task: str,
-        args: Any = None,
-        now: bool = False,
-        at: datetime | None = None,
-        in_: timedelta | None = None,
-        every: timedelta | None = None,
-        cron: str | None = None,
-        tz: str = "UTC",
-        start_at: datetime | None = None,
-        max_attempts: int = 3,
-        timeout: timedelta | None = None,  # noqa: ASYNC109 - the job's run-time limit
-        visibility_timeout: timedelta = DEFAULT_VISIBILITY_TIMEOUT,
-        starting_deadline: timedelta | None = None,
-        concurrency_policy: ConcurrencyPolicy | str = ConcurrencyPolicy.ALLOW,
-        idempotency_key: str | None = None,
-    ) -> str:
+    async def schedule(self, job_id: str | None = None, **options: Any) -> str:
         """See :meth:`JobClient.schedule`."""
-        spec = JobSpec(
-            job_id=job_id,
-            task=task,
-            args=args,
-            now=now,
-            at=at,
-            in_=in_,
-            every=every,
-            cron=cron,
-            tz=tz,
-            start_at=start_at,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            visibility_timeout=visibility_timeout,
-            starting_deadline=starting_deadline,
-            concurrency_policy=concurrency_policy,
-            idempotency_key=idempotency_key,
-        )
-        return (await self.schedule_many([spec]))[0]
+        return (await self.schedule_many([JobSpec(job_id=job_id, **options)]))[0]
 
     async def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
         now_ms = self._c.clock.now_ms()

@@ -1,4 +1,4 @@
-"""List and replay the dead-letter topic: the Kafka side of :mod:`schemas.deadletter`.
+"""List and replay the dead-letter topic: the Kafka side of :mod:`jobwheel.schemas.deadletter`.
 
 Reading: every partition of ``<prefix>.dead-letter`` from ``since`` (the broker's offset for
 that time) up to the end offsets as they were when the read began, ``read_committed`` (the
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import BrokerError, DeliveryError, ValidationError
-from schemas import deadletter as dl
-from schemas.codec import Codec, default_codec
+from jobwheel.schemas import deadletter as dl
+from jobwheel.schemas.codec import Codec, default_codec
 
 if TYPE_CHECKING:
+    from jobwheel.producers.client import JobClient
     from jobwheel.settings import Settings
-    from producers.client import JobClient
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ MAX_LIST = 10_000
 @dataclass(frozen=True)
 class Filter:
     """Which dead letters: all given conditions hold. ``reason`` is a case-insensitive part of
-    the error text; ``kind`` one of :data:`schemas.deadletter.KINDS`."""
+    the error text; ``kind`` one of :data:`jobwheel.schemas.deadletter.KINDS`."""
 
     since_ms: int | None = None
     task: str | None = None
@@ -75,58 +75,25 @@ def read_dead_letters(
     timeout_s: float = 30.0,
 ) -> list[dl.DeadLetter]:
     """The dead letters matching ``flt``, oldest first (at most ``flt.limit``, the newest)."""
-    from confluent_kafka import (
-        OFFSET_BEGINNING,
-        Consumer,
-        KafkaError,
-        KafkaException,
-        TopicPartition,
-    )
-
-    from jobwheel.logs import librdkafka_logger
+    from jobwheel.kafka.reader import BEGINNING, PartitionEnd, TopicReader
 
     codec = codec or default_codec(settings.schema_registry_url)
     topic = settings.topics.dead_letter
-    consumer = Consumer(
-        settings.librdkafka(
-            **{
-                "group.id": f"jobwheel-dlq-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-                "logger": librdkafka_logger("producers.deadletters"),
-            }
-        )
-    )
+    reader = TopicReader(settings, "jobwheel.producers.deadletters", "dlq-reader", eof=True)
     deadline = time.monotonic() + timeout_s
     try:
-        try:
-            meta = consumer.list_topics(topic, timeout=min(10.0, timeout_s)).topics.get(topic)
-        except KafkaException as exc:
-            raise BrokerError(f"cannot read the dead-letter topic {topic}: {exc}") from exc
-        if meta is None or meta.error is not None or not meta.partitions:
+        partitions = reader.partitions(topic, min(10.0, timeout_s))
+        if partitions is None:
             raise BrokerError(
                 f"dead-letter topic {topic} not found (run `jobwheel topics ensure`, or check "
                 "JOBWHEEL_TOPIC_PREFIX)"
             )
-        partitions = sorted(meta.partitions)
-        ends: dict[int, int] = {}
-        starts: list[TopicPartition] = []
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            ends[p] = high
-            starts.append(TopicPartition(topic, p, OFFSET_BEGINNING))
+        ends = {p: reader.end_offset(topic, p) for p in partitions}
+        starts = {p: BEGINNING for p in partitions}
         if flt.since_ms is not None:
-            found = consumer.offsets_for_times(
-                [TopicPartition(topic, p, flt.since_ms) for p in partitions], timeout=10
-            )
-            starts = [
-                TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else ends[p])
-                for p, tp in zip(partitions, found, strict=True)
-            ]
-        waiting = {tp.partition for tp in starts if tp.offset < ends[tp.partition]}
-        consumer.assign(starts)
+            starts = reader.offsets_at(topic, partitions, flt.since_ms, 10.0)
+        waiting = {p for p, offset in starts.items() if offset < ends[p]}
+        reader.assign({(topic, p): offset for p, offset in starts.items()})
         out: list[dl.DeadLetter] = []
         while waiting:
             if time.monotonic() > deadline:
@@ -134,31 +101,23 @@ def read_dead_letters(
                     f"reading {topic} did not reach its end within {timeout_s:.0f}s "
                     f"(partitions {sorted(waiting)})"
                 )
-            msg = consumer.poll(0.5)
-            if msg is None:
+            record = reader.poll(0.5)
+            if record is None:
                 continue
-            p = msg.partition()
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    waiting.discard(p)
-                elif error.fatal():
-                    raise BrokerError(f"reading {topic} failed: {error.str()}")
-                continue
-            if msg.offset() >= ends[p]:
+            p = record.partition
+            if isinstance(record, PartitionEnd) or record.offset >= ends[p]:
                 waiting.discard(p)
                 continue
-            if msg.offset() + 1 >= ends[p]:
+            if record.offset + 1 >= ends[p]:
                 waiting.discard(p)
-            _, timestamp = msg.timestamp()
             letter = dl.parse(
                 codec,
                 partition=p,
-                offset=msg.offset(),
-                timestamp_ms=timestamp,
-                key=msg.key(),
-                value=msg.value(),
-                headers=msg.headers(),
+                offset=record.offset,
+                timestamp_ms=record.timestamp_ms,
+                key=record.key,
+                value=record.value,
+                headers=record.headers,
                 acks_topic=settings.topics.acks,
             )
             if flt.matches(letter):
@@ -166,7 +125,7 @@ def read_dead_letters(
         out.sort(key=lambda d: (d.timestamp_ms, d.partition, d.offset))
         return out[-flt.limit :]
     finally:
-        consumer.close()
+        reader.close()
 
 
 @dataclass(frozen=True)

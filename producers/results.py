@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobwheel.errors import BrokerError, JobFailedError, SchemaDecodeError, WaitTimeoutError
-from schemas.codec import Codec, default_codec
-from schemas.models import State, StatusEvent
-from schemas.partitioning import partition_for
-from schemas.topics import STATE_HEADER
+from jobwheel.errors import JobFailedError, SchemaDecodeError, WaitTimeoutError
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.schemas.topics import STATE_HEADER
 
 if TYPE_CHECKING:
+    from jobwheel.kafka.consumer import Record
     from jobwheel.settings import Settings
 
 #: How far before the scheduling command reading starts (producer and broker clocks differ).
@@ -123,9 +123,8 @@ def wait_for_result(
 ) -> Any:
     """Block until the job has finished; its result, or :class:`JobFailedError`, or
     :class:`WaitTimeoutError` after ``timeout_s``."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    from jobwheel.logs import librdkafka_logger
+    from jobwheel.kafka.consumer import Record
+    from jobwheel.kafka.reader import TopicReader
 
     codec = codec or default_codec(settings.schema_registry_url)
     topics = settings.topics
@@ -134,43 +133,23 @@ def wait_for_result(
     now = time.time_ns() // 1_000_000
     start = (now - DEFAULT_LOOKBACK_MS) if since_ms is None else since_ms - CLOCK_MARGIN_MS
     outcome = Outcome(job_id, command_id=command_id)
-    consumer = Consumer(
-        settings.librdkafka(
-            **{
-                "group.id": f"jobwheel-wait-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-                "logger": librdkafka_logger("producers.results"),
-            }
-        )
-    )
+    reader = TopicReader(settings, "jobwheel.producers.results", "wait")
     deadline = time.monotonic() + timeout_s
     try:
-        wanted = [TopicPartition(t, p, max(0, start)) for t in (topics.status, topics.acks)]
-        try:
-            found = consumer.offsets_for_times(wanted, timeout=min(10.0, max(1.0, timeout_s)))
-        except KafkaException as exc:
-            raise BrokerError(f"cannot find where to read job {job_id}'s events: {exc}") from exc
-        # no record at or after the time: start at the end
-        starts = {
-            tp.topic: tp.offset
-            if tp.offset >= 0
-            else consumer.get_watermark_offsets(TopicPartition(tp.topic, p), timeout=10)[1]
-            for tp in found
+        lookup_s = min(10.0, max(1.0, timeout_s))
+        next_offset = {
+            t: reader.offsets_at(t, [p], start, lookup_s)[p] for t in (topics.status, topics.acks)
         }
-        consumer.assign([TopicPartition(t, p, offset) for t, offset in starts.items()])
-        next_offset = dict(starts)
+        reader.assign({(t, p): offset for t, offset in next_offset.items()})
         while True:
-            msg = consumer.poll(max(0.0, min(0.5, deadline - time.monotonic())))
-            error = msg.error() if msg is not None else None
-            if msg is not None and error is None:
-                next_offset[msg.topic()] = msg.offset() + 1
-                if msg.key() == key:
-                    _feed(outcome, codec, msg)
-            elif error is not None and error.fatal():
-                raise BrokerError(f"reading job {job_id}'s events failed: {error.str()}")
-            if outcome.done and _caught_up(consumer, topics.acks, p, next_offset[topics.acks]):
+            record = reader.poll(max(0.0, min(0.5, deadline - time.monotonic())))
+            if isinstance(record, Record):
+                next_offset[record.topic] = record.offset + 1
+                if record.key == key:
+                    _feed(outcome, codec, record)
+            if outcome.done and next_offset[topics.acks] >= reader.end_offset(topics.acks, p):
+                # The scheduler's COMPLETED follows the worker's SUCCEEDED, which may still be
+                # unread when the COMPLETED arrives: read the acks partition to its end first.
                 return outcome.result()
             if time.monotonic() >= deadline:
                 unanswered = outcome.command_id is not None and outcome.started_seq is None
@@ -183,24 +162,15 @@ def wait_for_result(
                     )
                 )
     finally:
-        consumer.close()
+        reader.close()
 
 
-def _feed(outcome: Outcome, codec: Codec, msg: Any) -> None:
-    if any(name == STATE_HEADER and value in _SKIPPED for name, value in msg.headers() or ()):
+def _feed(outcome: Outcome, codec: Codec, record: Record) -> None:
+    if any(name == STATE_HEADER and value in _SKIPPED for name, value in record.headers or ()):
         return
     try:
-        event = codec.decode(msg.value() or b"")
+        event = codec.decode(record.value or b"")
     except SchemaDecodeError:
         return  # not ours to judge: the scheduler dead-letters what it cannot read
     if isinstance(event, StatusEvent):
         outcome.feed(event)
-
-
-def _caught_up(consumer: Any, topic: str, partition: int, next_offset: int) -> bool:
-    """Has the acks partition been read to its end? The scheduler's COMPLETED follows the
-    worker's SUCCEEDED, which may still be unread when the COMPLETED arrives."""
-    from confluent_kafka import TopicPartition
-
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-    return next_offset >= high

@@ -14,6 +14,11 @@ A reader with a registry decodes both framings, so a deployment can switch frami
 flag day. Schema files are ``<name>.v<N>.avsc``; the highest ``N`` of a name is the current
 version: it is what :meth:`Codec.encode` writes and what :meth:`Codec.decode` resolves every older
 writer version to (Avro schema resolution fills added fields with their defaults).
+
+The pieces it frames with live next to it: the schema versions and their fingerprints in
+:mod:`jobwheel.schemas.catalogue`, the conversions of models to Avro dicts in
+:mod:`jobwheel.schemas.conversions`, the Schema Registry adapter in
+:mod:`jobwheel.schemas.registry`.
 """
 
 from __future__ import annotations
@@ -23,334 +28,34 @@ import functools
 import io
 import json
 import logging
-import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 
-from jobwheel.errors import ConfigError, SchemaDecodeError, SchemaRegistryError, ValidationError
-from schemas.flat import FlatError, FlatRecord
-from schemas.models import (
-    After,
-    At,
-    CancelJob,
-    ConcurrencyPolicy,
-    Cron,
-    Every,
+from jobwheel.errors import SchemaDecodeError, ValidationError
+from jobwheel.schemas.catalogue import SchemaCatalogue, SchemaVersion
+from jobwheel.schemas.catalogue import crc64_avro as crc64_avro  # the fingerprint, re-exported
+from jobwheel.schemas.conversions import KINDS
+from jobwheel.schemas.flat import FlatError, FlatRecord
+from jobwheel.schemas.models import (
     JobCommand,
-    Now,
-    PauseJob,
-    ReplayRun,
-    ResumeJob,
     Run,
-    ScheduleJob,
-    State,
     StatusEvent,
-    TriggerJob,
 )
+from jobwheel.schemas.registry import ConfluentSchemaRegistry, SchemaRegistry
 
 log = logging.getLogger(__name__)
-
-AVRO_DIR = Path(__file__).resolve().parent / "avro"
-NAMESPACE = "io.jobwheel"
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
 _SINGLE_HEADER = len(SINGLE_OBJECT_MAGIC) + 8
 _CONFLUENT_HEADER = 5
-_FILE_RE = re.compile(r"^(?P<name>[a-z][a-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc$")
 
 Model = JobCommand | Run | StatusEvent
-
-
-# --- fingerprints and the schema catalogue ------------------------------------------------
-
-
-def _crc64_table() -> list[int]:
-    empty = 0xC15D213AA4D7A795
-    table = []
-    for i in range(256):
-        fp = i
-        for _ in range(8):
-            fp = (fp >> 1) ^ (empty & -(fp & 1))
-        table.append(fp)
-    return table
-
-
-_CRC64_TABLE = _crc64_table()
-
-
-def crc64_avro(data: bytes) -> int:
-    """The Avro spec's CRC-64-AVRO (Rabin) fingerprint of ``data`` as an unsigned int."""
-    fp = 0xC15D213AA4D7A795
-    for byte in data:
-        fp = (fp >> 8) ^ _CRC64_TABLE[(fp ^ byte) & 0xFF]
-    return fp
-
-
-@dataclass(frozen=True)
-class SchemaVersion:
-    """One ``.avsc`` file, parsed once: everything encode/decode needs without recomputing."""
-
-    name: str  # file stem, e.g. "job_command"
-    version: int
-    full_name: str  # e.g. "io.jobwheel.JobCommand"
-    source: dict[str, Any]  # the JSON as written (with docs), what a registry is given
-    parsed: dict[str, Any]  # fastavro-parsed
-    canonical: str  # Parsing Canonical Form
-    fingerprint: bytes  # 8 bytes, little-endian, as framed on the wire
-
-    @property
-    def fingerprint_int(self) -> int:
-        return int.from_bytes(self.fingerprint, "little")
-
-    def label(self) -> str:
-        return f"{self.name}.v{self.version}"
-
-    @property
-    def fingerprint_hex(self) -> str:
-        """The fingerprint as big-endian hex of the 64-bit value (how Java prints it)."""
-        return f"{self.fingerprint_int:016x}"
-
-
-def load_version(path: Path) -> SchemaVersion:
-    match = _FILE_RE.match(path.name)
-    if match is None:
-        raise ConfigError(f"schema file {path.name!r} is not named <name>.v<N>.avsc")
-    source = json.loads(path.read_text(encoding="utf-8"))
-    # Parse from a copy: fastavro annotates the dict it parses.
-    parsed = parse_schema(json.loads(json.dumps(source)))
-    canonical = to_parsing_canonical_form(parsed)
-    return SchemaVersion(
-        name=match["name"],
-        version=int(match["version"]),
-        full_name=parsed["name"],
-        source=source,
-        parsed=parsed,
-        canonical=canonical,
-        fingerprint=crc64_avro(canonical.encode("utf-8")).to_bytes(8, "little"),
-    )
-
-
-@dataclass(frozen=True)
-class SchemaCatalogue:
-    """All versions of all schemas in a directory; the highest version of a name is current."""
-
-    versions: tuple[SchemaVersion, ...]
-
-    @classmethod
-    def load(cls, directory: Path = AVRO_DIR) -> SchemaCatalogue:
-        versions = tuple(
-            load_version(p) for p in sorted(directory.glob("*.avsc")) if _FILE_RE.match(p.name)
-        )
-        if not versions:
-            raise ConfigError(f"no <name>.v<N>.avsc schema files in {directory}")
-        seen: dict[bytes, SchemaVersion] = {}
-        for v in versions:
-            other = seen.setdefault(v.fingerprint, v)
-            if other is not v:
-                raise ConfigError(
-                    f"{v.name}.v{v.version} and {other.name}.v{other.version} have the same "
-                    "canonical form; a new version must change the fields"
-                )
-        return cls(versions)
-
-    def current(self, full_name: str) -> SchemaVersion:
-        candidates = [v for v in self.versions if v.full_name == full_name]
-        if not candidates:
-            raise ConfigError(f"no schema for record {full_name}")
-        return max(candidates, key=lambda v: v.version)
-
-    def by_fingerprint(self) -> dict[bytes, SchemaVersion]:
-        return {v.fingerprint: v for v in self.versions}
-
-
-# --- schema registry ----------------------------------------------------------------------
-
-
-class SchemaRegistry(Protocol):
-    """What the codec needs from a Schema Registry (tests inject an in-process one)."""
-
-    def register(self, subject: str, schema_str: str) -> int:
-        """Register (or find) ``schema_str`` under ``subject``; return its global id."""
-        ...
-
-    def lookup(self, schema_id: int) -> str | None:
-        """The schema text of ``schema_id``; ``None`` if the registry does not know it."""
-        ...
-
-
-class ConfluentSchemaRegistry:
-    """:class:`SchemaRegistry` over ``confluent_kafka.schema_registry.SchemaRegistryClient``.
-
-    The registry client needs the ``confluent-kafka[schemaregistry]`` extra (authlib, attrs,
-    cachetools); it is imported only when a registry URL is configured.
-    """
-
-    def __init__(self, url: str, config: dict[str, Any] | None = None) -> None:
-        try:
-            from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-        except ImportError as exc:
-            raise ConfigError(
-                "a Schema Registry URL is set but the registry client is not installed: "
-                "pip install 'confluent-kafka[schemaregistry]' (or unset "
-                "JOBWHEEL_SCHEMA_REGISTRY_URL to use single-object encoding)"
-            ) from exc
-        self._schema_cls = Schema
-        self._client = SchemaRegistryClient({"url": url, **(config or {})})
-
-    def register(self, subject: str, schema_str: str) -> int:
-        try:
-            return int(self._client.register_schema(subject, self._schema_cls(schema_str, "AVRO")))
-        except Exception as exc:
-            raise SchemaRegistryError(f"registering {subject} failed: {exc}") from exc
-
-    def lookup(self, schema_id: int) -> str | None:
-        try:
-            return str(self._client.get_schema(schema_id).schema_str)
-        except Exception as exc:
-            if getattr(exc, "http_status_code", None) == 404:
-                return None
-            raise SchemaRegistryError(f"looking up schema id {schema_id} failed: {exc}") from exc
-
-
-# --- models <-> Avro dicts ----------------------------------------------------------------
-
-
-def _name(short: str) -> str:
-    return f"{NAMESPACE}.{short}"
-
-
-_TRIGGER_TO: dict[type, Callable[[Any], tuple[str, dict[str, Any]]]] = {
-    Now: lambda t: (_name("Now"), {}),
-    At: lambda t: (_name("At"), {"at_ms": t.at_ms}),
-    After: lambda t: (_name("After"), {"delay_ms": t.delay_ms}),
-    Every: lambda t: (_name("Every"), {"interval_ms": t.interval_ms, "start_at_ms": t.start_at_ms}),
-    Cron: lambda t: (_name("Cron"), {"expression": t.expression, "timezone": t.timezone}),
-}
-
-_TRIGGER_FROM: dict[str, Callable[[dict[str, Any]], Any]] = {
-    _name("Now"): lambda d: Now(),
-    _name("At"): lambda d: At(d["at_ms"]),
-    _name("After"): lambda d: After(d["delay_ms"]),
-    _name("Every"): lambda d: Every(d["interval_ms"], d["start_at_ms"]),
-    _name("Cron"): lambda d: Cron(d["expression"], d["timezone"]),
-}
-
-
-def _schedule_to(b: ScheduleJob) -> tuple[str, dict[str, Any]]:
-    trigger = _TRIGGER_TO.get(type(b.trigger))
-    if trigger is None:
-        raise ValidationError("trigger", f"unsupported trigger {b.trigger!r}")
-    return (
-        _name("ScheduleJob"),
-        {
-            "task": b.task,
-            "args_json": b.args_json,
-            "trigger": trigger(b.trigger),
-            "max_attempts": b.max_attempts,
-            "timeout_ms": b.timeout_ms,
-            "visibility_timeout_ms": b.visibility_timeout_ms,
-            "starting_deadline_ms": b.starting_deadline_ms,
-            "concurrency_policy": str(b.concurrency_policy),
-            "idempotency_key": b.idempotency_key,
-        },
-    )
-
-
-def _schedule_from(d: dict[str, Any]) -> ScheduleJob:
-    name, trigger = d["trigger"]
-    return ScheduleJob(
-        task=d["task"],
-        trigger=_TRIGGER_FROM[name](trigger),
-        args_json=d["args_json"],
-        max_attempts=d["max_attempts"],
-        timeout_ms=d["timeout_ms"],
-        visibility_timeout_ms=d["visibility_timeout_ms"],
-        starting_deadline_ms=d["starting_deadline_ms"],
-        concurrency_policy=ConcurrencyPolicy(d["concurrency_policy"]),
-        idempotency_key=d["idempotency_key"],
-    )
-
-
-_REPLAY_FIELDS = tuple(f.name for f in dataclasses.fields(ReplayRun))
-
-_BODY_TO: dict[type, Callable[[Any], tuple[str, dict[str, Any]]]] = {
-    ScheduleJob: _schedule_to,
-    CancelJob: lambda b: (_name("CancelJob"), {"reason": b.reason}),
-    PauseJob: lambda b: (_name("PauseJob"), {"reason": b.reason}),
-    ResumeJob: lambda b: (_name("ResumeJob"), {"reason": b.reason}),
-    TriggerJob: lambda b: (_name("TriggerJob"), {"reason": b.reason}),
-    ReplayRun: lambda b: (_name("ReplayRun"), {f: getattr(b, f) for f in _REPLAY_FIELDS}),
-}
-
-_BODY_FROM: dict[str, Callable[[dict[str, Any]], Any]] = {
-    _name("ScheduleJob"): _schedule_from,
-    _name("CancelJob"): lambda d: CancelJob(d["reason"]),
-    _name("PauseJob"): lambda d: PauseJob(d["reason"]),
-    _name("ResumeJob"): lambda d: ResumeJob(d["reason"]),
-    _name("TriggerJob"): lambda d: TriggerJob(d["reason"]),
-    _name("ReplayRun"): lambda d: ReplayRun(**d),
-}
-
-
-def _command_to(c: JobCommand) -> dict[str, Any]:
-    body = _BODY_TO.get(type(c.body))
-    if body is None:
-        raise ValidationError("body", f"unsupported command body {c.body!r}")
-    return {
-        "command_id": c.command_id,
-        "job_id": c.job_id,
-        "issued_at_ms": c.issued_at_ms,
-        "body": body(c.body),
-    }
-
-
-def _command_from(d: dict[str, Any]) -> JobCommand:
-    name, body = d["body"]
-    return JobCommand(d["command_id"], d["job_id"], d["issued_at_ms"], _BODY_FROM[name](body))
-
-
-_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(Run))
-_STATUS_FIELDS = tuple(f.name for f in dataclasses.fields(StatusEvent))
-
-
-def _run_to(r: Run) -> dict[str, Any]:
-    return {f: getattr(r, f) for f in _RUN_FIELDS}
-
-
-def _run_from(d: dict[str, Any]) -> Run:
-    return Run(**d)
-
-
-def _status_to(e: StatusEvent) -> dict[str, Any]:
-    out = {f: getattr(e, f) for f in _STATUS_FIELDS}
-    out["state"] = str(e.state)
-    return out
-
-
-def _status_from(d: dict[str, Any]) -> StatusEvent:
-    d["state"] = State(d["state"])
-    return StatusEvent(**d)
-
-
-@dataclass(frozen=True)
-class _Kind:
-    model: type
-    to_avro: Callable[[Any], dict[str, Any]]
-    from_avro: Callable[[dict[str, Any]], Any]
-
-
-KINDS: dict[str, _Kind] = {
-    _name("JobCommand"): _Kind(JobCommand, _command_to, _command_from),
-    _name("Run"): _Kind(Run, _run_to, _run_from),
-    _name("StatusEvent"): _Kind(StatusEvent, _status_to, _status_from),
-}
 
 
 # --- the codec ----------------------------------------------------------------------------
@@ -611,12 +316,6 @@ class Codec:
         except FlatError:
             return None
         return reader.full_name, reader.flat.names, values
-
-    # introspection ---------------------------------------------------------------------
-
-    def current(self, model: type) -> SchemaVersion:
-        """The schema version ``encode`` writes for ``model``."""
-        return self._writers[model].version
 
 
 @functools.cache

@@ -4,8 +4,8 @@ Producers reject a bad expression or zone before anything is sent; the scheduler
 from the same :class:`CronSchedule`, so "valid" means the same thing on both sides of the topic.
 
 Only croniter and zoneinfo are used here. croniter is used for parsing and for iterating *naive
-wall-clock* times; its own time-zone arithmetic is not trusted (it drifts across DST changes with
-the croniter version faust pins), so mapping wall times to instants is done explicitly.
+wall-clock* times; its own time-zone arithmetic is not trusted (it has drifted across DST changes
+between croniter releases), so mapping wall times to instants is done explicitly.
 
 Cron and daylight saving time (the rules of :meth:`CronSchedule.next_after`)
 ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The dead-letter topic's records (schemas/README.md, "Dead-letter records"), and what replaying
 each kind means. Pure: records in, values and verdicts out; the Kafka plumbing that reads the
-topic and produces the replays is :mod:`producers.deadletters`.
+topic and produces the replays is :mod:`jobwheel.producers.deadletters`.
 
 Kinds, told apart by the ``jobwheel.kind`` header and ``jobwheel.source.topic``:
 
@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jobwheel.errors import JobwheelError, SchemaDecodeError, ValidationError
-from schemas.codec import Codec
-from schemas.models import JobCommand, ReplayRun, Run, StatusEvent
-from schemas.topics import (
+from jobwheel.schemas.codec import Codec
+from jobwheel.schemas.models import JobCommand, ReplayRun, Run, StatusEvent
+from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
     ERROR_HEADER,
     KIND_HEADER,
@@ -39,7 +39,7 @@ from schemas.topics import (
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
 )
-from schemas.validation import check_command, check_key
+from jobwheel.schemas.validation import check_command, check_key
 
 #: On a command produced again from the dead-letter topic: ``<dead-letter partition>:<offset>``
 #: of the record it came from. The scheduler mentions it in the events the command causes.

@@ -7,11 +7,12 @@ decodes five per job, and at those rates fastavro's per-call set-up (a stream ob
 lookups, a dict per record) costs more than the encoding itself. :class:`FlatRecord` is compiled
 once from a parsed schema and reads or writes a list of field values directly.
 
-It is a fast path, not a second codec: :class:`schemas.codec.Codec` uses it only for values and
-bytes it handles exactly, and falls back to fastavro for anything else (a value of the wrong
-type, bytes it refuses), so results and error messages stay fastavro's. Its decoder is the
-stricter of the two (int and long ranges, UTF-8, no trailing bytes); ``tests/unit/test_flat.py``
-holds it to byte-identical results with fastavro on valid records and random bytes.
+It is a fast path, not a second codec: :class:`jobwheel.schemas.codec.Codec` uses it only for
+values and bytes it handles exactly, and falls back to fastavro for anything else (a value of the
+wrong type, bytes it refuses), so results and error messages stay fastavro's. Its decoder is the
+stricter of the two (int and long ranges, UTF-8, no trailing bytes);
+``tests/unit/test_flat_codec.py`` holds it to byte-identical results with fastavro on valid records
+and random bytes.
 """
 
 from __future__ import annotations
@@ -204,11 +205,3 @@ class FlatRecord:
             append(n)
             if kind == _STRING:
                 out += raw
-
-
-def _varint(n: int, out: bytearray) -> None:
-    """Append an unsigned varint (the caller has zigzag-encoded ``n``)."""
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)

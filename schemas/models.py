@@ -1,4 +1,5 @@
-"""Typed values of the Avro contract. The codec (``schemas.codec``) turns these into bytes and back.
+"""Typed values of the Avro contract. The codec (``jobwheel.schemas.codec``) turns these into bytes
+and back.
 
 Field names and meanings follow the ``.avsc`` files in ``schemas/avro/``; the schema files are
 the source of truth and ``tests/unit/test_models_match_schemas.py`` keeps the two in step.
@@ -193,7 +194,7 @@ class StatusEvent:
     #: status_event.v2: a quick run's start, carried by its terminal event instead of a STARTED
     started_ms: int | None = None
     #: status_event.v3: on a SCHEDULED event, the job's definition as JSON (the console shows
-    #: it and its next fires); see :func:`schemas.models.spec_document`
+    #: it and its next fires); see :func:`jobwheel.schemas.models.spec_document`
     spec_json: str | None = None
 
 

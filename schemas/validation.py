@@ -26,8 +26,8 @@ from datetime import timedelta
 from typing import Any
 
 from jobwheel.errors import ValidationError, clip
-from schemas.cron import parse_cron, zone
-from schemas.models import (
+from jobwheel.schemas.cron import parse_cron, zone
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,

@@ -1,1 +1,2 @@
-"""The scheduler: faust-streaming stream processors keeping per-partition timing wheels."""
+"""The scheduler: an exactly-once stream processor on confluent-kafka transactions, with
+per-partition RocksDB state and the timing wheels derived from it."""

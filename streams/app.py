@@ -1,6 +1,6 @@
 """``jobwheel scheduler``: run one scheduler process until SIGTERM or SIGINT.
 
-The work is done by :class:`streams.engine.SchedulerEngine`; this module only prepares the
+The work is done by :class:`jobwheel.streams.engine.SchedulerEngine`; this module only prepares the
 topics, installs the signal handlers and turns a clean stop into exit code 0. A first signal
 finishes the current iteration (committed), hands the partitions back to the group and exits; a
 second one exits at once (nothing uncommitted is lost either way: the transaction in flight is
@@ -15,14 +15,14 @@ import signal
 from types import FrameType
 
 from jobwheel.settings import Settings
-from streams.engine import SchedulerEngine
-from streams.metrics import SchedulerCollector
+from jobwheel.streams.engine import SchedulerEngine
+from jobwheel.streams.metrics import SchedulerCollector
 
 log = logging.getLogger(__name__)
 
 
 def run_scheduler(settings: Settings) -> int:
-    from deploy.topics import configure_scheduler_group, ensure_topics
+    from jobwheel.kafka.admin import configure_scheduler_group, ensure_topics
 
     ensure_topics(settings)
     configure_scheduler_group(settings)

@@ -1,13 +1,14 @@
 """Subcommands of the ``jobwheel`` CLI that belong to ``streams``: ``scheduler`` and ``next``.
 
 ``jobwheel next`` answers "when will this fire?" with the scheduler's own calculation
-(:mod:`streams.triggers`), so what it prints is what the scheduler will do, DST rules included:
+(:mod:`jobwheel.streams.triggers`), so what it prints is what the scheduler will do, DST rules
+included:
 
     jobwheel next --cron "30 2 * * *" --tz America/New_York --from 2026-03-07T12:00:00-05:00
     jobwheel next --every 90m --count 3
 
 Durations and instants are parsed by the same functions as ``jobwheel submit``
-(``producers.validation``), imported inside the handler so the scheduler never loads producers.
+(:mod:`jobwheel.schemas.timetext`, the one grammar of every part).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
+from jobwheel import extras
 from jobwheel.errors import ConfigError, ValidationError
 from jobwheel.settings import get_settings
 
@@ -57,20 +59,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _scheduler(args: argparse.Namespace) -> int:
     try:
-        app = importlib.import_module("streams.app")
+        app = importlib.import_module("jobwheel.streams.app")
     except ModuleNotFoundError as exc:
-        if exc.name == "streams.app":
+        if exc.name == "jobwheel.streams.app":
             raise ConfigError(
                 "the scheduler application (streams/app.py) is not part of this build; "
                 "install a complete jobwheel"
             ) from exc
         raise ConfigError(
-            f"cannot start the scheduler: module {exc.name!r} is missing; "
-            "reinstall jobwheel with its dependencies (pip install -e .)"
+            extras.missing_message("scheduler", exc)
+            or f"cannot start the scheduler: module {exc.name!r} is missing; reinstall jobwheel "
+            f"with its scheduler extra ({extras.install_hint('scheduler')})"
         ) from exc
     run = getattr(app, "run_scheduler", None)
     if run is None:
-        raise ConfigError("streams.app has no run_scheduler(settings); this build is incomplete")
+        raise ConfigError(
+            "jobwheel.streams.app has no run_scheduler(settings); this build is incomplete"
+        )
     return int(run(get_settings()) or 0)
 
 
@@ -94,10 +99,10 @@ def next_fires(
 
     Raises :class:`ValidationError` for a bad expression, zone, duration, instant or count.
     """
-    from producers.validation import parse_duration, parse_instant
-    from schemas.cron import zone
-    from schemas.models import Cron, Every, Trigger
-    from streams import triggers
+    from jobwheel.schemas.cron import zone
+    from jobwheel.schemas.models import Cron, Every, Trigger
+    from jobwheel.schemas.timetext import parse_duration, parse_instant
+    from jobwheel.streams import triggers
 
     n = _count(count)
     start_ms = _now_ms() if start is None else int(parse_instant(start, "from").timestamp() * 1000)

@@ -66,13 +66,13 @@ from jobwheel.errors import (
     SchemaDecodeError,
     ValidationError,
 )
-from jobwheel.settings import Settings
-from schemas.codec import Codec
-from schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
-from schemas.models import JobCommand, StatusEvent
-from schemas.partitioning import partition_for
-from schemas.progress import Progress
-from schemas.topics import (
+from jobwheel.retry import Backoff
+from jobwheel.schemas.codec import Codec
+from jobwheel.schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
+from jobwheel.schemas.models import JobCommand, StatusEvent
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.schemas.progress import Progress
+from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
     DISPATCHED_HEADER,
     ERROR_HEADER,
@@ -82,8 +82,9 @@ from schemas.topics import (
     SOURCE_TOPIC_HEADER,
     STATE_HEADER,
 )
-from schemas.validation import check_key
-from streams.kafka import (
+from jobwheel.schemas.validation import check_key
+from jobwheel.settings import Settings
+from jobwheel.streams.kafka import (
     NO_OFFSET,
     AcksConsumer,
     ChangelogReader,
@@ -91,12 +92,12 @@ from streams.kafka import (
     Record,
     TransactionalProducer,
 )
-from streams.metrics import EngineMeters
-from streams.processor import Output, SchedulerProcessor
-from streams.state.directory import StateDirectory
-from streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
-from streams.state.recovery import apply_batch, plan_restore, rebuild_index
-from streams.state.rocksdb import RocksDBLimits
+from jobwheel.streams.metrics import EngineMeters
+from jobwheel.streams.processor import Output, SchedulerProcessor
+from jobwheel.streams.state.directory import StateDirectory
+from jobwheel.streams.state.partition import EPOCH_KEY, PartitionState, RocksDBBackend
+from jobwheel.streams.state.recovery import apply_batch, plan_restore, rebuild_index
+from jobwheel.streams.state.rocksdb import RocksDBLimits
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,8 @@ class SchedulerEngine:
         self._ends_at = 0.0
         self._stop = threading.Event()
         self._instance = ""
-        self._backoff_s = 0.0
+        # Redoing an aborted transaction: 0.1 s, doubling up to 5 s, until one commits.
+        self._backoff = Backoff(start_s=0.1, max_s=5.0)
         self._turn = 0
         # The transaction being built: its outputs and the partitions it changed.
         self._out: list[_Out] = []
@@ -437,7 +439,7 @@ class SchedulerEngine:
             ):
                 self._commit_pending()
         else:
-            self._backoff_s = 0.0
+            self._backoff.reset()
         self._sample_ends()
         self._maybe_log_status()
 
@@ -459,8 +461,8 @@ class SchedulerEngine:
     def _wait_s(self) -> float:
         """How long the next poll may block: not at all while there is work to do, else until
         the next timer (or the open transaction's commit), at most :data:`IDLE_WAIT_S`."""
-        if self._backoff_s:
-            return self._backoff_s
+        if self._backoff.delay_s:
+            return self._backoff.delay_s
         ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
         if any(t.phase is Phase.RESTORING for t in self.tasks.values()) or any(
             t.behind for t in ready
@@ -717,7 +719,7 @@ class SchedulerEngine:
         self.stats.transactions += 1
         self.stats.last_commit_ms = now
         self.meters.committed(self.clock.now_ms(), time.perf_counter() - began)
-        self._backoff_s = 0.0
+        self._backoff.reset()
         for task in self.tasks.values():
             if task.phase is not Phase.READY:
                 continue
@@ -787,10 +789,10 @@ class SchedulerEngine:
         assert self.producer is not None and self.input is not None and self.acks is not None
         self.stats.aborts += 1
         self.meters.discard()
-        self._backoff_s = min(max(self._backoff_s * 2, 0.1), 5.0)
+        retry_in_s = self._backoff.failed()
         log.warning(
             "transaction aborted; processing the batch again",
-            extra={"error": str(cause), "retry_in_s": self._backoff_s},
+            extra={"error": str(cause), "retry_in_s": retry_in_s},
         )
         try:
             self.producer.abort()

@@ -9,7 +9,8 @@ recent command ids.
 
 Timers are derived, not stored separately: :func:`timers_of` says which instants a record waits
 for (its next fire, each active run's visibility deadline or retry time, its expiry). The timing
-wheels are an index of those instants (:mod:`streams.state.partition`), rebuilt from the records
+wheels are an index of those instants (:mod:`jobwheel.streams.state.partition`), rebuilt from the
+records
 after a restore; only the records go to the changelog. So the index can never disagree with the
 state it indexes.
 
@@ -33,7 +34,7 @@ from typing import Any
 import orjson
 
 from jobwheel.errors import StateError
-from schemas.models import (
+from jobwheel.schemas.models import (
     After,
     At,
     ConcurrencyPolicy,

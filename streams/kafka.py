@@ -1,5 +1,6 @@
-"""The scheduler's only room with Kafka in it: thin confluent-kafka wrappers that speak partition
-numbers, :class:`Record` values and :mod:`jobwheel.errors`.
+"""The scheduler's own Kafka clients: thin confluent-kafka wrappers that speak partition
+numbers, :class:`Record` values and :mod:`jobwheel.errors`, built on the shared plumbing of
+:mod:`jobwheel.kafka` (records, lag, client logging, error translation).
 
 Four clients per scheduler process, all driven from the engine's one thread:
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
@@ -42,43 +42,24 @@ from confluent_kafka import (
 )
 
 from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
+from jobwheel.kafka.consumer import Record, records
+from jobwheel.kafka.errors import kafka_error, with_client_logging
 from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
-_client_log = logging.getLogger("streams.librdkafka")
 # A broker outage makes every client report every reconnect attempt: one line per kind per
 # half minute is enough to tell what is going on.
 log.addFilter(Throttle())
-_client_log.addFilter(Throttle())
 
 #: librdkafka's "no offset" value for a partition without a committed offset.
 NO_OFFSET = -1001
 _RETRY_PAUSE_S = 0.2
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A consumed record. ``timestamp_ms`` is the record's timestamp (the broker's append time
-    on the acks topic)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]] | None
-    timestamp_ms: int
-
-
-def _code(exc: BaseException) -> KafkaError | None:
-    err = exc.args[0] if exc.args else None
-    return err if isinstance(err, KafkaError) else None
-
-
 def broker_error(exc: KafkaException, what: str) -> BrokerError:
     """The jobwheel error for a failed transactional or consumer call."""
-    err = _code(exc)
+    err = kafka_error(exc)
     if err is None:
         return BrokerError(f"{what}: {exc}")
     message = f"{what}: {err.str()} ({err.name()})"
@@ -93,41 +74,11 @@ def broker_error(exc: KafkaException, what: str) -> BrokerError:
     return BrokerError(message, code=err.name())
 
 
-def _log_client_error(err: KafkaError) -> None:
-    """Client-level trouble (broker unreachable, auth failure): librdkafka keeps retrying."""
-    log.warning("kafka client error", extra={"code": err.name(), "error": err.str()})
-
-
 def _client(factory: Callable[[dict[str, Any]], Any], config: dict[str, Any], what: str) -> Any:
-    config.setdefault("error_cb", _log_client_error)
-    config.setdefault("logger", _client_log)
     try:
-        return factory(config)
+        return factory(with_client_logging(config, "jobwheel.streams"))
     except KafkaException as exc:
         raise BrokerError(f"could not create the {what}: {exc}; check kafka_config") from exc
-
-
-def _records(messages: list[Any]) -> list[Record]:
-    out: list[Record] = []
-    for msg in messages:
-        err = msg.error()
-        if err is not None:
-            if err.fatal():
-                raise BrokerError(f"consuming failed: {err.str()}", code=err.name())
-            log.warning("consumer error", extra={"code": err.name(), "error": err.str()})
-            continue
-        out.append(
-            Record(
-                msg.topic(),
-                msg.partition(),
-                msg.offset(),
-                msg.key(),
-                msg.value(),
-                msg.headers(),
-                msg.timestamp()[1],
-            )
-        )
-    return out
 
 
 PartitionsCallback = Callable[[list[int]], None]
@@ -227,8 +178,8 @@ class InputConsumer(_TopicReader):
         try:
             first = self._consumer.consume(1, timeout_s)
             if not first or max_records <= 1:
-                return _records(first)
-            return _records(first + self._consumer.consume(max_records - 1, 0))
+                return records(first)
+            return records(first + self._consumer.consume(max_records - 1, 0))
         except KafkaException as exc:
             raise broker_error(exc, "consuming requests failed") from exc
 
@@ -291,7 +242,7 @@ class _AssignedConsumer(_TopicReader):
                 time.sleep(timeout_s)
             return []
         try:
-            return _records(self._consumer.consume(max_records, timeout_s))
+            return records(self._consumer.consume(max_records, timeout_s))
         except KafkaException as exc:
             raise broker_error(exc, f"consuming {self._what} failed") from exc
 
@@ -427,7 +378,7 @@ class TransactionalProducer:
                 call()
                 return
             except KafkaException as exc:
-                err = _code(exc)
+                err = kafka_error(exc)
                 retriable = (
                     err is not None
                     and err.retriable()
@@ -491,7 +442,7 @@ class TransactionalProducer:
             except BufferError:
                 self._producer.poll(0.01)
             except KafkaException as exc:
-                err = _code(exc)
+                err = kafka_error(exc)
                 if err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                     raise DeliveryError(
                         f"a {len(value or b'')}-byte record for {topic} is over the size limit",

@@ -1,6 +1,6 @@
 """The scheduler's metrics and health checks (served by :mod:`jobwheel.metrics`).
 
-The engine keeps its counters where it already works (:class:`~streams.engine.EngineStats`,
+The engine keeps its counters where it already works (:class:`~jobwheel.streams.engine.EngineStats`,
 and :class:`EngineMeters` here for what needs labels or a histogram); everything else is read
 when Prometheus scrapes, by :class:`SchedulerCollector`: partitions and their phase, restore
 progress, consumer lag, the age of each partition's last commit. What the hot path pays per
@@ -44,7 +44,7 @@ stuck_partitions                       gauge     partitions with work waiting an
 
 Readiness (``/health/ready``) is false while the process is not connected, while any
 partition it owns is restoring, and while a partition is stuck (the rule of
-:func:`schemas.progress.stuck_reason`, applied to what this process knows first-hand);
+:func:`jobwheel.schemas.progress.stuck_reason`, applied to what this process knows first-hand);
 liveness is false when the loop has not turned for ``JOBWHEEL_HEALTH_LIVE_AFTER_MS``.
 """
 
@@ -65,13 +65,13 @@ from jobwheel.metrics import (
     histogram,
     loop_check,
 )
-from schemas.progress import stuck_reason
+from jobwheel.schemas.progress import stuck_reason
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from streams.engine import SchedulerEngine
-    from streams.processor import Output
+    from jobwheel.streams.engine import SchedulerEngine
+    from jobwheel.streams.processor import Output
 
 PREFIX = "jobwheel_scheduler_"
 #: Fire lateness bounds in milliseconds (exposed in seconds): the target is p99 < 100 ms and
@@ -141,7 +141,7 @@ class EngineMeters:
 
 
 class SchedulerCollector(Collector):
-    """Reads a running :class:`~streams.engine.SchedulerEngine` at scrape time."""
+    """Reads a running :class:`~jobwheel.streams.engine.SchedulerEngine` at scrape time."""
 
     def __init__(self, engine: SchedulerEngine) -> None:
         self.engine = engine

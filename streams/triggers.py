@@ -1,14 +1,15 @@
 """When a job fires: the one calculation shared by the scheduler and ``jobwheel next``.
 
-Pure functions of a trigger (``schemas.models``) and epoch milliseconds; no clock is read here.
+Pure functions of a trigger (``jobwheel.schemas.models``) and epoch milliseconds; no clock is read
+here.
 
 - ``Now``/``At``/``After`` fire once: at ``issued_at``, at ``at_ms``, at ``issued_at + delay``.
 - ``Every`` fires at ``start_at_ms`` (or ``issued_at + interval``) and then every ``interval``
   after the previous SCHEDULED instant: real elapsed time, blind to DST and wall-clock shifts, and
   never drifting with dispatch lateness.
 - ``Cron`` fires at the wall-clock times of its expression in its time zone, mapped to instants by
-  the DST rules documented in :mod:`schemas.cron` (skipped time fires once when the gap ends;
-  repeated time fires twice only for a wildcard minute/hour). Each fire is strictly after the
+  the DST rules documented in :mod:`jobwheel.schemas.cron` (skipped time fires once when the gap
+  ends; repeated time fires twice only for a wildcard minute/hour). Each fire is strictly after the
   previous one.
 
 Parsed cron expressions and zones are cached (the scheduler asks for every fire of every job).
@@ -20,8 +21,8 @@ import functools
 from zoneinfo import ZoneInfo
 
 from jobwheel.errors import ValidationError
-from schemas.cron import CronSchedule, parse_cron, zone
-from schemas.models import After, At, Cron, Every, Now, Trigger
+from jobwheel.schemas.cron import CronSchedule, parse_cron, zone
+from jobwheel.schemas.models import After, At, Cron, Every, Now, Trigger
 
 
 @functools.lru_cache(maxsize=4096)
@@ -70,37 +71,10 @@ def next_fire_ms(trigger: Trigger, previous_fire_ms: int) -> int | None:
     raise TypeError(f"unknown trigger type {type(trigger).__name__}")
 
 
-def fires_between(trigger: Trigger, after_ms: int, until_ms: int, limit: int) -> list[int]:
-    """The fires that follow ``after_ms`` up to ``until_ms`` inclusive, at most ``limit``.
-
-    I.e. ``next_fire_ms(after)``, ``next_fire_ms(that)``, ... while ``<= until_ms``: for an
-    ``Every`` trigger ``after_ms`` should be one of its fire instants. Used for Kubernetes-style
-    missed-run accounting after downtime; one-shot triggers have none. To find only the latest
-    one, use :func:`last_fire_between` (constant cost, whatever the gap).
-    """
-    if limit <= 0 or until_ms <= after_ms:
-        return []
-    if isinstance(trigger, Every):
-        interval = _interval(trigger)
-        count = min(limit, (until_ms - after_ms) // interval)
-        return [after_ms + interval * k for k in range(1, count + 1)]
-    if isinstance(trigger, Cron):
-        schedule, tz = _cron(trigger.expression, trigger.timezone)
-        out: list[int] = []
-        t = after_ms
-        while len(out) < limit:
-            t = schedule.next_after(t, tz)
-            if t > until_ms:
-                break
-            out.append(t)
-        return out
-    if isinstance(trigger, Now | At | After):
-        return []
-    raise TypeError(f"unknown trigger type {type(trigger).__name__}")
-
-
 def last_fire_between(trigger: Trigger, after_ms: int, until_ms: int) -> int | None:
-    """The last of :func:`fires_between` (without its limit), or None when there is none.
+    """The last fire after ``after_ms`` up to ``until_ms`` inclusive (``next_fire_ms`` from
+    ``after_ms`` again and again, the last one), or None when there is none; for an ``Every``
+    trigger ``after_ms`` should be one of its fire instants.
 
     Constant work for ``Every`` (arithmetic) and one or two wall-clock steps for ``Cron``
     (walking backwards from ``until_ms``), so a scheduler that was down for a month does not

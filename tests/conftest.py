@@ -2,7 +2,7 @@
 
 The broker is a Docker container (testcontainers) when a Docker engine answers, otherwise a
 genuine Apache Kafka JVM broker started from the Maven jars in ``deploy/lib`` on free ports in
-a temporary directory (:class:`deploy.broker.LocalBroker`). Every test gets its own topic
+a temporary directory (:class:`jobwheel.deploy.broker.LocalBroker`). Every test gets its own topic
 prefix and consumer-group names, so tests sharing the session broker never see each other's
 records. ``JOBWHEEL_TEST_BOOTSTRAP=host:port`` uses an already running broker instead (handy
 when iterating on one test: `jobwheel broker start` once, then run pytest repeatedly).
@@ -85,7 +85,7 @@ def _container_broker() -> Iterator[str]:
 
 
 def _local_broker(data_dir: Path) -> Iterator[str]:
-    from deploy.broker import BrokerStartError, LocalBroker, free_port
+    from jobwheel.deploy.broker import BrokerStartError, LocalBroker, free_port
     from jobwheel.errors import ConfigError
 
     # Free ports are only free when checked: another engineer's test session on this machine
@@ -120,8 +120,8 @@ def _test_prefix() -> str:
 @pytest.fixture
 def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
     """Settings for one test: unique topic prefix and group ids, its topics already created."""
-    from deploy.broker import free_port
-    from deploy.topics import ensure_topics
+    from jobwheel.deploy.broker import free_port
+    from jobwheel.kafka.admin import ensure_topics
     from jobwheel.settings import Settings
 
     prefix = _test_prefix()

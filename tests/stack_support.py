@@ -1,6 +1,6 @@
 """A real stack for the tests that act as a user: `jobwheel scheduler`, `jobwheel worker`
-(``consumers.demo`` and ``tests.tasks``) and `jobwheel serve`, each a process with its own data
-dir, plus the CLI and the API as a user reaches them."""
+(``jobwheel.consumers.demo`` and ``tests.tasks``) and `jobwheel serve`, each a process with its own
+data dir, plus the CLI and the API as a user reaches them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.support import Procs, jobwheel_argv, log_tail, scaled, wait_for_group, wait_until
 
-WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
+WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 
 
 @dataclass

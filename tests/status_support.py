@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from consumers.status.store import StatusStore
-from schemas.models import State, StatusEvent
+from jobwheel.consumers.status.store import StatusStore
+from jobwheel.schemas.models import State, StatusEvent
 
 _ids = itertools.count(1)
 

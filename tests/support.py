@@ -3,7 +3,7 @@
 Use with the fixtures of ``tests/conftest.py`` (``kafka_bootstrap``, ``settings``,
 ``jobwheel_env``, ``procs``)::
 
-    proc = procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], jobwheel_env,
+    proc = procs.spawn(["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], jobwheel_env,
                        tmp_path / "worker.log")
     msgs = consume(settings, settings.topics.acks, min_count=3)
     wait_until(lambda: proc.poll() is None, 5, message="worker died")

@@ -1,4 +1,4 @@
-"""Tasks for the tests: ``jobwheel worker --tasks consumers.demo,tests.tasks``.
+"""Tasks for the tests: ``jobwheel worker --tasks jobwheel.consumers.demo,tests.tasks``.
 
 They block on a *gate*, a file the test creates when it wants the task to finish, instead of
 sleeping: a test then decides the order of events (the run is executing now, the worker is
@@ -13,7 +13,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from consumers.worker import current_run, heartbeat, task
+from jobwheel.consumers.worker import current_run, heartbeat, task
 
 POLL_S = 0.02
 

@@ -1,6 +1,6 @@
 """The status API (FastAPI): accept job commands, answer job state, runs and read-only SQL.
 
-Commands go to Kafka through :class:`producers.client.JobClient` (the API writes nothing to
+Commands go to Kafka through :class:`jobwheel.producers.client.JobClient` (the API writes nothing to
 ClickHouse itself); state comes from the status store, which the sink fills from the status
 topic. So a job accepted here shows up in ``GET /jobs/{id}`` once the scheduler has emitted its
 first status event and the sink has inserted it: eventually, normally within a second.
@@ -10,7 +10,7 @@ Errors: bad input is always a 4xx with a message that names what to fix. A jobwh
 ``{"detail": "field: message", "field", "message"}`` with long values cut; a refused or failing
 SQL query 400 with ClickHouse's message; an unknown job 404; an unreachable broker or store 503.
 
-Pages: ``/`` and ``/console/...`` are the web console (:mod:`consumers.status.console`);
+Pages: ``/`` and ``/console/...`` are the web console (:mod:`jobwheel.consumers.status.console`);
 ``/docs`` is Swagger UI with its scripts and styles served from the installed
 ``fastapi-offline`` package (``/docs/static/...``), never from a CDN, so it works without
 internet.
@@ -18,8 +18,8 @@ internet.
 Authentication: with ``JOBWHEEL_API_TOKEN`` (and/or ``JOBWHEEL_API_READ_TOKEN``) set, every
 API call needs ``Authorization: Bearer <token>``: 401 without it or with a wrong one, 403 when
 the read token asks to write (:class:`BearerAuth`). The console's session cookie
-(:mod:`consumers.status.console.session`) counts as the token it was issued for; a page load
-without either is sent to the console's login form. Public are ``GET /health``, the login form
+(:mod:`jobwheel.consumers.status.console.session`) counts as the token it was issued for; a page
+load without either is sent to the console's login form. Public are ``GET /health``, the login form
 and the console's script and stylesheet, and the pages that describe the API: ``/docs`` (with
 its assets) and ``/openapi.json``. They hold no data (the schema is what this source says), and
 a user must be able to open the docs to enter the token: the docs page's *Authorize* button
@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
+from dataclasses import MISSING
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Body, FastAPI, Path, Query, Request
@@ -43,12 +43,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, create_model
 
-from consumers.status import console, queries
-from consumers.status.console import session
-from consumers.status.sql import SqlRunner
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status import console, queries
+from jobwheel.consumers.status.console import session
+from jobwheel.consumers.status.sql import SqlRunner
+from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import (
     BrokerError,
     QueryBusyError,
@@ -59,9 +59,9 @@ from jobwheel.errors import (
 )
 
 if TYPE_CHECKING:
-    from consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.sink import StatusSink
+    from jobwheel.producers.client import JobClient
     from jobwheel.settings import Settings
-    from producers.client import JobClient
 
 log = logging.getLogger(__name__)
 
@@ -70,32 +70,44 @@ log = logging.getLogger(__name__)
 
 # Strict: JSON true is not 1 ms, 1e20 is not an integer, "5" is not a number.
 Duration = StrictStr | StrictInt | None
-_DURATION_DOC = "a duration like 250ms, 5s, 10m, 1h30m, 2d, or an integer of milliseconds"
+_DURATION_DOC = "a duration like 250ms, 5s, 10m, 1h30m, 2d, 1w, or an integer of milliseconds"
 
 
-class ScheduleRequest(BaseModel):
-    """The arguments of ``JobClient.schedule``; give exactly one of now/at/in/every/cron."""
+def _schedule_request() -> type[BaseModel]:
+    """The body of ``POST /jobs``: the options of :class:`~jobwheel.producers.spec.JobSpec`
+    (the one definition of the SDK, the CLI and this API) in their JSON forms."""
+    from jobwheel.producers.spec import OPTIONS, json_name
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    task: StrictStr = Field(description="registered task name, e.g. demo.echo")
-    job_id: StrictStr | None = Field(
-        None, description="default: a new uuid; same id replaces the job"
+    types: dict[str, Any] = {
+        "text": StrictStr | None,
+        "duration": Duration,
+        "instant": StrictStr | None,
+        "int": StrictInt,
+        "json": Any,
+        "flag": StrictBool,
+    }
+    fields: dict[str, Any] = {}
+    for option in OPTIONS:
+        meta = option.metadata
+        help_ = meta["help"].replace("DURATION", _DURATION_DOC)
+        if option.default is MISSING:  # required
+            default, annotation = ..., StrictStr
+        elif meta["form"] in {"duration", "instant"} or option.default is None:
+            default, annotation = None, types[meta["form"]]  # None: the option's default
+        else:
+            default = getattr(option.default, "value", option.default)  # an enum: its name
+            annotation = types[meta["form"]] if meta["form"] != "text" else StrictStr
+        alias = json_name(option) if json_name(option) != option.name else None
+        fields[option.name] = (annotation, Field(default, alias=alias, description=help_))
+    return create_model(
+        "ScheduleRequest",
+        __config__=ConfigDict(extra="forbid", populate_by_name=True),
+        __doc__="The options of ``JobClient.schedule``; exactly one of now/at/in/every/cron.",
+        **fields,
     )
-    args: Any = Field(None, description="task arguments (JSON; an object becomes kwargs)")
-    now: StrictBool = Field(False, description="run once, now")
-    at: StrictStr | None = Field(None, description="run once at an ISO 8601 time with offset or Z")
-    in_: Duration = Field(None, alias="in", description=f"run once after {_DURATION_DOC}")
-    every: Duration = Field(None, description=f"run every {_DURATION_DOC}")
-    start_at: StrictStr | None = Field(None, description="first fire of `every` (ISO 8601)")
-    cron: StrictStr | None = Field(None, description="five-field cron expression")
-    tz: StrictStr = Field("UTC", description="IANA time zone of `cron`")
-    max_attempts: StrictInt = 3
-    timeout: Duration = Field(None, description="per-attempt time limit")
-    visibility_timeout: Duration = Field(None, description="redeliver after this (default 30s)")
-    starting_deadline: Duration = Field(None, description="a fire later than this is MISSED")
-    concurrency_policy: StrictStr = Field("ALLOW", description="ALLOW, FORBID or REPLACE")
-    idempotency_key: StrictStr | None = None
+
+
+ScheduleRequest = _schedule_request()
 
 
 class ControlRequest(BaseModel):
@@ -268,36 +280,11 @@ class Health(BaseModel):
 # --- the app --------------------------------------------------------------------------------
 
 
-def _duration(value: Duration, field: str) -> timedelta | None:
-    from producers import validation as v
+def schedule_spec(req: BaseModel, max_args_bytes: int) -> Any:
+    """The :class:`~jobwheel.producers.spec.JobSpec` of a ``POST /jobs`` body."""
+    from jobwheel.producers.spec import spec_from_text
 
-    return v.duration_ms(value, field)
-
-
-def schedule_kwargs(req: ScheduleRequest) -> dict[str, Any]:
-    """``JobClient.schedule`` keyword arguments from the JSON body (text forms converted)."""
-    from producers import validation as v
-    from producers.client import DEFAULT_VISIBILITY_TIMEOUT
-
-    return {
-        "job_id": req.job_id,
-        "task": req.task,
-        "args": req.args,
-        "now": req.now,
-        "at": None if req.at is None else v.parse_instant(req.at, "at"),
-        "in_": _duration(req.in_, "in"),
-        "every": _duration(req.every, "every"),
-        "start_at": None if req.start_at is None else v.parse_instant(req.start_at, "start_at"),
-        "cron": req.cron,
-        "tz": req.tz,
-        "max_attempts": req.max_attempts,
-        "timeout": _duration(req.timeout, "timeout"),
-        "visibility_timeout": _duration(req.visibility_timeout, "visibility_timeout")
-        or DEFAULT_VISIBILITY_TIMEOUT,
-        "starting_deadline": _duration(req.starting_deadline, "starting_deadline"),
-        "concurrency_policy": req.concurrency_policy,
-        "idempotency_key": req.idempotency_key,
-    }
+    return spec_from_text(req.model_dump(), max_args_bytes=max_args_bytes, args_as_text=False)
 
 
 class _Clients:
@@ -335,7 +322,7 @@ def create_app(
     uvicorn re-raises SIGTERM after its graceful shutdown, so code after ``run`` never runs)."""
 
     def default_factory() -> JobClient:
-        from producers.client import JobClient
+        from jobwheel.producers.client import JobClient
 
         return JobClient(settings, delivery_timeout_s=15.0)
 
@@ -382,11 +369,11 @@ def create_app(
     @app.post("/jobs", status_code=202, response_model=Accepted, tags=["commands"])
     def schedule_job(req: ScheduleRequest) -> Accepted:
         """Schedule (or replace) a job. 202: the command is durable on the requests topic."""
-        from producers.client import JobSpec, build_schedule
+        from jobwheel.producers.spec import build_schedule
 
         # validated completely before a producer exists: a bad request sends nothing
         command = build_schedule(
-            JobSpec(**schedule_kwargs(req)),
+            schedule_spec(req, settings.max_args_bytes),
             now_ms=queries.now_ms(),
             max_args_bytes=settings.max_args_bytes,
         )
@@ -398,7 +385,7 @@ def create_app(
             job_id: Annotated[str, Path(description="the job id")],
             body: Annotated[ControlRequest | None, Body()] = None,
         ) -> Accepted:
-            from schemas import validation as rules
+            from jobwheel.schemas import validation as rules
 
             reason = body.reason if body is not None else None
             rules.job_id(job_id)
@@ -491,7 +478,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
         """Dead letters, oldest first (read from the dead-letter topic in Kafka)."""
-        from producers.deadletters import read_dead_letters
+        from jobwheel.producers.deadletters import read_dead_letters
 
         flt = _dead_letter_filter(since, task, reason, job, kind, limit)
         letters = read_dead_letters(settings, flt, timeout_s=20.0)
@@ -503,7 +490,7 @@ def create_app(
         does: a dead run is dispatched again as the same run, a rejected command is produced
         again only if the scheduler would accept it now; runs no longer DEAD and commands
         applied since are skipped). ``dry_run`` says what would be sent."""
-        from producers.deadletters import read_dead_letters, replay
+        from jobwheel.producers.deadletters import read_dead_letters, replay
 
         chosen = any(
             v is not None for v in (req.job, req.task, req.since, req.reason, req.kind, req.refs)
@@ -602,7 +589,7 @@ def _dead_letter_filter(
     kind: str | None,
     limit: int,
 ) -> Any:
-    from producers.deadletters import Filter
+    from jobwheel.producers.deadletters import Filter
 
     return Filter(
         since_ms=queries.parse_time(since, "since") if since is not None else None,

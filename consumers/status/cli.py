@@ -1,4 +1,4 @@
-"""Subcommands of the ``jobwheel`` CLI for ``consumers.status``.
+"""Subcommands of the ``jobwheel`` CLI for ``jobwheel.consumers.status``.
 
 ``serve`` and ``sink`` run the service. The read commands (``status``, ``list``, ``sql``) go
 through the status API over HTTP (``JOBWHEEL_API_URL``, default ``http://api_host:api_port``)
@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import JobwheelError, ValidationError
-from producers.cli import one_line_errors
-from schemas import progress
+from jobwheel.producers.cli import one_line_errors
+from jobwheel.schemas import progress
 
 if TYPE_CHECKING:
+    from jobwheel.schemas.models import JobCommand
     from jobwheel.settings import Settings
-    from schemas.models import JobCommand
 
 _CONTROL_HELP = {
     "cancel": "cancel a job: no further fires (an active run finishes)",
@@ -150,9 +150,9 @@ def serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from consumers.status.api import create_app
-    from consumers.status.sink import StatusSink
-    from consumers.status.store import StatusStore
+    from jobwheel.consumers.status.api import create_app
+    from jobwheel.consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.store import StatusStore
     from jobwheel.settings import get_settings
 
     settings = get_settings()
@@ -203,8 +203,8 @@ def sink(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from consumers.status.sink import StatusSink
-    from consumers.status.store import StatusStore
+    from jobwheel.consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.store import StatusStore
     from jobwheel.settings import get_settings
 
     settings = get_settings()
@@ -229,8 +229,8 @@ def sink(args: argparse.Namespace) -> int:
 
 
 def control(args: argparse.Namespace) -> int:
-    from producers.client import JobClient
-    from schemas import validation as rules
+    from jobwheel.producers.client import JobClient
+    from jobwheel.schemas import validation as rules
 
     settings = _settings()
     rules.job_id(args.job_id)
@@ -545,11 +545,13 @@ def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _dlq_filter(args: argparse.Namespace) -> Any:
-    from consumers.status.queries import parse_time
-    from producers.deadletters import Filter
+    from jobwheel.clock import SystemClock
+    from jobwheel.producers.deadletters import Filter
+    from jobwheel.schemas.timetext import instant_ms
 
+    since = instant_ms(args.since, "since", now=SystemClock().now_ms()) if args.since else None
     return Filter(
-        since_ms=parse_time(args.since, "since") if args.since else None,
+        since_ms=since,
         task=args.task,
         reason=args.reason,
         job_id=args.job,
@@ -573,7 +575,7 @@ def dead_letter_line(letter: dict[str, Any]) -> str:
 
 
 def dlq_list(args: argparse.Namespace) -> int:
-    from producers.deadletters import read_dead_letters
+    from jobwheel.producers.deadletters import read_dead_letters
 
     settings = _settings()
     _require_broker(settings)
@@ -588,8 +590,8 @@ def dlq_list(args: argparse.Namespace) -> int:
 
 
 def dlq_replay(args: argparse.Namespace) -> int:
-    from producers.client import JobClient
-    from producers.deadletters import read_dead_letters, replay
+    from jobwheel.producers.client import JobClient
+    from jobwheel.producers.deadletters import read_dead_letters, replay
 
     settings = _settings()
     chosen = any(
@@ -741,7 +743,7 @@ def health_endpoints(settings: Settings) -> dict[str, str]:
     """Name -> base URL of the processes whose /health/ready ``jobwheel health`` asks: the
     services of the ``jobwheel up`` running on this data dir, then JOBWHEEL_HEALTH_URLS
     (``name=http://host:port`` or a bare URL, named by its host:port, comma separated)."""
-    from deploy.stack import read_stack_file
+    from jobwheel.deploy.stack import read_stack_file
 
     found = read_stack_file(settings.data_dir)
     for item in settings.health_urls.split(","):
@@ -778,20 +780,15 @@ def _check_ready(base: str, timeout_s: float) -> tuple[bool, str]:
 
 
 def _one_line(exc: Exception) -> str:
-    from confluent_kafka import KafkaError, KafkaException
+    from jobwheel.kafka.errors import error_text
 
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if isinstance(err, KafkaError):
-        return f"{err.str()} ({err.name()})"
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, JobwheelError) else str(exc)
+    return str(exc) if isinstance(exc, JobwheelError) else error_text(exc)
 
 
 def _admin(settings: Settings) -> Any:
-    from confluent_kafka.admin import AdminClient
+    from jobwheel.kafka.admin import admin_client
 
-    from jobwheel.logs import librdkafka_logger
-
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status")))
+    return admin_client(settings, "jobwheel.consumers.status")
 
 
 def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
@@ -805,56 +802,12 @@ def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
 
 
 def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool, str]:
-    admin = _admin(settings)  # keep a reference: a collected client never resolves its futures
-    futures = admin.describe_consumer_groups([group], request_timeout=timeout_s)
-    description = futures[group].result(timeout=timeout_s + 1)
-    members = len(description.members)
-    state = getattr(description.state, "name", str(description.state))
-    if members == 0:
+    from jobwheel.kafka.admin import describe_group
+
+    state, members = describe_group(settings, group, timeout_s, "jobwheel.consumers.status")
+    if not members:
         return False, f"group {group}: no members (state {state}); is it running?"
-    return True, f"group {group}: {members} member(s), {state}"
-
-
-def _scheduler_progress(
-    settings: Settings, timeout_s: float
-) -> dict[int, tuple[progress.Progress | None, int]]:
-    """Per partition: the scheduler's last progress note and how many input records (requests
-    and acks) it has not committed past."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    t = settings.topics
-    tps = [TopicPartition(topic, p) for topic in (t.requests, t.acks) for p in range(t.partitions)]
-    admin = _admin(settings)
-    request = ConsumerGroupTopicPartitions(settings.scheduler_app_id, tps)
-    found = admin.list_consumer_group_offsets([request], request_timeout=timeout_s)
-    committed = {
-        (tp.topic, tp.partition): tp
-        for tp in found[settings.scheduler_app_id].result(timeout_s + 1).topic_partitions
-    }
-    ends = {
-        (tp.topic, tp.partition): future.result(timeout_s + 1).offset
-        for tp, future in admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
-        ).items()
-    }
-    out: dict[int, tuple[progress.Progress | None, int]] = {}
-    for p in range(t.partitions):
-        notes = []
-        unread = 0
-        for topic in (t.requests, t.acks):
-            tp = committed.get((topic, p))
-            end = ends.get((topic, p), 0)
-            if tp is not None and tp.offset >= 0:
-                unread += max(0, end - tp.offset)
-                notes.append(progress.decode(tp.metadata))
-            elif topic == t.requests:
-                unread += end  # never committed: all of it is unread
-        latest = max(
-            (n for n in notes if n is not None), key=lambda n: n.committed_at_ms, default=None
-        )
-        out[p] = (latest, unread)
-    return out
+    return True, f"group {group}: {len(members)} member(s), {state}"
 
 
 def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[bool, str]:
@@ -863,11 +816,15 @@ def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[b
     is looked at again after a moment, so a record that arrived on an idle partition just now
     is not mistaken for a stall."""
 
+    from jobwheel.kafka.admin import scheduler_progress
+
     def stuck() -> dict[int, str]:
         now = int(time.time() * 1000)
         return {
             p: reason
-            for p, (note, unread) in _scheduler_progress(settings, timeout_s).items()
+            for p, (note, unread) in scheduler_progress(
+                settings, timeout_s, "jobwheel.consumers.status"
+            ).items()
             if (
                 reason := progress.stuck_reason(
                     note, now, unread, stuck_after_ms=settings.health_stuck_after_ms

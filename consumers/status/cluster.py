@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from schemas import progress
+from jobwheel.schemas import progress
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
@@ -50,34 +50,25 @@ class PartitionProgress:
     stuck: str | None
 
 
-def _admin(settings: Settings) -> Any:
-    from confluent_kafka.admin import AdminClient
-
-    from jobwheel.logs import librdkafka_logger
-
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger("consumers.status.cluster")))
+_PACKAGE = "jobwheel.consumers.status.cluster"
 
 
 def describe_group(settings: Settings, group: str, topic: str, timeout_s: float = 5.0) -> Group:
     """The group's members and the partitions of ``topic`` each owns (an error as text)."""
+    from jobwheel.kafka import admin
+    from jobwheel.kafka.errors import error_text
+
     out = Group(group, topic)
     out.error = _unreachable(settings)
     if out.error:
         return out
     try:
-        admin = _admin(settings)
-        found = admin.describe_consumer_groups([group], request_timeout=timeout_s)
-        description = found[group].result(timeout=timeout_s + 1)
+        out.state, members = admin.describe_group(settings, group, timeout_s, _PACKAGE)
     except Exception as exc:
-        out.error = _text(exc)
+        out.error = error_text(exc)
         return out
-    out.state = getattr(description.state, "name", str(description.state))
-    for m in description.members:
-        parts = sorted(
-            tp.partition
-            for tp in (m.assignment.topic_partitions if m.assignment else [])
-            if tp.topic == topic
-        )
+    for m in members:
+        parts = sorted(p for t, p in m.assigned if t == topic)
         out.members.append(Member(m.client_id, m.host, m.member_id, parts))
     out.members.sort(key=lambda m: (m.partitions[:1] or [1 << 30], m.client_id))
     return out
@@ -87,48 +78,19 @@ def scheduler_progress(
     settings: Settings, timeout_s: float = 5.0
 ) -> tuple[list[PartitionProgress], str | None]:
     """Per partition: the scheduler's last progress note and unread input (requests + acks)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
+    from jobwheel.kafka import admin
+    from jobwheel.kafka.errors import error_text
 
-    t = settings.topics
-    tps = [TopicPartition(topic, p) for topic in (t.requests, t.acks) for p in range(t.partitions)]
     down = _unreachable(settings)
     if down:
         return [], down
     try:
-        admin = _admin(settings)
-        group = settings.scheduler_app_id
-        found = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s
-        )
-        committed = {
-            (tp.topic, tp.partition): tp
-            for tp in found[group].result(timeout_s + 1).topic_partitions
-        }
-        ends = {
-            (tp.topic, tp.partition): future.result(timeout_s + 1).offset
-            for tp, future in admin.list_offsets(
-                {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
-            ).items()
-        }
+        found = admin.scheduler_progress(settings, timeout_s, _PACKAGE)
     except Exception as exc:
-        return [], _text(exc)
+        return [], error_text(exc)
     now = time.time_ns() // 1_000_000
     out = []
-    for p in range(t.partitions):
-        notes: list[progress.Progress] = []
-        unread = 0
-        for topic in (t.requests, t.acks):
-            tp = committed.get((topic, p))
-            end = ends.get((topic, p), 0)
-            if tp is not None and tp.offset >= 0:
-                unread += max(0, end - tp.offset)
-                note = progress.decode(tp.metadata)
-                if note is not None:
-                    notes.append(note)
-            elif topic == t.requests:
-                unread += end
-        latest = max(notes, key=lambda n: n.committed_at_ms, default=None)
+    for p, (latest, unread) in sorted(found.items()):
         out.append(
             PartitionProgress(
                 partition=p,
@@ -151,12 +113,3 @@ def _unreachable(settings: Settings) -> str | None:
 
     why = unreachable(settings.bootstrap_servers, 0.5)
     return None if why is None else f"cannot reach Kafka at {settings.bootstrap_servers}: {why}"
-
-
-def _text(exc: Exception) -> str:
-    from confluent_kafka import KafkaError, KafkaException
-
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if isinstance(err, KafkaError):
-        return f"{err.str()} ({err.name()})"
-    return f"{type(exc).__name__}: {exc}"

@@ -1,6 +1,6 @@
 """The status sink's metrics and health checks (served by :mod:`jobwheel.metrics`).
 
-The sink counts in :class:`~consumers.status.sink.SinkStats` (what ``/health`` of the API
+The sink counts in :class:`~jobwheel.consumers.status.sink.SinkStats` (what ``/health`` of the API
 shows too) and observes each insert here (:class:`SinkMeters`, on the inserter thread, once
 per batch); :class:`SinkCollector` reads them when Prometheus scrapes. Names (all
 ``jobwheel_sink_*``):
@@ -38,7 +38,7 @@ from jobwheel.metrics import Check, Collector, Histogram, counter, gauge, histog
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from consumers.status.sink import StatusSink
+    from jobwheel.consumers.status.sink import StatusSink
 
 PREFIX = "jobwheel_sink_"
 BATCH_ROWS = (1, 10, 100, 500, 1000, 2500, 5000, 10_000, 20_000, 50_000)
@@ -67,7 +67,7 @@ class SinkMeters:
 
 
 class SinkCollector(Collector):
-    """Reads a running :class:`~consumers.status.sink.StatusSink` at scrape time."""
+    """Reads a running :class:`~jobwheel.consumers.status.sink.StatusSink` at scrape time."""
 
     def __init__(self, sink: StatusSink) -> None:
         self.sink = sink

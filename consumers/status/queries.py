@@ -12,14 +12,13 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from consumers.status.sql import SQL_MAX_ROWS, SqlResult, SqlRunner
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status.sql import SQL_MAX_ROWS, SqlResult, SqlRunner
+from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import ValidationError, clip
-from schemas.models import State
-from schemas.validation import MAX_EPOCH_MS
+from jobwheel.schemas import timetext
+from jobwheel.schemas.models import State
 
 #: How state ties are broken inside one (seq, source): the order a run or job goes through.
 #: Mirrors ``state_rank`` in migrations/0001 (a unit test keeps the two equal).
@@ -79,11 +78,6 @@ RUN_COLUMNS = (
 MAX_LIST_LIMIT = 1000
 #: The SQL parameter is a UInt32; a larger offset would wrap around to another page.
 MAX_LIST_OFFSET = 2**32 - 1
-MAX_TIME_CHARS = 64
-
-_EPOCH = re.compile(r"-?[0-9]{1,19}", re.ASCII)
-_RELATIVE = re.compile(r"([0-9]{1,15})\s*(ms|s|m|h|d|w)", re.ASCII)
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
 def now_ms() -> int:
@@ -91,48 +85,10 @@ def now_ms() -> int:
 
 
 def parse_time(value: str | int, field_name: str, *, now: int | None = None) -> int:
-    """A point in time as epoch ms, from epoch ms, an ISO-8601 time, or an age ("15m", "2h").
-
-    An age means "that long before now", which is what ``--since 1h`` asks for (an age longer
-    than the epoch means "since 1970"). Anything outside 1970..9999 is refused, not passed on
-    to ClickHouse to be wrapped around.
-    """
-    if isinstance(value, bool):
-        raise ValidationError(field_name, f"must be a time, got {value!r}")
-    if isinstance(value, int):
-        ms = value
-    else:
-        text = value.strip()
-        if len(text) > MAX_TIME_CHARS:
-            ms = None
-        elif _EPOCH.fullmatch(text):
-            ms = int(text)
-        elif match := _RELATIVE.fullmatch(text):
-            age = int(match[1]) * _UNIT_MS[match[2]]
-            ms = max(0, (now if now is not None else now_ms()) - age)
-        else:
-            ms = _iso_ms(text)
-        if ms is None:
-            raise ValidationError(
-                field_name,
-                f"{clip(value)} is not a time: give epoch milliseconds, an ISO-8601 time "
-                "(2025-01-31T12:00:00Z) or an age such as 30s, 15m, 2h, 7d",
-            )
-    if not 0 <= ms <= MAX_EPOCH_MS:
-        raise ValidationError(
-            field_name, f"{clip(value)} is outside 1970..9999 (epoch ms 0..{MAX_EPOCH_MS})"
-        )
-    return ms
-
-
-def _iso_ms(text: str) -> int | None:
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return int(parsed.timestamp() * 1000)
-    except (ValueError, OverflowError):
-        return None
+    """A point in time of a filter as epoch ms: epoch ms, an ISO 8601 time with an offset, or
+    an age ("15m", "2h": that long before now), by the one grammar of
+    :func:`jobwheel.schemas.timetext.instant_ms`."""
+    return timetext.instant_ms(value, field_name, now=now if now is not None else now_ms())
 
 
 #: A job's own states (README, "Job states"): what ``jobs.state``, ``list --state`` and
@@ -235,7 +191,7 @@ def next_fires(job: dict[str, Any], spec: dict[str, Any] | None, count: int) -> 
             step = int(trigger["interval_ms"])
             fires += [fires[0] + step * k for k in range(1, count)]
         elif trigger.get("type") == "Cron":
-            from schemas.cron import parse_cron, zone
+            from jobwheel.schemas.cron import parse_cron, zone
 
             schedule = parse_cron(str(trigger["expression"]))
             tz = zone(str(trigger.get("timezone") or "UTC"))
@@ -444,7 +400,7 @@ STATE_COUNTS_SQL = "SELECT state, count() AS jobs FROM jobs GROUP BY state ORDER
 
 def run_read_only(store: StatusStore, sql: str, *, max_rows: int = SQL_MAX_ROWS) -> SqlResult:
     """One read-only statement on ``store``'s own connection (tools, tests, dashboards); the
-    API runs them on connections of their own (:class:`consumers.status.sql.SqlRunner`)."""
+    API runs them on connections of their own (:class:`jobwheel.consumers.status.sql.SqlRunner`)."""
     return SqlRunner(store.dsn, store.database, max_rows=max_rows).run_on(store, sql)
 
 
@@ -615,7 +571,8 @@ _GRID = {
 def grafana_dashboard() -> dict[str, Any]:
     """The provisioned dashboard (deploy/compose/grafana/dashboards/jobwheel.json) built from
     :data:`PANELS`, so Grafana runs exactly the SQL that DASHBOARDS.md documents. Regenerate
-    with ``python -m consumers.status.queries > deploy/compose/grafana/dashboards/jobwheel.json``.
+    with ``python -m jobwheel.consumers.status.queries >
+    deploy/compose/grafana/dashboards/jobwheel.json``.
     """
     panels = []
     for number, panel in enumerate(PANELS, start=1):

@@ -43,15 +43,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from consumers.status.metrics import SinkCollector, SinkMeters
-from consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
+from jobwheel.consumers.status.metrics import SinkCollector, SinkMeters
+from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
 from jobwheel.errors import BrokerError, SchemaDecodeError, StoreError
-from schemas.codec import Codec, default_codec
-from schemas.models import State, StatusEvent
+from jobwheel.kafka.consumer import GroupConsumer, committing_consumer_config
+from jobwheel.retry import Backoff
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import State, StatusEvent
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, Message, TopicPartition
-
     from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -92,17 +92,13 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     librdkafka's own thread, so a slow insert does not expire the session).
     """
     defaults = {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000}
-    return defaults | settings.librdkafka(
-        **{
-            "group.id": settings.status_group,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "enable.partition.eof": False,
-            **overrides,
-        }
+    forced = {
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "enable.partition.eof": False,
+    }
+    return committing_consumer_config(
+        settings, settings.status_group, defaults, **{**forced, **overrides}
     )
 
 
@@ -266,7 +262,7 @@ class StatusSink:
         self._overrides = dict(consumer_overrides or {})
         self._stop = threading.Event()
         self._batch = _Batch()
-        self._consumer: Consumer | None = None
+        self._consumer: GroupConsumer | None = None
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status-insert")
         self._inflight: tuple[_Batch, Future[bool]] | None = None
         self._abandoned = False  # an insert gave up: commit nothing more in this run
@@ -288,14 +284,11 @@ class StatusSink:
 
     def run(self) -> None:
         """Consume until :meth:`stop`; flush what was read, then leave the group."""
-        from confluent_kafka import Consumer, KafkaException
-
-        try:
-            consumer = Consumer(consumer_config(self.settings, **self._overrides))
-        except KafkaException as exc:
-            raise BrokerError(
-                f"could not create the status sink consumer: {exc}; check kafka_config"
-            ) from exc
+        consumer = GroupConsumer(
+            consumer_config(self.settings, **self._overrides),
+            "jobwheel.consumers.status",
+            "status sink consumer",
+        )
         self._consumer = consumer
         if getattr(self.store, "embedded", False) and sys.getswitchinterval() > _SWITCH_INTERVAL_S:
             # The embedded engine takes the GIL back several times per insert, and each time
@@ -304,9 +297,9 @@ class StatusSink:
             sys.setswitchinterval(_SWITCH_INTERVAL_S)
         consumer.subscribe(
             list(self.sources),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=lambda pairs: self._on_assign(consumer, pairs),
+            on_revoke=lambda pairs: self._on_revoke(consumer, pairs),
+            on_lost=lambda pairs: self._on_lost(consumer, pairs),
         )
         self.stats.running = True
         uninstall = SinkCollector(self).install()
@@ -344,7 +337,7 @@ class StatusSink:
 
     # --- the loop ----------------------------------------------------------------------------
 
-    def _poll_once(self, consumer: Consumer) -> None:
+    def _poll_once(self, consumer: GroupConsumer) -> None:
         if self._inflight is not None and self._inflight[1].done():
             self._finish_inflight(consumer, set())  # commit promptly even when no more arrives
         wait_s = 1.0 if self._inflight is None else 0.05
@@ -352,30 +345,17 @@ class StatusSink:
             age_ms = (time.monotonic() - self._batch.started) * 1000
             wait_s = min(wait_s, max(0.0, (self.batch_ms - age_ms) / 1000))
         room = max(1, self.batch_size - len(self._batch.rows))
-        messages = consumer.consume(num_messages=min(room, 10_000), timeout=min(wait_s, 1.0))
-        for message in messages:
-            self._add(message)
+        for record in consumer.consume(min(room, 10_000), min(wait_s, 1.0)):
+            self.handle(record.topic, record.partition, record.offset, record.value)
         if time.monotonic() - self._lag_at >= _LAG_SAMPLE_S:
             self._lag_at = time.monotonic()
-            self.meters.lag = _lag(consumer)
+            self.meters.lag = consumer.lag()
         if not self._batch:
             return
         full = len(self._batch.rows) >= self.batch_size
         due = (time.monotonic() - self._batch.started) * 1000 >= self.batch_ms
         if full or due:
             self._flush(consumer, wait=False)
-
-    def _add(self, message: Message) -> None:
-        error = message.error()
-        if error is not None:
-            log.warning(
-                "status topic read error",
-                extra={"error": error.str(), "code": error.name(), "topic": message.topic()},
-            )
-            if error.fatal():
-                raise BrokerError(f"fatal consumer error: {error.str()}", code=error.name())
-            return
-        self.handle(message.topic(), message.partition(), message.offset(), message.value())  # type: ignore[arg-type]
 
     def handle(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         """One record of ``topic``: its rows go into the batch, or it is logged with the reason
@@ -403,7 +383,7 @@ class StatusSink:
         )
 
     def _flush(
-        self, consumer: Consumer, lost: set[tuple[str, int]] | None = None, wait: bool = True
+        self, consumer: GroupConsumer, lost: set[tuple[str, int]] | None = None, wait: bool = True
     ) -> None:
         """Hand the batch to the inserter (after finishing the one in flight); with ``wait``,
         also finish this one, so nothing read is left uninserted or uncommitted."""
@@ -415,7 +395,7 @@ class StatusSink:
         if wait:
             self._finish_inflight(consumer, lost)
 
-    def _finish_inflight(self, consumer: Consumer, lost: set[tuple[str, int]]) -> None:
+    def _finish_inflight(self, consumer: GroupConsumer, lost: set[tuple[str, int]]) -> None:
         if self._inflight is None:
             return
         batch, future = self._inflight
@@ -430,7 +410,7 @@ class StatusSink:
         """On the inserter thread: True once inserted, False if stopped before it could be."""
         if not batch.rows:
             return True  # only undecodable records: nothing to insert, offsets to commit
-        backoff = 0.2
+        backoff = Backoff(start_s=0.2, max_s=_MAX_BACKOFF_S)
         while True:
             try:
                 began = time.perf_counter()
@@ -444,32 +424,28 @@ class StatusSink:
                 self.stats.insert_failures += 1
                 self.meters.failed()
                 self.stats.last_error = str(exc)[:500]
+                delay_s = backoff.failed()
                 log.error(
                     "status insert failed; retrying, offsets not committed",
-                    extra={"rows": len(batch.rows), "error": str(exc)[:500], "retry_s": backoff},
+                    extra={"rows": len(batch.rows), "error": str(exc)[:500], "retry_s": delay_s},
                 )
-                if self._stop.wait(backoff):
+                if self._stop.wait(delay_s):
                     return False  # not inserted, not committed: the next owner reads it again
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
             except Exception as exc:  # a bug or a bad row: keep the records for the next run
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 log.exception("status insert crashed; stopping the sink, offsets not committed")
                 self._stop.set()
                 return False
 
-    def _commit(self, consumer: Consumer, batch: _Batch, lost: set[tuple[str, int]]) -> None:
-        from confluent_kafka import KafkaException, TopicPartition
-
-        offsets = [
-            TopicPartition(t, p, hi + 1)
-            for (t, p), (_, hi) in sorted(batch.ranges.items())
-            if (t, p) not in lost
-        ]
+    def _commit(self, consumer: GroupConsumer, batch: _Batch, lost: set[tuple[str, int]]) -> None:
+        offsets = {
+            (t, p): hi + 1 for (t, p), (_, hi) in sorted(batch.ranges.items()) if (t, p) not in lost
+        }
         if not offsets:
             return
         try:
-            consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:
+            consumer.commit(offsets, asynchronous=False)
+        except BrokerError as exc:
             # Lost ownership in a rebalance: the new owner re-reads these records and the
             # event_id dedup absorbs the copies. Nothing to undo here.
             self.stats.commit_failures += 1
@@ -477,41 +453,25 @@ class StatusSink:
                 "status offsets not committed; the records will be read again",
                 extra={
                     "error": str(exc),
-                    "offsets": {f"{tp.topic}/{tp.partition}": tp.offset for tp in offsets},
+                    "offsets": {f"{t}/{p}": offset for (t, p), offset in offsets.items()},
                 },
             )
 
     # --- rebalance ---------------------------------------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: GroupConsumer, partitions: list[tuple[str, int]]) -> None:
         self.joined = True
-        self._owned |= {(tp.topic, tp.partition) for tp in partitions}
+        self._owned |= set(partitions)
         self.stats.assigned = sorted({p for _, p in self._owned})
         log.info("status partitions assigned", extra={"partitions": self.stats.assigned})
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: GroupConsumer, partitions: list[tuple[str, int]]) -> None:
         self._flush(consumer)
-        self._owned -= {(tp.topic, tp.partition) for tp in partitions}
+        self._owned -= set(partitions)
         self.stats.assigned = sorted({p for _, p in self._owned})
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = {(tp.topic, tp.partition) for tp in partitions}
+    def _on_lost(self, consumer: GroupConsumer, partitions: list[tuple[str, int]]) -> None:
+        lost = set(partitions)
         self._flush(consumer, lost=lost)
         self._owned -= lost
         self.stats.assigned = sorted({p for _, p in self._owned})
-
-
-def _lag(consumer: Consumer) -> dict[tuple[str, int], int]:
-    """Per assigned partition, records not fetched yet (end offset as of the last fetch
-    response minus the position; no request to the broker)."""
-    from confluent_kafka import KafkaException
-
-    out: dict[tuple[str, int], int] = {}
-    try:
-        for tp in consumer.position(consumer.assignment()):
-            _low, high = consumer.get_watermark_offsets(tp, cached=True)
-            known = high >= 0 and tp.offset >= 0
-            out[(tp.topic, tp.partition)] = max(0, high - tp.offset) if known else 0
-    except KafkaException as exc:
-        log.debug("lag not sampled", extra={"error": str(exc)})
-    return out

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from consumers.status.store import StatusStore, clickhouse_message
+from jobwheel.consumers.status.store import StatusStore, clickhouse_message
 from jobwheel.errors import QueryBusyError, QueryError, StoreError, clip
 
 if TYPE_CHECKING:

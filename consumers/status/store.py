@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import ConfigError, QueryError, StoreError
-from schemas.models import StatusEvent
+from jobwheel.schemas.models import StatusEvent
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -482,11 +482,6 @@ class StatusStore:
             return bool(self.client.ping())
         except Exception:
             return False
-
-    def optimize(self) -> None:
-        """Force merges (tests and tools): collapses duplicate rows now instead of eventually."""
-        for table in ("status_events", "job_state", "run_state"):
-            self._command(f"OPTIMIZE TABLE {table} FINAL")
 
     def _command(self, sql: str) -> None:
         try:

@@ -2,12 +2,12 @@
 
 Task authors need only this package's top level::
 
-    from consumers.worker import task, current_run, heartbeat, Backoff
+    from jobwheel.consumers.worker import task, current_run, heartbeat, Backoff
     from jobwheel.errors import Retry
 """
 
-from consumers.worker.backoff import Backoff
-from consumers.worker.context import current_run, heartbeat
-from consumers.worker.registry import TaskRegistry, default_registry, task
+from jobwheel.consumers.worker.backoff import Backoff
+from jobwheel.consumers.worker.context import current_run, heartbeat
+from jobwheel.consumers.worker.registry import TaskRegistry, default_registry, task
 
 __all__ = ["Backoff", "TaskRegistry", "current_run", "default_registry", "heartbeat", "task"]

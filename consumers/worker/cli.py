@@ -1,4 +1,4 @@
-"""Subcommands of the ``jobwheel`` CLI for ``consumers.worker``: ``jobwheel worker``.
+"""Subcommands of the ``jobwheel`` CLI for ``jobwheel.consumers.worker``: ``jobwheel worker``.
 
 Which tasks a worker can run is configuration by the operator: ``--tasks`` names the modules to
 import, and importing them runs their ``@task`` decorators. Nothing in a message can add to that.
@@ -33,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--tasks",
         required=True,
         metavar="MODULE[,MODULE]",
-        help="comma-separated modules whose @task functions this worker runs, e.g. consumers.demo",
+        help=(
+            "comma-separated modules whose @task functions this worker runs, "
+            "e.g. jobwheel.consumers.demo"
+        ),
     )
     p.add_argument(
         "--concurrency",
@@ -47,27 +50,29 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def load_tasks(modules: str) -> None:
     """Import the task modules; their decorators register into the default registry."""
-    from consumers.worker.registry import default_registry
+    from jobwheel.consumers.worker.registry import default_registry
 
     names = [m.strip() for m in modules.split(",") if m.strip()]
     if not names:
-        raise ConfigError("--tasks: give at least one module name, e.g. --tasks consumers.demo")
+        raise ConfigError(
+            "--tasks: give at least one module name, e.g. --tasks jobwheel.consumers.demo"
+        )
     for name in names:
         try:
             importlib.import_module(name)
         except ImportError as exc:
             raise ConfigError(
                 f"--tasks: cannot import module {name!r} ({exc}); give importable module "
-                "names (on PYTHONPATH), e.g. consumers.demo"
+                "names (on PYTHONPATH), e.g. jobwheel.consumers.demo"
             ) from exc
     if not len(default_registry):
         raise ConfigError(f"--tasks: the modules {names} register no @task functions")
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from consumers.worker.metrics import WorkerCollector
-    from consumers.worker.pool import WorkerPool
-    from consumers.worker.registry import default_registry
+    from jobwheel.consumers.worker.metrics import WorkerCollector
+    from jobwheel.consumers.worker.pool import WorkerPool
+    from jobwheel.consumers.worker.registry import default_registry
     from jobwheel.settings import get_settings
 
     if args.concurrency is not None and args.concurrency < 1:
@@ -91,7 +96,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _serve(pool: object) -> None:
-    from consumers.worker.pool import WorkerPool
+    from jobwheel.consumers.worker.pool import WorkerPool
 
     assert isinstance(pool, WorkerPool)
     loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobwheel.errors import TaskError
-from schemas.models import Run
+from jobwheel.schemas.models import Run
 
 
 @dataclass(frozen=True, slots=True)

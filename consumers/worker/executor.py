@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.worker.backoff import RandomSource
-from consumers.worker.context import RunContext, reset_context, set_context
-from consumers.worker.registry import TaskRegistry, TaskSpec
+from jobwheel.consumers.worker.backoff import RandomSource
+from jobwheel.consumers.worker.context import RunContext, reset_context, set_context
+from jobwheel.consumers.worker.registry import TaskRegistry, TaskSpec
 from jobwheel.errors import Retry, TaskError
-from schemas.models import Run, State
+from jobwheel.schemas.models import Run, State
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,6 @@
-"""Thin confluent-kafka wrappers for the worker: the runs consumer and the status producer.
-
-The only module of the worker that imports ``confluent_kafka``. It turns ``KafkaException`` /
-``KafkaError`` into :mod:`jobwheel.errors` (with the librdkafka code name) and messages into
-plain :class:`Record` values, so the pool's logic never handles client objects.
+"""The worker's Kafka clients: the runs consumer and the status producer, built on the shared
+plumbing of :mod:`jobwheel.kafka` (group consumer, producer, configs, error translation). The
+pool deals in partition numbers and plain :class:`Record` values, never in client objects.
 
 Threading: a confluent-kafka consumer may be used from one thread at a time, and rebalance
 callbacks run inside ``consume()`` on the calling thread. The pool therefore calls every
@@ -15,38 +13,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
-from jobwheel.errors import BrokerError, DeliveryError
+from jobwheel.errors import DeliveryError
+from jobwheel.kafka.consumer import GroupConsumer, Record, committing_consumer_config
+from jobwheel.kafka.producer import Producer, producer_config
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
-# librdkafka's own log lines, through logging (structured) instead of raw stderr.
-_client_log = logging.getLogger("consumers.worker.librdkafka")
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One fetched runs record."""
-
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-
-
-def _broker_error(exc: BaseException, what: str) -> BrokerError:
-    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-    code = err.name() if err is not None else None
-    return BrokerError(f"{what}: {err.str() if err is not None else exc}", code=code)
-
-
-def _log_client_error(err: KafkaError) -> None:
-    """Client-level trouble (broker unreachable, auth failure): librdkafka keeps retrying."""
-    log.warning("kafka client error", extra={"code": err.name(), "error": err.str()})
+#: The worker's clients log librdkafka's lines as ``jobwheel.consumers.worker.librdkafka``.
+_PACKAGE = "jobwheel.consumers.worker"
 
 
 #: Defaults the pass-through ``kafka_config`` may change.
@@ -76,13 +52,9 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     manual commits of finished work only (no auto commit, no auto offset store), and
     ``read_committed`` so runs of aborted scheduler transactions (a fenced owner's) never run.
     """
-    required = {
-        "group.id": settings.worker_group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-    }
-    return {**CONSUMER_DEFAULTS, **settings.librdkafka(**required, **overrides)}
+    return committing_consumer_config(
+        settings, settings.worker_group, CONSUMER_DEFAULTS, **overrides
+    )
 
 
 PartitionsCallback = Callable[[list[int]], None]
@@ -93,16 +65,12 @@ class RunsConsumer:
 
     def __init__(self, settings: Settings, topic: str, **overrides: Any) -> None:
         self.topic = topic
-        config = consumer_config(settings, **overrides)
-        config.setdefault("error_cb", _log_client_error)
-        config.setdefault("logger", _client_log)
-        try:
-            self._consumer = Consumer(config)
-        except KafkaException as exc:
-            raise _broker_error(
-                exc, "could not create the runs consumer; check kafka_config"
-            ) from exc
-        self._closed = False
+        self._group = GroupConsumer(
+            consumer_config(settings, **overrides), _PACKAGE, "runs consumer"
+        )
+
+    def _parts(self, pairs: list[tuple[str, int]]) -> list[int]:
+        return [p for t, p in pairs if t == self.topic]
 
     def subscribe(
         self,
@@ -112,82 +80,38 @@ class RunsConsumer:
     ) -> None:
         """Join the group. Callbacks get partition numbers; confluent-kafka applies the
         (incremental) assignment itself after ``on_assign`` returns."""
-
-        def parts(tps: list[TopicPartition]) -> list[int]:
-            return [tp.partition for tp in tps if tp.topic == self.topic]
-
-        self._consumer.subscribe(
+        self._group.subscribe(
             [self.topic],
-            on_assign=lambda _c, tps: on_assign(parts(tps)),
-            on_revoke=lambda _c, tps: on_revoke(parts(tps)),
-            on_lost=lambda _c, tps: on_lost(parts(tps)),
+            on_assign=lambda pairs: on_assign(self._parts(pairs)),
+            on_revoke=lambda pairs: on_revoke(self._parts(pairs)),
+            on_lost=lambda pairs: on_lost(self._parts(pairs)),
         )
 
     def consume(self, max_records: int, timeout_s: float) -> list[Record]:
         """Fetch up to ``max_records``; transient errors are logged, fatal ones raised."""
-        try:
-            messages = self._consumer.consume(max_records, timeout_s)
-        except KafkaException as exc:
-            raise _broker_error(exc, "consuming runs failed") from exc
-        out: list[Record] = []
-        for msg in messages:
-            err = msg.error()
-            if err is not None:
-                if err.fatal():
-                    raise BrokerError(f"consuming runs failed: {err.str()}", code=err.name())
-                log.warning("consumer error", extra={"code": err.name(), "error": err.str()})
-                continue
-            partition, offset = msg.partition(), msg.offset()
-            if partition is None or offset is None:
-                continue
-            out.append(Record(partition, offset, msg.key(), msg.value()))
-        return out
+        return self._group.consume(max_records, timeout_s)
 
     def commit(self, offsets: dict[int, int], *, asynchronous: bool) -> None:
         """Commit ``partition -> next offset to read``."""
-        if not offsets:
-            return
-        tps = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
-        try:
-            self._consumer.commit(offsets=tps, asynchronous=asynchronous)
-        except KafkaException as exc:
-            raise _broker_error(exc, f"committing offsets {offsets} failed") from exc
+        pairs = {(self.topic, p): o for p, o in offsets.items()}
+        self._group.commit(pairs, asynchronous=asynchronous)
 
     def pause(self, partitions: list[int]) -> None:
-        if partitions:
-            self._consumer.pause([TopicPartition(self.topic, p) for p in partitions])
+        self._group.pause([(self.topic, p) for p in partitions])
 
     def resume(self, partitions: list[int]) -> None:
-        if partitions:
-            self._consumer.resume([TopicPartition(self.topic, p) for p in partitions])
+        self._group.resume([(self.topic, p) for p in partitions])
 
     def assignment(self) -> list[int]:
-        return [tp.partition for tp in self._consumer.assignment() if tp.topic == self.topic]
+        return self._parts(self._group.assignment())
 
     def lag(self) -> dict[int, int]:
-        """Per assigned partition, records not fetched yet: the end offset as of the last
-        fetch response minus the position (no request to the broker). A partition not
-        fetched yet counts 0."""
-        out: dict[int, int] = {}
-        try:
-            assigned = [tp for tp in self._consumer.assignment() if tp.topic == self.topic]
-            for tp in self._consumer.position(assigned):
-                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
-                known = high >= 0 and tp.offset >= 0
-                out[tp.partition] = max(0, high - tp.offset) if known else 0
-        except KafkaException as exc:
-            log.debug("lag not sampled", extra={"error": str(exc)})
-        return out
+        """Per assigned partition, records not fetched yet (no request to the broker)."""
+        return {p: n for (t, p), n in self._group.lag().items() if t == self.topic}
 
     def close(self) -> None:
         """Leave the group now (the revoke callback runs first), so partitions move at once."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._consumer.close()
-        except KafkaException as exc:
-            log.warning("closing the runs consumer failed", extra={"error": str(exc)})
+        self._group.close()
 
 
 #: ``on_delivery(error)`` of :meth:`StatusProducer.produce`: None once the broker has the record.
@@ -197,8 +121,8 @@ DeliveryReport = Callable[[DeliveryError | None], None]
 class StatusProducer:
     """Produces the worker's events; each record's delivery report calls its ``on_delivery``.
 
-    Uses ``producers.kafka.producer_config`` (idempotent, acks=all, murmur2 partitioner): the
-    scheduler that owns a job's partition reads its acknowledgements from the same partition
+    Uses :func:`jobwheel.kafka.producer.producer_config` (idempotent, acks=all, murmur2):
+    the scheduler that owns a job's partition reads its acknowledgements from the same partition
     number of the acks topic, so the partitioner must be the one every other producer uses.
 
     Delivery reports are served by one polling thread of this object, and ``on_delivery`` runs
@@ -207,17 +131,7 @@ class StatusProducer:
     """
 
     def __init__(self, settings: Settings, **overrides: Any) -> None:
-        from producers.kafka import producer_config
-
-        config = producer_config(settings, **overrides)
-        config.setdefault("error_cb", _log_client_error)
-        config.setdefault("logger", _client_log)
-        try:
-            self._producer = Producer(config)
-        except KafkaException as exc:
-            raise _broker_error(
-                exc, "could not create the status producer; check kafka_config"
-            ) from exc
+        self._producer = Producer(producer_config(settings, **overrides), _PACKAGE)
         self._stop = threading.Event()
         self._poller = threading.Thread(
             target=self._poll_forever, name="jobwheel-status-poll", daemon=True
@@ -238,26 +152,13 @@ class StatusProducer:
     ) -> bool:
         """Hand a record to the producer; False (nothing queued) while its local queue is full.
         Records produced in call order are delivered in that order (idempotent producer)."""
-
-        def report(err: KafkaError | None, _msg: Any) -> None:
-            if err is None:
-                on_delivery(None)
-            else:
-                on_delivery(
-                    DeliveryError(f"status event not delivered: {err.str()}", code=err.name())
-                )
-
-        try:
-            self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
-        except BufferError:
-            return False
-        except KafkaException as exc:
-            raise _broker_error(exc, "producing a status event failed") from exc
-        return True
+        return self._producer.try_produce(
+            topic, value, key, lambda error, _where: on_delivery(error), headers=headers
+        )
 
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries; returns how many are still undelivered."""
-        return int(self._producer.flush(timeout_s))
+        return self._producer.flush(timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> int:
         remaining = self.flush(timeout_s)

@@ -44,7 +44,7 @@ from jobwheel.metrics import (
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from consumers.worker.pool import WorkerPool
+    from jobwheel.consumers.worker.pool import WorkerPool
 
 PREFIX = "jobwheel_worker_"
 #: Run durations in milliseconds (exposed in seconds): from quick tasks to long batch jobs.
@@ -73,7 +73,7 @@ class WorkerMeters:
 
 
 class WorkerCollector(Collector):
-    """Reads a running :class:`~consumers.worker.pool.WorkerPool` at scrape time."""
+    """Reads a running :class:`~jobwheel.consumers.worker.pool.WorkerPool` at scrape time."""
 
     def __init__(self, pool: WorkerPool) -> None:
         self.pool = pool

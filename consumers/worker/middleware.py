@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from consumers.worker.executor import Outcome
-from schemas.models import Run, State
+from jobwheel.consumers.worker.executor import Outcome
+from jobwheel.schemas.models import Run, State
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from consumers.worker.backoff import DEFAULT_BACKOFF, Backoff
+from jobwheel.consumers.worker.backoff import DEFAULT_BACKOFF, Backoff
 from jobwheel.errors import TaskError
 
 F = TypeVar("F", bound=Callable[..., Any])

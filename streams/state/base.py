@@ -12,8 +12,8 @@ Why two small ABCs instead of talking to faust tables directly:
   production implementation writes with ``table[key] = value`` / ``del table[key]`` inside the
   stream. faust has no public range scan per partition, but its RocksDB store keeps one
   ``rocksdict.Rdict`` per partition, so reads (``get``, the time-ordered ``scan``) may go straight
-  to that database. :mod:`streams.state.rocksdb` implements both over a raw ``Rdict``;
-  :mod:`streams.state.memory` is the test double with the same contract.
+  to that database. :mod:`jobwheel.streams.state.rocksdb` implements both over a raw ``Rdict``;
+  :mod:`jobwheel.streams.state.memory` is the test double with the same contract.
 - **Raw bytes.** Keys and values are bytes so the on-disk order is the byte order: the wheel's
   keys start with an 8-byte big-endian due time, which makes "everything due by now" one prefix
   range scan on disk, and future jobs cost disk rather than RAM.

@@ -9,7 +9,7 @@ commits, the partition writes :attr:`pending` to its local database in one atomi
 
 from __future__ import annotations
 
-from streams.state.base import KeyValueStore, WheelStore
+from jobwheel.streams.state.base import KeyValueStore, WheelStore
 
 _DELETED = None
 

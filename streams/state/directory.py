@@ -8,7 +8,8 @@ Layout under ``<JOBWHEEL_DATA_DIR>/scheduler/<scheduler app id>/``:
   id. The transactional id is ``<app id>-<instance id>``: stable across restarts on the same disk
   (a restarted scheduler fences its own predecessor and aborts its open transaction at once), and
   distinct between instances.
-- ``partition-<p>/``: the RocksDB database of partition ``p`` (:mod:`streams.state.partition`),
+- ``partition-<p>/``: the RocksDB database of partition ``p``
+(:mod:`jobwheel.streams.state.partition`),
   kept when the partition moves away, so that getting it back replays only the changelog's tail.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 
-from streams.state.base import KeyValueStore, WheelStore
+from jobwheel.streams.state.base import KeyValueStore, WheelStore
 
 
 class MemoryKeyValueStore(KeyValueStore):

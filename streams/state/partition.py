@@ -3,7 +3,7 @@ the changes of the transaction in progress.
 
 What is stored where (one RocksDB database per owned partition, a column family each):
 
-- ``default``: job id -> encoded job record (:mod:`streams.jobstate`), plus the partition's
+- ``default``: job id -> encoded job record (:mod:`jobwheel.streams.jobstate`), plus the partition's
   ownership epoch under :data:`EPOCH_KEY`. This is the state store; every change to it is also a
   record on the compacted changelog topic, in the same transaction as the outputs it caused.
 - ``timers`` and ``deadlines``: the timing wheels, an index of the instants each record waits for
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import rocksdict
 
-from streams.jobstate import DEADLINES, TIMERS, peek_timers
-from streams.state.base import KeyValueStore, WheelStore
-from streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
-from streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
-from streams.state.rocksdb import RocksDBKeyValueStore, RocksDBResources, RocksDBWheelStore
-from streams.wheel import TimingWheel, entry_key
-from streams.wheel.entry import encode_value
+from jobwheel.streams.jobstate import DEADLINES, TIMERS, peek_timers
+from jobwheel.streams.state.base import KeyValueStore, WheelStore
+from jobwheel.streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
+from jobwheel.streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
+from jobwheel.streams.state.rocksdb import RocksDBKeyValueStore, RocksDBResources, RocksDBWheelStore
+from jobwheel.streams.wheel import TimingWheel, entry_key
+from jobwheel.streams.wheel.entry import encode_value
 
 #: Not a job id (job ids cannot contain NUL): the partition's ownership epoch, changelogged.
 EPOCH_KEY = b"\x00epoch"

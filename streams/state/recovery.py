@@ -27,9 +27,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streams.jobstate import DEADLINES, TIMERS, peek_timers
-from streams.state.partition import WHEEL_VALUE, StateBackend, WheelChanges, index_changes
-from streams.wheel import entry_key
+from jobwheel.streams.jobstate import DEADLINES, TIMERS, peek_timers
+from jobwheel.streams.state.partition import WHEEL_VALUE, StateBackend, WheelChanges, index_changes
+from jobwheel.streams.wheel import entry_key
 
 log = logging.getLogger(__name__)
 

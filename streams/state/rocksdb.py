@@ -1,7 +1,7 @@
 """Stores over RocksDB (rocksdict, raw mode: bytes in, bytes out, byte-ordered keys).
 
 Each owned partition has one database with a column family per concern (see
-:mod:`streams.state.partition`); these classes read and write one column family.
+:mod:`jobwheel.streams.state.partition`); these classes read and write one column family.
 
 Memory: RocksDB's defaults are a 2 GiB block cache per database plus 3 x 64 MiB memtables per
 column family; with a database per partition that is gigabytes of address space per process and
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import rocksdict
 
-from streams.state.base import KeyValueStore, WheelStore
+from jobwheel.streams.state.base import KeyValueStore, WheelStore
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.wheel.entry import ENTRY_VERSION, WheelEntry, encode_key, entry_key
-from streams.wheel.wheel import TimingWheel
+from jobwheel.streams.wheel.entry import ENTRY_VERSION, WheelEntry, encode_key, entry_key
+from jobwheel.streams.wheel.wheel import TimingWheel
 
 __all__ = ["ENTRY_VERSION", "TimingWheel", "WheelEntry", "encode_key", "entry_key"]

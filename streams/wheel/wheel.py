@@ -3,7 +3,7 @@
 "Wheel" in the Kafka Streams / Netty sense of "what is due next", but stored as one sorted
 key range on disk instead of in-memory slots: a job due in a year costs a RocksDB key, not RAM.
 The scheduler keeps it as an index derived from its job records (see
-:mod:`streams.state.partition`), rebuilt from them after a restore.
+:mod:`jobwheel.streams.state.partition`), rebuilt from them after a restore.
 
 Pure: no clock, no Kafka. The punctuator passes ``now_ms`` in (wall-clock punctuation),
 so tests drive it with :class:`jobwheel.clock.ManualClock`.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 
 from jobwheel.errors import StateError
-from streams.state.base import WheelStore
-from streams.wheel.entry import (
+from jobwheel.streams.state.base import WheelStore
+from jobwheel.streams.wheel.entry import (
     WheelEntry,
     decode_due_ms,
     decode_entry,
@@ -54,7 +54,7 @@ class TimingWheel:
         return key
 
     def insert(self, key: bytes, payload: bytes = b"") -> None:
-        """Add an entry by its encoded key (:func:`~streams.wheel.entry.entry_key`)."""
+        """Add an entry by its encoded key (:func:`~jobwheel.streams.wheel.entry.entry_key`)."""
         self.store.put(key, encode_value(payload))
         if key < self._floor:
             self._floor = key

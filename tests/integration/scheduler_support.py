@@ -14,9 +14,9 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from jobwheel.errors import SchemaDecodeError
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.settings import Settings
-from schemas.codec import default_codec
-from schemas.models import Run, State, StatusEvent
 from tests.support import Procs, log_tail, wait_until
 
 
@@ -184,7 +184,9 @@ def start_scheduler(
 
 
 def start_worker(procs: Procs, base_env: dict[str, str], log_path: Path) -> Any:
-    proc = procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], base_env, log_path)
+    proc = procs.spawn(
+        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], base_env, log_path
+    )
     proc.log_path = log_path  # type: ignore[attr-defined]
     return proc
 

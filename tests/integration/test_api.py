@@ -10,13 +10,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from consumers.status.api import create_app
-from consumers.status.sink import StatusSink
-from consumers.status.store import StatusStore
-from jobwheel.settings import Settings
-from producers.client import JobClient
-from schemas.codec import default_codec
-from schemas.models import (
+from jobwheel.consumers.status.api import create_app
+from jobwheel.consumers.status.sink import StatusSink
+from jobwheel.consumers.status.store import StatusStore
+from jobwheel.producers.client import JobClient
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import (
     After,
     CancelJob,
     Cron,
@@ -28,7 +27,8 @@ from schemas.models import (
     State,
     TriggerJob,
 )
-from schemas.partitioning import key_for
+from jobwheel.schemas.partitioning import key_for
+from jobwheel.settings import Settings
 from tests import status_support
 from tests.integration.test_status_sink import produce
 from tests.status_support import event, now_ms
@@ -144,7 +144,7 @@ def test_status_events_flow_through_the_in_process_sink(
 
 
 def test_unreachable_broker_is_503_with_a_reason(settings: Settings, store: StatusStore) -> None:
-    from deploy.broker import free_port
+    from jobwheel.deploy.broker import free_port
 
     dead = settings.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
     app = create_app(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.broker import LocalBroker, free_port
 from tests.support import Procs, wait_until
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from deploy.broker import LocalBroker, free_port
-from deploy.stack import SERVICES, Service, Stack
+from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.stack import SERVICES, Service, Stack
+from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from schemas.models import State
 from tests.support import Procs, jobwheel_argv, scaled, wait_until
 
 FLAKY_SERVICE = (
@@ -179,7 +179,7 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     group): the stack waits for the worker's own grace (12 s here, more than the 10 s the
     stack used to give any service), the worker hands the run back, and the run's next attempt
     is the only execution after it: attempt 1 is never delivered again next to attempt 2."""
-    from producers.client import JobClient
+    from jobwheel.producers.client import JobClient
     from tests.integration.test_worker import StatusTail
     from tests.support import wait_for_group, wait_for_log
 
@@ -217,7 +217,9 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     # The stack again, minus the status service: the run goes on as attempt 2, and attempt 1
     # is not executed a second time.
     procs.spawn(["jobwheel", "scheduler"], env, tmp_path / "scheduler.log")
-    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], env, tmp_path / "w2.log")
+    procs.spawn(
+        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, tmp_path / "w2.log"
+    )
     again = tail.wait_for(run_id, State.STARTED, count=2, timeout_s=90)
     tail.poll_to_end()
     assert [e.attempt for e in tail.of(run_id, State.STARTED)] == [1, 2], again

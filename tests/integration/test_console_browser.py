@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from producers import JobClient
+from jobwheel.producers import JobClient
 from tests.stack_support import Stack, start_stack
 from tests.support import Procs, scaled, wait_until
 

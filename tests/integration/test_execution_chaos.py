@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.client import JobClient, JobSpec
-from schemas.models import State
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import TopicTail, now_ms, start_scheduler
 from tests.support import scaled
 
@@ -42,7 +42,14 @@ def test_every_job_succeeds_while_workers_are_killed(
                 "JOBWHEEL_KAFKA_CONFIG": json.dumps({"group.instance.id": f"worker-{slot}"}),
             }
             log_path = tmp_path / f"worker{slot}-{n}.log"
-            argv = ["jobwheel", "worker", "--tasks", "consumers.demo", "--concurrency", "8"]
+            argv = [
+                "jobwheel",
+                "worker",
+                "--tasks",
+                "jobwheel.consumers.demo",
+                "--concurrency",
+                "8",
+            ]
             return procs.spawn(argv, env, log_path)
 
         workers = [worker(0, 0), worker(1, 0)]

@@ -16,9 +16,9 @@ from datetime import timedelta
 
 import pytest
 
-from producers.client import JobClient
-from schemas.codec import default_codec
-from schemas.models import State
+from jobwheel.producers.client import JobClient
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import TopicTail, start_scheduler
 from tests.support import file_lines, log_tail, scaled, wait_for_group, wait_until
 
@@ -32,7 +32,7 @@ def tail(settings):
 
 def start_worker(procs, env, tmp_path, name: str, concurrency: int = 4):
     log_path = tmp_path / f"{name}.log"
-    argv = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
+    argv = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
     proc = procs.spawn([*argv, "--concurrency", str(concurrency)], env, log_path)
     proc.log_path = log_path
     return proc

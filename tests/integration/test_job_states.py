@@ -24,7 +24,7 @@ import pytest
 from tests.support import Procs, jobwheel_argv, log_tail, scaled, wait_for_group, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
+WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 LIFECYCLE = {"SCHEDULED", "RESUMED", "PAUSED", "CANCELLED", "COMPLETED", "DEAD"}
 
 

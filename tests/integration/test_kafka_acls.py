@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from schemas.codec import default_codec
-from schemas.models import State
 from tests.support import Procs, jobwheel_argv, wait_until
 
 pytestmark = pytest.mark.integration
@@ -120,7 +120,7 @@ def _produce(
     else the error's name."""
     from confluent_kafka import KafkaException, Producer
 
-    from producers.kafka import producer_config
+    from jobwheel.kafka.producer import producer_config
 
     errors: list[str] = []
     producer = Producer(producer_config(settings, **{"message.timeout.ms": 15_000, **overrides}))
@@ -236,7 +236,7 @@ def test_jobwheel_processes_take_their_role_from_kafka_config(
     secure: dict[str, Any], tmp_path: Path
 ) -> None:
     """The SDK and the CLI with JOBWHEEL_KAFKA_CONFIG = a role's file, unchanged."""
-    from producers import JobClient
+    from jobwheel.producers import JobClient
 
     with JobClient(_role(secure, "submitter"), delivery_timeout_s=30) as client:
         assert client.schedule(task="demo.echo", now=True)
@@ -300,7 +300,7 @@ def test_worker_and_serve_processes_run_with_their_roles(
         "PYTHONUNBUFFERED": "1",
     }
     log = tmp_path / "worker.log"
-    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], env, log)
+    procs.spawn(["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, log)
 
     def succeeded() -> bool:
         acks = consume(sink, sink.topics.acks, min_count=100, timeout_s=2)
@@ -337,7 +337,7 @@ def test_a_scheduler_process_runs_with_its_role_only(
     """A real `jobwheel scheduler` whose only rights are the scheduler role's: it joins its
     group, sets its group's timing, restores and writes its changelog, and commits runs in
     transactions; a job sent by a submitter fires."""
-    from producers.client import JobClient
+    from jobwheel.producers.client import JobClient
     from tests.integration.scheduler_support import log_events
     from tests.support import consume, log_tail
 

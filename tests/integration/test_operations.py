@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.broker import free_port
-from producers.client import JobClient, JobSpec
-from schemas.partitioning import partition_for
+from jobwheel.deploy.broker import free_port
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import log_events, start_scheduler
 from tests.support import Procs, stop, wait_until
 
@@ -99,7 +99,9 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     env_w, worker = served(base_env)
     env_a, api = served(base_env)
     sched = start_scheduler(procs, env_s, tmp_path / "sched")
-    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], env_w, tmp_path / "w.log")
+    procs.spawn(
+        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env_w, tmp_path / "w.log"
+    )
     procs.spawn(["jobwheel", "serve"], env_a, tmp_path / "api.log")
     for base in (scheduler, worker, api):
         wait_until(lambda b=base: is_ready(b), 60, 0.2, f"{base} never ready")

@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from jobwheel.clock import ManualClock
 from jobwheel.errors import DeliveryError, ValidationError
-from producers.client import AsyncJobClient, JobClient, JobSpec
-from schemas.codec import default_codec
-from schemas.models import (
+from jobwheel.producers.client import AsyncJobClient, JobClient, JobSpec
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,
@@ -32,7 +32,7 @@ from schemas.models import (
     ScheduleJob,
     TriggerJob,
 )
-from schemas.partitioning import partition_for
+from jobwheel.schemas.partitioning import partition_for
 from tests.support import consume, read_all
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

@@ -155,7 +155,9 @@ def test_the_readme_examples_run_as_written_from_a_scratch_folder(
 
     # What `make run` starts.
     user.spawn("jobwheel scheduler", tmp_path / "scheduler.log", procs)
-    demo_worker = user.spawn("jobwheel worker --tasks consumers.demo", tmp_path / "w.log", procs)
+    demo_worker = user.spawn(
+        "jobwheel worker --tasks jobwheel.consumers.demo", tmp_path / "w.log", procs
+    )
     user.spawn("jobwheel serve", tmp_path / "serve.log", procs)
     wait_until(
         lambda: _api_up(settings.status_api_url),

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from jobwheel.errors import JobFailedError
-from producers import JobClient
-from schemas.codec import default_codec
-from schemas.models import JobCommand, Now, ScheduleJob
-from schemas.partitioning import partition_for
+from jobwheel.producers import JobClient
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import JobCommand, Now, ScheduleJob
+from jobwheel.schemas.partitioning import partition_for
 from tests.stack_support import Stack, start_stack
 from tests.support import Procs, scaled, wait_until
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.client import JobClient, JobSpec
-from schemas.models import State
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from confluent_kafka import Producer
 
-from producers.client import JobClient, JobSpec
-from schemas.models import State
-from schemas.partitioning import key_for, partition_for
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.models import State
+from jobwheel.schemas.partitioning import key_for, partition_for
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,

@@ -10,11 +10,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from confluent_kafka import Producer
 
-from producers.client import JobClient
-from producers.kafka import producer_config
-from schemas.codec import default_codec
-from schemas.models import CancelJob, Cron, JobCommand, ScheduleJob, State
-from schemas.partitioning import key_for, partition_for
+from jobwheel.kafka.producer import producer_config
+from jobwheel.producers.client import JobClient
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import CancelJob, Cron, JobCommand, ScheduleJob, State
+from jobwheel.schemas.partitioning import key_for, partition_for
 from tests.integration.scheduler_support import TopicTail, now_ms, start_scheduler
 
 # A fire must never come early; it must come "at" its time. The promise (within 2 s) is

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.broker import LocalBroker, free_port
-from deploy.topics import ensure_topics
+from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.producers.client import JobClient, JobSpec
+from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from producers.client import JobClient, JobSpec
-from schemas.models import State
 from tests.conftest import settings_env
 from tests.integration.scheduler_support import (
     TopicTail,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from schemas.models import State
 from tests.integration.test_status_sink import produce
 from tests.status_support import event, lifecycle, now_ms
 from tests.support import Procs, jobwheel_argv, log_tail, wait_until
@@ -197,7 +197,9 @@ def test_read_commands_against_a_running_serve(served: dict[str, str], tmp_path:
 def test_health_checks_each_part_of_the_stack(
     served: dict[str, str], procs: Procs, tmp_path: Path
 ) -> None:
-    procs.spawn(["jobwheel", "worker", "--tasks", "consumers.demo"], served, tmp_path / "w.log")
+    procs.spawn(
+        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], served, tmp_path / "w.log"
+    )
     last: list[subprocess.CompletedProcess[str]] = []
 
     def health_shows(word: str) -> subprocess.CompletedProcess[str] | None:

@@ -4,8 +4,8 @@ The store's own tests feed it synthetic events with made-up ids; here the events
 the real processes: ``jobwheel scheduler``, ``jobwheel worker`` and ``jobwheel serve`` (the
 sink and the API on the embedded store). The test talks to them only as a user does:
 commands through the SDK, the job's state through the status API (which answers with
-``consumers.status.queries``), and the broker's view of the worker group. Nothing here reads
-a scheduler log line, so it holds for any scheduler that keeps the commands, topics and status
+``jobwheel.consumers.status.queries``), and the broker's view of the worker group. Nothing here
+reads a scheduler log line, so it holds for any scheduler that keeps the commands, topics and status
 events.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from producers.client import JobClient
+from jobwheel.producers.client import JobClient
 from tests.support import Procs, file_lines, log_tail, stop, wait_for_group, wait_until
 
-WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
+WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 
 
 def _env(jobwheel_env: dict[str, str], tmp_path: Path, name: str) -> dict[str, str]:

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.status import queries
-from consumers.status.sink import StatusSink
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.sink import StatusSink
+from jobwheel.consumers.status.store import StatusStore
+from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from schemas.models import State
 from tests import status_support
 from tests.integration.test_status_sink import committed, produce
 from tests.status_support import event, now_ms

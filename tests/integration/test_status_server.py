@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.status import queries
-from consumers.status.store import StatusStore, load_migrations
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.store import StatusStore, load_migrations
 from jobwheel.errors import QueryError
 from tests.status_support import lifecycle, now_ms
 from tests.support import docker_engine

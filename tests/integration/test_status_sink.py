@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from consumers.status import queries
-from consumers.status.sink import StatusSink
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.sink import StatusSink
+from jobwheel.consumers.status.store import StatusStore
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import key_for
 from jobwheel.settings import Settings
-from schemas.codec import default_codec
-from schemas.models import State, StatusEvent
-from schemas.partitioning import key_for
 from tests import status_support
 from tests.status_support import event, lifecycle, now_ms
 from tests.support import HarnessError, Procs, kafka_call, log_tail, stop, wait_until

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from schemas.codec import default_codec
-from schemas.models import (
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import (
     After,
     CancelJob,
     ConcurrencyPolicy,
@@ -21,7 +21,7 @@ from schemas.models import (
     ScheduleJob,
     TriggerJob,
 )
-from schemas.partitioning import partition_for
+from jobwheel.schemas.partitioning import partition_for
 from tests.support import consume, jobwheel_argv, read_all, scaled
 
 
@@ -186,7 +186,7 @@ def test_an_unreachable_broker_is_one_line_naming_the_address(
     printed (a figure for the report, not an assertion)."""
     import time
 
-    from deploy.broker import free_port
+    from jobwheel.deploy.broker import free_port
 
     address = f"127.0.0.1:{free_port()}"
     env = {**jobwheel_env, "JOBWHEEL_BOOTSTRAP_SERVERS": address}

@@ -8,8 +8,8 @@ import sys
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from deploy.topics import ensure_topics
 from jobwheel.errors import TopicMismatchError
+from jobwheel.kafka.admin import ensure_topics
 
 
 def _partition_counts(settings) -> dict[str, int]:

@@ -21,10 +21,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from producers.kafka import producer_config
-from schemas.codec import Codec
-from schemas.models import Run, State, StatusEvent
-from schemas.partitioning import key_for, partition_for
+from jobwheel.kafka.producer import producer_config
+from jobwheel.schemas.codec import Codec
+from jobwheel.schemas.models import Run, State, StatusEvent
+from jobwheel.schemas.partitioning import key_for, partition_for
 from tests.support import (
     HarnessError,
     file_lines,
@@ -37,7 +37,7 @@ from tests.support import (
 )
 
 CODEC = Codec()
-WORKER = ["jobwheel", "worker", "--tasks", "consumers.demo,tests.tasks"]
+WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 
 
 def make_run(

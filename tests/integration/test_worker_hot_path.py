@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from deploy.topics import ensure_topics
-from schemas.models import State
-from schemas.partitioning import partition_for
+from jobwheel.kafka.admin import ensure_topics
+from jobwheel.schemas.models import State
+from jobwheel.schemas.partitioning import partition_for
 from tests.integration.test_worker import (
     StatusTail,
     committed_offsets,

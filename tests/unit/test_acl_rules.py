@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.acls import ROLES, role_grants, username
-from deploy.broker import merge_properties, secure_overrides, server_properties
+from jobwheel.deploy.acls import ROLES, role_grants, username
+from jobwheel.deploy.broker import merge_properties, secure_overrides, server_properties
 from jobwheel.errors import ConfigError
 from jobwheel.settings import Settings
 

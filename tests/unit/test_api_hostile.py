@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.status.api import create_app
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status.api import create_app
+from jobwheel.consumers.status.store import StatusStore
 from jobwheel.settings import Settings
 from tests import status_support
 from tests.status_support import lifecycle, now_ms

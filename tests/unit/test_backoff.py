@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from consumers.worker.backoff import Backoff, compute_backoff
+from jobwheel.consumers.worker.backoff import Backoff, compute_backoff
 from jobwheel.errors import ValidationError
 
 

@@ -11,8 +11,8 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from jobwheel.errors import SchemaDecodeError, ValidationError
-from schemas.codec import Codec, SchemaCatalogue, crc64_avro, default_codec
-from schemas.models import (
+from jobwheel.schemas.codec import Codec, SchemaCatalogue, crc64_avro, default_codec
+from jobwheel.schemas.models import (
     After,
     CancelJob,
     ConcurrencyPolicy,
@@ -71,7 +71,7 @@ def test_crc64_avro_matches_the_spec_and_fastavro() -> None:
 def test_single_object_framing_is_readable_with_plain_avro() -> None:
     codec = Codec()
     data = codec.encode(COMMAND)
-    current = codec.current(JobCommand)
+    current = codec.catalogue.current("io.jobwheel.JobCommand")  # what encode writes
     assert current.label() == "job_command.v3"
     assert data[:2] == b"\xc3\x01"
     assert data[2:10] == current.fingerprint
@@ -160,7 +160,7 @@ def test_confluent_framing_with_a_registry() -> None:
     ((subject, schema_str),) = registry.subjects
     assert subject == "io.jobwheel.JobCommand"
     assert to_parsing_canonical_form(parse_schema(json.loads(schema_str))) == (
-        codec.current(JobCommand).canonical
+        codec.catalogue.current("io.jobwheel.JobCommand").canonical
     )
     schema_id = registry.subjects[(subject, schema_str)]
     assert first[0] == 0
@@ -233,7 +233,7 @@ def test_readme_lists_the_current_fingerprints_and_partition_vectors() -> None:
     """Other-language services copy these numbers from schemas/README.md; keep them true."""
     from pathlib import Path
 
-    from schemas.partitioning import murmur2, partition_for
+    from jobwheel.schemas.partitioning import murmur2, partition_for
 
     readme = (Path(__file__).resolve().parents[2] / "schemas" / "README.md").read_text()
     for v in SchemaCatalogue.load().versions:

@@ -195,8 +195,8 @@ def test_prometheus_scrapes_every_long_running_service_where_it_serves_metrics()
 
 
 def test_grafana_provisions_both_dashboards_and_their_datasources():
-    from consumers.status import queries
-    from deploy import grafana
+    from jobwheel.consumers.status import queries
+    from jobwheel.deploy import grafana
 
     provisioning = COMPOSE_FILE.parent / "grafana" / "provisioning" / "datasources"
     prometheus = (provisioning / "prometheus.yaml").read_text()

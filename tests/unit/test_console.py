@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from consumers.status.api import create_app
-from consumers.status.console import charts, session
-from consumers.status.store import StatusStore
+from jobwheel.consumers.status.api import create_app
+from jobwheel.consumers.status.console import charts, session
+from jobwheel.consumers.status.store import StatusStore
+from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from schemas.models import State
 from tests import status_support
 from tests.status_support import event, lifecycle, now_ms
 

@@ -1,4 +1,5 @@
-"""The contract's rules for a raw JobCommand (schemas.validation), as the scheduler applies them.
+"""The contract's rules for a raw JobCommand (jobwheel.schemas.validation), as the scheduler applies
+them.
 
 A command written to the requests topic by hand, without the SDK, must get exactly the SDK's
 verdict: these are the cases an attacker or a buggy service sent straight to Kafka, which the
@@ -15,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobwheel.errors import ValidationError
-from producers import validation as v
-from producers.client import JobSpec, build_schedule
-from schemas import validation as rules
-from schemas.models import (
+from jobwheel.producers import validation as v
+from jobwheel.producers.client import JobSpec, build_schedule
+from jobwheel.schemas import validation as rules
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,

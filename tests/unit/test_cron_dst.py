@@ -1,4 +1,4 @@
-"""Cron across daylight saving time: the rules documented in ``schemas.cron``.
+"""Cron across daylight saving time: the rules documented in ``jobwheel.schemas.cron``.
 
 Expected instants are written by hand as ISO 8601 with the offset in force (2026 transitions:
 America/New_York 03-08 02:00 EST->03:00 EDT and 11-01 02:00 EDT->01:00 EST; Europe/Berlin 03-29
@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from schemas.cron import parse_cron, zone
+from jobwheel.schemas.cron import parse_cron, zone
 
 
 def ms(iso: str) -> int:

@@ -6,11 +6,11 @@ value), so these pin the reader to the documented format.
 
 from __future__ import annotations
 
-from schemas import deadletter as dl
-from schemas.codec import default_codec
-from schemas.models import JobCommand, Now, ReplayRun, Run, ScheduleJob, State
-from schemas.models import StatusEvent as Event
-from schemas.topics import (
+from jobwheel.schemas import deadletter as dl
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import JobCommand, Now, ReplayRun, Run, ScheduleJob, State
+from jobwheel.schemas.models import StatusEvent as Event
+from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
     ERROR_HEADER,
     KIND_HEADER,

@@ -17,15 +17,15 @@ from fastavro import schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobwheel.schemas.codec import SchemaCatalogue, default_codec
+from jobwheel.schemas.models import After, JobCommand, ScheduleJob, State
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.schemas.topics import ERROR_HEADER
 from jobwheel.settings import Settings
-from schemas.codec import SchemaCatalogue, default_codec
-from schemas.models import After, JobCommand, ScheduleJob, State
-from schemas.partitioning import partition_for
-from schemas.topics import ERROR_HEADER
-from streams.engine import Phase, SchedulerEngine, _Out
-from streams.kafka import Record
-from streams.processor import SchedulerProcessor
-from streams.state.partition import MemoryBackend, PartitionState
+from jobwheel.streams.engine import Phase, SchedulerEngine, _Out
+from jobwheel.streams.kafka import Record
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 
 T0 = 1_800_000_000_000
 SETTINGS = Settings(_env_file=None, topic_prefix="p", partitions=1)  # type: ignore[call-arg]
@@ -37,7 +37,7 @@ CODEC = default_codec()
 def ready_engine() -> SchedulerEngine:
     engine = SchedulerEngine(SETTINGS)
     state = PartitionState(MemoryBackend())
-    from streams.engine import PartitionTask
+    from jobwheel.streams.engine import PartitionTask
 
     task = PartitionTask(0, state.backend, state, phase=Phase.READY)  # type: ignore[arg-type]
     task.processor = SchedulerProcessor(0, state, fencing_token=1)

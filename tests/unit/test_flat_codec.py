@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobwheel.errors import SchemaDecodeError, ValidationError
-from schemas.codec import Codec, SchemaCatalogue
-from schemas.flat import FlatError, FlatRecord
-from schemas.models import Run, State, StatusEvent
+from jobwheel.schemas.codec import Codec, SchemaCatalogue
+from jobwheel.schemas.flat import FlatError, FlatRecord
+from jobwheel.schemas.models import Run, State, StatusEvent
 
 CODEC = Codec()
 CATALOGUE = SchemaCatalogue.load()

@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 import pytest
 from fastavro import schemaless_writer
 
-from consumers.status import queries
-from consumers.status.sink import EventRows
-from consumers.status.store import EVENT_COLUMNS, StatusStore
-from schemas.codec import SchemaCatalogue, default_codec
-from schemas.models import Cron, Every, JobCommand, ScheduleJob, StatusEvent
-from streams.processor import SchedulerProcessor
-from streams.state.partition import MemoryBackend, PartitionState
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.sink import EventRows
+from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore
+from jobwheel.schemas.codec import SchemaCatalogue, default_codec
+from jobwheel.schemas.models import Cron, Every, JobCommand, ScheduleJob, StatusEvent
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 from tests import status_support
 
 T0 = int(datetime(2027, 1, 15, 7, 0, tzinfo=UTC).timestamp() * 1000)

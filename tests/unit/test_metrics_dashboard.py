@@ -9,14 +9,14 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from consumers.status.metrics import SinkCollector
-from consumers.status.sink import StatusSink
-from consumers.worker.metrics import WorkerCollector
-from consumers.worker.pool import WorkerPool
-from deploy import grafana
+from jobwheel.consumers.status.metrics import SinkCollector
+from jobwheel.consumers.status.sink import StatusSink
+from jobwheel.consumers.worker.metrics import WorkerCollector
+from jobwheel.consumers.worker.pool import WorkerPool
+from jobwheel.deploy import grafana
 from jobwheel.settings import Settings
-from streams.engine import SchedulerEngine
-from streams.metrics import SchedulerCollector
+from jobwheel.streams.engine import SchedulerEngine
+from jobwheel.streams.metrics import SchedulerCollector
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "deploy" / "compose" / "grafana" / "dashboards" / "jobwheel-metrics.json"
@@ -43,7 +43,7 @@ def exported(tmp_path: Path) -> set[str]:
 
 def test_the_committed_dashboard_is_the_generated_one():
     assert json.loads(COMMITTED.read_text()) == grafana.dashboard(), (
-        "regenerate: python -m deploy.grafana > "
+        "regenerate: python -m jobwheel.deploy.grafana > "
         "deploy/compose/grafana/dashboards/jobwheel-metrics.json"
     )
 

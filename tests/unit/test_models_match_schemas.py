@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from fastavro import schemaless_writer
 
-from schemas import models
-from schemas.codec import SchemaCatalogue, default_codec
-from schemas.models import (
+from jobwheel.schemas import models
+from jobwheel.schemas.codec import SchemaCatalogue, default_codec
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,
@@ -204,7 +204,7 @@ def test_status_event_round_trips_every_state(state: State) -> None:
 def test_job_command_v1_is_read_as_v2_with_defaults() -> None:
     """A producer still on job_command.v1 keeps working after readers move to v2."""
     v1 = next(v for v in CATALOGUE.versions if v.label() == "job_command.v1")
-    assert default_codec().current(JobCommand).version > v1.version
+    assert default_codec().catalogue.current("io.jobwheel.JobCommand").version > v1.version
     body = io.BytesIO()
     schemaless_writer(
         body,

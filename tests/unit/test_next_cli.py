@@ -125,9 +125,9 @@ def test_scheduler_runs_streams_app_with_the_settings(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seen: list[Settings] = []
-    fake = types.ModuleType("streams.app")
+    fake = types.ModuleType("jobwheel.streams.app")
     fake.run_scheduler = lambda settings: seen.append(settings) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "streams.app", fake)
+    monkeypatch.setitem(sys.modules, "jobwheel.streams.app", fake)
     code, _, _ = run(capsys, "scheduler")
     assert code == 0
     assert len(seen) == 1 and isinstance(seen[0], Settings)
@@ -136,7 +136,7 @@ def test_scheduler_runs_streams_app_with_the_settings(
 def test_scheduler_without_the_app_fails_clearly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "streams.app", None)
+    monkeypatch.setitem(sys.modules, "jobwheel.streams.app", None)
     code, _, err = run(capsys, "scheduler")
     assert code == 1
     assert "scheduler application (streams/app.py) is not part of this build" in err

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from schemas.models import At, Every, JobCommand, Now, ScheduleJob, State, StatusEvent
-from streams.jobstate import decode_job, encode_job, peek_timers, timers_of
-from streams.processor import SchedulerProcessor
-from streams.state.partition import (
+from jobwheel.schemas.models import At, Every, JobCommand, Now, ScheduleJob, State, StatusEvent
+from jobwheel.streams.jobstate import decode_job, encode_job, peek_timers, timers_of
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import (
     MemoryBackend,
     PartitionState,
     RocksDBBackend,
     StateBackend,
 )
-from streams.state.recovery import apply_batch, plan_restore, rebuild_index
-from streams.state.rocksdb import RocksDBLimits
+from jobwheel.streams.state.recovery import apply_batch, plan_restore, rebuild_index
+from jobwheel.streams.state.rocksdb import RocksDBLimits
 
 T0 = 1_800_000_000_000
 LIMITS = RocksDBLimits(
@@ -58,7 +58,7 @@ def cmd(job_id: str, trigger, n: int = 0) -> JobCommand:
 
 
 def test_record_header_carries_its_timers_and_decodes_back() -> None:
-    from streams.jobstate import JobRecord
+    from jobwheel.streams.jobstate import JobRecord
 
     job = JobRecord("j", ScheduleJob("demo.echo", Every(1000)), T0, next_fire_ms=T0 + 1000)
     data = encode_job(job)

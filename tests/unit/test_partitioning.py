@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from schemas.partitioning import key_for, murmur2, partition_for, partition_for_key
+from jobwheel.schemas.partitioning import key_for, murmur2, partition_for, partition_for_key
 
 
 def _keys() -> list[str]:

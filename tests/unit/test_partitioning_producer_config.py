@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from jobwheel.kafka.producer import producer_config
 from jobwheel.settings import Settings
-from producers.kafka import producer_config
 
 
 def _settings(**kwargs: object) -> Settings:

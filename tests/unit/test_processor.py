@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from schemas.models import (
+from jobwheel.schemas.models import (
     At,
     CancelJob,
     ConcurrencyPolicy,
@@ -21,8 +21,8 @@ from schemas.models import (
     StatusEvent,
     TriggerJob,
 )
-from streams.processor import SchedulerProcessor
-from streams.state.partition import MemoryBackend, PartitionState
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 
 T0 = 1_800_000_000_000  # 2027-01-15, an arbitrary fixed instant
 _ids = itertools.count()
@@ -306,7 +306,7 @@ def test_far_behind_interval_job_runs_the_latest_and_reports_the_rest_compactly(
 
 
 def test_a_handed_back_run_is_redispatched_at_once_and_not_counted_as_a_failure(proc):
-    from schemas.models import HANDBACK_REASON
+    from jobwheel.schemas.models import HANDBACK_REASON
 
     proc.on_command(cmd("j", spec(Now(), max_attempts=1)), T0)
     [r1] = proc.punctuate(T0, 10)[0].runs
@@ -521,7 +521,7 @@ def test_a_finished_job_triggered_again_ends_as_its_last_run_did(proc):
 def test_a_job_record_written_before_last_outcome_existed_still_loads():
     import json
 
-    from streams.jobstate import decode_job, encode_job
+    from jobwheel.streams.jobstate import decode_job, encode_job
 
     proc = SchedulerProcessor(0, PartitionState(MemoryBackend()))
     proc.on_command(cmd("j", spec(Now())), T0)

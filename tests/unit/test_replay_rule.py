@@ -12,8 +12,8 @@ import itertools
 import pytest
 
 from jobwheel.errors import ValidationError
-from schemas.codec import default_codec
-from schemas.models import (
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import (
     CancelJob,
     JobCommand,
     Now,
@@ -23,10 +23,10 @@ from schemas.models import (
     State,
     StatusEvent,
 )
-from schemas.validation import check_command
-from streams.jobstate import decode_job, encode_job
-from streams.processor import SchedulerProcessor
-from streams.state.partition import MemoryBackend, PartitionState
+from jobwheel.schemas.validation import check_command
+from jobwheel.streams.jobstate import decode_job, encode_job
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 
 T0 = 1_800_000_000_000
 _ids = itertools.count()

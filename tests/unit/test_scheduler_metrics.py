@@ -8,16 +8,16 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import After, JobCommand, Now, ScheduleJob
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.schemas.progress import Progress
 from jobwheel.settings import Settings
-from schemas.codec import default_codec
-from schemas.models import After, JobCommand, Now, ScheduleJob
-from schemas.partitioning import partition_for
-from schemas.progress import Progress
-from streams.engine import PartitionTask, Phase, SchedulerEngine
-from streams.kafka import Record
-from streams.metrics import SchedulerCollector
-from streams.processor import SchedulerProcessor
-from streams.state.partition import MemoryBackend, PartitionState
+from jobwheel.streams.engine import PartitionTask, Phase, SchedulerEngine
+from jobwheel.streams.kafka import Record
+from jobwheel.streams.metrics import SchedulerCollector
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 
 T0 = 1_800_000_000_000
 SETTINGS = Settings(_env_file=None, topic_prefix="p", partitions=2)  # type: ignore[call-arg]
@@ -165,7 +165,7 @@ def test_partitions_are_counted_by_phase():
 
 
 def test_a_command_replayed_from_the_dead_letters_is_counted():
-    from schemas.deadletter import REPLAYED_FROM_HEADER
+    from jobwheel.schemas.deadletter import REPLAYED_FROM_HEADER
 
     engine = engine_with(Phase.READY)
     [job, other] = jobs_of(0, 2)

@@ -14,11 +14,11 @@ from fastavro import schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.status.sink import StatusSink
-from consumers.status.store import EVENT_COLUMNS, event_row, row_fits
+from jobwheel.consumers.status.sink import StatusSink
+from jobwheel.consumers.status.store import EVENT_COLUMNS, event_row, row_fits
+from jobwheel.schemas.codec import Codec, SchemaCatalogue
+from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.settings import Settings
-from schemas.codec import Codec, SchemaCatalogue
-from schemas.models import Run, State, StatusEvent
 
 CODEC = Codec()
 CATALOGUE = SchemaCatalogue.load()
@@ -160,8 +160,8 @@ def test_failing_inserts_make_the_sink_unready_until_one_succeeds() -> None:
     them; the metrics count the failure and, once through, the batch and its latency."""
     from prometheus_client import CollectorRegistry
 
-    from consumers.status.metrics import SinkCollector
-    from consumers.status.sink import _Batch
+    from jobwheel.consumers.status.metrics import SinkCollector
+    from jobwheel.consumers.status.sink import _Batch
     from jobwheel.errors import StoreError
 
     class FlakyStore:

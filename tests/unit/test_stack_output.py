@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from deploy.stack import SERVICES, terminal_line
+from jobwheel.deploy.stack import SERVICES, terminal_line
 
 WORKER_SHOWN = next(s for s in SERVICES if s.name == "worker").shown
 
@@ -17,7 +17,7 @@ WORKER_SHOWN = next(s for s in SERVICES if s.name == "worker").shown
     [
         # warnings and errors, in either log format, with their fields
         (
-            "warning consumers.worker.pool: run handed back run_id=j@1 attempt=1\n",
+            "warning jobwheel.consumers.worker.pool: run handed back run_id=j@1 attempt=1\n",
             "[worker] warning: run handed back run_id=j@1 attempt=1",
         ),
         (
@@ -26,16 +26,16 @@ WORKER_SHOWN = next(s for s in SERVICES if s.name == "worker").shown
         ),
         # the few INFO lines a person wants, and no other
         (
-            "info  consumers.worker.pool: worker stopping running=1 grace_s=25.0",
+            "info  jobwheel.consumers.worker.pool: worker stopping running=1 grace_s=25.0",
             "[worker] worker stopping running=1 grace_s=25.0",
         ),
         (
-            "info  consumers.worker.pool: worker stopped worker=vm:1",
+            "info  jobwheel.consumers.worker.pool: worker stopped worker=vm:1",
             "[worker] worker stopped worker=vm:1",
         ),
-        ("info  consumers.worker.pool: partitions assigned partitions=[0, 1, 2]", None),
+        ("info  jobwheel.consumers.worker.pool: partitions assigned partitions=[0, 1, 2]", None),
         (json.dumps({"ts": 1, "level": "info", "logger": "x", "msg": "worker started"}), None),
-        ("debug streams.engine: tick", None),
+        ("debug jobwheel.streams.engine: tick", None),
         # output that is not a log line: librdkafka's raw lines, a framework's, escape codes
         ("%3|1796091618.436|FAIL|rdkafka#producer-3| [thrd:x]: Connect failed", None),
         ("INFO:     Uvicorn running on http://127.0.0.1:8080 (Press CTRL+C to quit)", None),
@@ -61,12 +61,12 @@ def test_every_service_of_the_stack_stops_within_its_own_grace() -> None:
 
 
 def test_up_tasks_replace_the_workers_modules(tmp_path) -> None:
-    from deploy.stack import Stack
+    from jobwheel.deploy.stack import Stack
     from jobwheel.settings import Settings
 
-    stack = Stack(Settings(data_dir=tmp_path), tasks="consumers.demo,my_tasks")  # type: ignore[call-arg]
+    stack = Stack(Settings(data_dir=tmp_path), tasks="jobwheel.consumers.demo,my_tasks")  # type: ignore[call-arg]
     (worker,) = [s for s in stack.services if s.name == "worker"]
-    assert worker.argv[-2:] == ("--tasks", "consumers.demo,my_tasks")
+    assert worker.argv[-2:] == ("--tasks", "jobwheel.consumers.demo,my_tasks")
     assert worker.stop_stage == 0
     assert [s.name for s in stack.services] == [s.name for s in SERVICES]
 
@@ -80,9 +80,9 @@ def test_each_jobwheel_service_gets_its_own_metrics_port_and_health_finds_them(
     import socket
     import subprocess
 
-    from consumers.status.cli import health_endpoints
-    from deploy.broker import free_port
-    from deploy.stack import Service, Stack, read_stack_file
+    from jobwheel.consumers.status.cli import health_endpoints
+    from jobwheel.deploy.broker import free_port
+    from jobwheel.deploy.stack import Service, Stack, read_stack_file
     from jobwheel.settings import Settings
 
     base = free_port()

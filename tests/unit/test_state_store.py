@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.state.base import KeyValueStore, WheelStore
-from streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
-from streams.state.rocksdb import RocksDBKeyValueStore, RocksDBLimits, RocksDBWheelStore
+from jobwheel.streams.state.base import KeyValueStore, WheelStore
+from jobwheel.streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
+from jobwheel.streams.state.rocksdb import RocksDBKeyValueStore, RocksDBLimits, RocksDBWheelStore
 
 LIMITS = RocksDBLimits(block_cache_bytes=1 << 20, write_buffer_bytes=1 << 20, max_write_buffers=2)
 

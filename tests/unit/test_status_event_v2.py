@@ -6,13 +6,14 @@ import io
 
 from fastavro import schemaless_writer
 
-from schemas.codec import SchemaCatalogue, default_codec
-from schemas.models import State, StatusEvent
+from jobwheel.schemas.codec import SchemaCatalogue, default_codec
+from jobwheel.schemas.models import State, StatusEvent
 
 
 def test_started_ms_round_trips_and_v2_is_what_is_written() -> None:
     codec = default_codec()
-    assert codec.current(StatusEvent).version >= 2  # v2 or a later version that keeps it
+    written = codec.catalogue.current("io.jobwheel.StatusEvent")  # what encode writes
+    assert written.version >= 2  # v2 or a later version that keeps it
     event = StatusEvent(
         "r@1:1:SUCCEEDED", "r", State.SUCCEEDED, 2_000, "worker", run_id="r@1", started_ms=1_990
     )

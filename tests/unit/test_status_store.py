@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from consumers.status import queries
-from consumers.status.store import (
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.store import (
     LOCK_TABLE,
     MIGRATIONS_DIR,
     StatusStore,
     load_migrations,
 )
 from jobwheel.errors import ConfigError, QueryError, ValidationError
-from schemas.models import State, StatusEvent
+from jobwheel.schemas.models import State, StatusEvent
 from tests import status_support
 from tests.status_support import event, lifecycle, now_ms
 
@@ -259,7 +259,7 @@ def test_failed_then_retried_run_keeps_last_error_and_counts_attempts(
 
 
 def test_insert_dedup_token_drops_a_retried_identical_batch(store: StatusStore) -> None:
-    from consumers.status.store import event_row
+    from jobwheel.consumers.status.store import event_row
 
     rows = [event_row(e) for e in lifecycle("job-f", now_ms())]
     store.insert_events(rows, dedup_token="status:0:0-5")
@@ -325,7 +325,10 @@ def test_parse_time_forms() -> None:
     assert queries.parse_time("1h", "since", now=10_000_000) == 10_000_000 - 3_600_000
     assert queries.parse_time("1700000000000", "since") == 1_700_000_000_000
     assert queries.parse_time("2023-11-14T22:13:20Z", "since") == 1_700_000_000_000
-    assert queries.parse_time("2023-11-14T22:13:20", "since") == 1_700_000_000_000
+    # the one grammar (schemas/timetext.py): a time without an offset is refused, not guessed
+    with pytest.raises(ValidationError, match="no time zone offset; add one"):
+        queries.parse_time("2023-11-14T22:13:20", "since")
+    assert queries.parse_time("1w", "since", now=10**12) == 10**12 - 604_800_000
     with pytest.raises(ValidationError, match="not a time"):
         queries.parse_time("yesterday", "until")
     assert queries.parse_state("completed") is State.COMPLETED
@@ -445,7 +448,7 @@ def test_doc_and_grafana_dashboard_carry_the_panel_sql_verbatim() -> None:
         assert panel.sql in doc, panel.key
     committed = json.loads((GRAFANA / "dashboards" / "jobwheel.json").read_text())
     assert committed == queries.grafana_dashboard(), (
-        "regenerate: python -m consumers.status.queries > "
+        "regenerate: python -m jobwheel.consumers.status.queries > "
         "deploy/compose/grafana/dashboards/jobwheel.json"
     )
     assert [p["targets"][0]["rawSql"] for p in committed["panels"]] == [

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.worker.executor import _Signature
+from jobwheel.consumers.worker.executor import _Signature
 
 
 def f_plain(a: Any, b: Any = 1) -> None: ...

@@ -7,11 +7,26 @@ from datetime import datetime
 import pytest
 
 from jobwheel.errors import ValidationError
-from schemas.models import After, At, Cron, Every, Now
-from streams.triggers import fires_between, first_fire_ms, last_fire_between, next_fire_ms
+from jobwheel.schemas.models import After, At, Cron, Every, Now, Trigger
+from jobwheel.streams.triggers import first_fire_ms, last_fire_between, next_fire_ms
 
 HOUR = 3_600_000
 MINUTE = 60_000
+
+
+def fires_between(trigger: Trigger, after_ms: int, until_ms: int, limit: int) -> list[int]:
+    """The reference the scheduler's shortcuts are checked against: the fires that follow
+    ``after_ms`` up to ``until_ms`` inclusive, at most ``limit``, by ``next_fire_ms`` again
+    and again (the scheduler itself never lists them; it asks for the last one)."""
+    out: list[int] = []
+    at = after_ms
+    while len(out) < limit and until_ms > after_ms:
+        following = next_fire_ms(trigger, at)
+        if following is None or following > until_ms:
+            break
+        out.append(following)
+        at = following
+    return out
 
 
 def ms(iso: str) -> int:

@@ -8,10 +8,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from jobwheel.errors import ValidationError
-from producers import validation as v
-from producers.client import JobSpec, build_schedule
-from schemas import validation as rules
-from schemas.models import (
+from jobwheel.producers import validation as v
+from jobwheel.producers.client import JobSpec, build_schedule
+from jobwheel.schemas import validation as rules
+from jobwheel.schemas.models import (
     After,
     At,
     CancelJob,
@@ -173,7 +173,8 @@ def test_args_limit_counts_utf8_bytes() -> None:
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("250ms", 250), ("5s", 5000), ("10m", 600_000), ("1h30m", 5_400_000), ("2d", 172_800_000)],
+    [("250ms", 250), ("5s", 5000), ("10m", 600_000), ("1h30m", 5_400_000), ("2d", 172_800_000)]
+    + [("1w", 604_800_000)],
 )
 def test_parse_duration(text: str, ms: int) -> None:
     assert v.parse_duration(text, "in") == timedelta(milliseconds=ms)
@@ -222,7 +223,7 @@ def test_check_command_applies_the_same_rules_to_hand_built_commands() -> None:
 
 
 def test_schedule_many_mappings_refuse_unknown_keys() -> None:
-    from producers.client import _spec
+    from jobwheel.producers.client import _spec
 
     assert _spec({"task": "demo.echo", "now": True}) == JobSpec(task="demo.echo", now=True)
     with pytest.raises(ValidationError) as info:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobwheel.errors import ValidationError
-from schemas.cron import parse_cron, zone
+from jobwheel.schemas.cron import parse_cron, zone
 
 
 @pytest.mark.parametrize(

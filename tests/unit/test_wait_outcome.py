@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from jobwheel.errors import JobFailedError
-from producers.results import Outcome
-from schemas.models import State, StatusEvent
+from jobwheel.producers.results import Outcome
+from jobwheel.schemas.models import State, StatusEvent
 
 RUN = "j@100"
 

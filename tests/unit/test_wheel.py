@@ -11,10 +11,10 @@ import rocksdict
 
 from jobwheel.clock import ManualClock
 from jobwheel.errors import ValidationError
-from streams.state.base import WheelStore
-from streams.state.memory import MemoryWheelStore
-from streams.state.rocksdb import RocksDBLimits, RocksDBWheelStore
-from streams.wheel import ENTRY_VERSION, TimingWheel, WheelEntry, encode_key
+from jobwheel.streams.state.base import WheelStore
+from jobwheel.streams.state.memory import MemoryWheelStore
+from jobwheel.streams.state.rocksdb import RocksDBLimits, RocksDBWheelStore
+from jobwheel.streams.wheel import ENTRY_VERSION, TimingWheel, WheelEntry, encode_key
 
 LIMITS = RocksDBLimits(block_cache_bytes=1 << 20, write_buffer_bytes=1 << 20, max_write_buffers=2)
 T0 = 1_780_000_000_000  # 2026-05-28T20:26:40Z

@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from consumers.worker.backoff import Backoff
-from consumers.worker.context import current_run, heartbeat
-from consumers.worker.executor import Executor, Outcome, decode_args, result_to_json
-from consumers.worker.registry import TaskRegistry
+from jobwheel.consumers.worker.backoff import Backoff
+from jobwheel.consumers.worker.context import current_run, heartbeat
+from jobwheel.consumers.worker.executor import Executor, Outcome, decode_args, result_to_json
+from jobwheel.consumers.worker.registry import TaskRegistry
 from jobwheel.errors import Retry, TaskError
-from schemas.models import Run, State
+from jobwheel.schemas.models import Run, State
 
 RUN = Run(
     run_id="job-1@1000",

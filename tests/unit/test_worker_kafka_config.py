@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumers.worker.kafka import consumer_config
+from jobwheel.consumers.worker.kafka import consumer_config
 from jobwheel.settings import Settings
 
 

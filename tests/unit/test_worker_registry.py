@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from consumers.worker.backoff import Backoff
-from consumers.worker.registry import TaskRegistry, default_registry, task
+from jobwheel.consumers.worker.backoff import Backoff
+from jobwheel.consumers.worker.registry import TaskRegistry, default_registry, task
 from jobwheel.errors import TaskError
 
 

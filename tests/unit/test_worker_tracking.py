@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.worker.tracking import LatestAttempts, OffsetTracker
+from jobwheel.consumers.worker.tracking import LatestAttempts, OffsetTracker
 
 
 def test_watermark_waits_for_the_oldest_unfinished_run() -> None:

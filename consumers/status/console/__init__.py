@@ -26,12 +26,12 @@ from urllib.parse import parse_qs, quote
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from consumers.status import queries
-from consumers.status.console import pages, session
+from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.console import pages, session
 from jobwheel.errors import JobwheelError, ValidationError
 
 if TYPE_CHECKING:
-    from consumers.status.store import StatusStore
+    from jobwheel.consumers.status.store import StatusStore
     from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
         key = range if range in pages.RANGES else "1h"
         end = page.now_ms
         start = end - pages.RANGES[key]
-        from consumers.status import cluster
+        from jobwheel.consumers.status import cluster
 
         return html(
             pages.overview(
@@ -158,7 +158,7 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
 
     @app.get("/console/cluster", include_in_schema=False)
     def cluster_page(request: Request) -> HTMLResponse:
-        from consumers.status import cluster
+        from jobwheel.consumers.status import cluster
 
         page = page_for(request)
         progress, problem = cluster.scheduler_progress(settings, 5.0)
@@ -185,7 +185,7 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
         task: str | None = None,
         reason: str | None = None,
     ) -> HTMLResponse:
-        from producers.deadletters import Filter, read_dead_letters
+        from jobwheel.producers.deadletters import Filter, read_dead_letters
 
         page = page_for(request)
         letters: list[dict[str, Any]] = []

@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from consumers.status.console import charts
+from jobwheel.consumers.status.console import charts
 
 JOB_STATES = ("SCHEDULED", "PAUSED", "COMPLETED", "DEAD", "CANCELLED")
 RANGES = {"15m": 15 * 60_000, "1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000}

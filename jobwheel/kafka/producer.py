@@ -1,13 +1,12 @@
-"""The thin confluent-kafka layer of ``producers``: config defaults and error translation.
+"""The producer every part uses: config defaults and the delivery-callback bridge.
 
-Only this module imports ``confluent_kafka`` on the producer side, so the client code deals in
-jobwheel's own errors (:class:`DeliveryError`, :class:`BrokerError`, each with the librdkafka
-error name as ``.code``) and a swap of the client library touches one file.
+Callers deal in jobwheel's own errors (:class:`DeliveryError`, :class:`BrokerError`, each with
+the librdkafka error name as ``.code``, from :mod:`jobwheel.kafka.errors`) and plain
+:class:`Delivered` values, never in client objects.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +16,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as _Producer
 
 from jobwheel.errors import BrokerConnectionError, BrokerError, DeliveryError
-from jobwheel.logs import librdkafka_logger
+from jobwheel.kafka.errors import broker_error, delivery_error, with_client_logging
 from jobwheel.settings import Settings
-
-log = logging.getLogger(__name__)
-_client_log = librdkafka_logger("producers")
 
 #: Defaults every jobwheel producer starts from; ``settings.kafka_config`` and then the
 #: call's overrides replace any of them.
@@ -63,21 +59,6 @@ class Delivered:
 DeliveryCallback = Callable[[DeliveryError | None, Delivered | None], None]
 
 
-def delivery_error(err: KafkaError, what: str = "record") -> DeliveryError:
-    return DeliveryError(
-        f"{what} not delivered: {err.str()} ({err.name()})"
-        + ("; retriable, try again" if err.retriable() else ""),
-        code=err.name(),
-    )
-
-
-def broker_error(exc: KafkaException | KafkaError, what: str) -> BrokerError:
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
-    if isinstance(err, KafkaError):
-        return BrokerError(f"{what}: {err.str()} ({err.name()})", code=err.name())
-    return BrokerError(f"{what}: {exc}")
-
-
 class Producer:
     """A confluent-kafka producer that reports delivery with jobwheel errors.
 
@@ -86,20 +67,14 @@ class Producer:
     only record the outcome, not block.
     """
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        config = dict(config)
-        config.setdefault("error_cb", self._on_error)
-        config.setdefault("logger", _client_log)  # never raw librdkafka lines on stderr
+    def __init__(self, config: dict[str, Any], package: str = "jobwheel.producers") -> None:
+        # Client-level errors (broker down, auth failed) are logged; records keep retrying
+        # until their message.timeout.ms and then fail through their own delivery callbacks.
+        config = with_client_logging(config, package)
         try:
             self._producer = _Producer(config)
         except KafkaException as exc:
             raise broker_error(exc, "invalid producer config") from exc
-
-    @staticmethod
-    def _on_error(err: KafkaError) -> None:
-        # Client-level errors (broker down, auth failed); records keep retrying until their
-        # message.timeout.ms and then fail through their own delivery callbacks.
-        log.warning("kafka producer error", extra={"code": err.name(), "error": err.str()})
 
     def produce(
         self,
@@ -154,10 +129,12 @@ class Producer:
         value: bytes,
         key: bytes | None,
         on_delivery: DeliveryCallback,
+        *,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> bool:
         """Queue one record without waiting; False if the local queue is full right now."""
         try:
-            self.produce(topic, value, key, on_delivery, queue_timeout_s=0.0)
+            self.produce(topic, value, key, on_delivery, headers=headers, queue_timeout_s=0.0)
         except DeliveryError as exc:
             if exc.code == "_QUEUE_FULL":
                 return False

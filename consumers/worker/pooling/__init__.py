@@ -1,0 +1,1 @@
+"""The worker pool, one module per concern (:mod:`jobwheel.consumers.worker.pool`)."""

@@ -1,0 +1,319 @@
+"""What the parts of the worker pool share: its state, its lifecycle (run, stop, shutdown, close)
+and its two threads' hand-offs. Mixed in by :class:`jobwheel.consumers.worker.pool.WorkerPool`
+with :mod:`.intake`, :mod:`.execution` and :mod:`.verdicts`."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from jobwheel.clock import Clock, SystemClock
+from jobwheel.consumers.worker.executor import Executor, Outcome, Prepared
+from jobwheel.consumers.worker.kafka import RunsConsumer, StatusProducer
+from jobwheel.consumers.worker.metrics import WorkerMeters
+from jobwheel.consumers.worker.middleware import Middleware, default_middleware
+from jobwheel.consumers.worker.registry import TaskRegistry, default_registry
+from jobwheel.consumers.worker.tracking import LatestAttempts, OffsetTracker
+from jobwheel.errors import BrokerError
+from jobwheel.retry import Backoff
+from jobwheel.schemas.models import Run
+from jobwheel.settings import Settings
+
+# The pool logs under its public name whichever part of it speaks (operators filter on it).
+log = logging.getLogger("jobwheel.consumers.worker.pool")
+
+T = TypeVar("T")
+
+POLL_TIMEOUT_S = 0.1
+FETCH_BATCH = 500
+SWEEP_INTERVAL_S = 0.05
+FULL_WAIT_S = 1.0
+HAND_BACK_TIMEOUT_S = 10.0
+#: How often the consumer thread samples its partitions' lag for the metrics.
+LAG_SAMPLE_S = 0.5
+_MAX_REDELIVERY_DELAY_S = 5.0
+
+#: An encoded acks record: topic, key, value, headers.
+_AckRecord = tuple[str, bytes, bytes, list[tuple[str, bytes]]]
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(eq=False, slots=True)
+class _Execution:
+    """One (run_id, attempt): waiting, executing or acknowledging, and every offset that
+    delivered it. ``offsets`` and ``acked`` are shared with the delivery thread (pool lock)."""
+
+    run: Run
+    offsets: list[tuple[OffsetTracker, int]]
+    started: float = 0.0  # monotonic
+    started_ms: int | None = None  # wall clock; None: never started (could not)
+    started_sent: bool = False
+    prepared: Prepared | None = None
+    task: asyncio.Task[None] | None = None  # an async task's run
+    thread: concurrent.futures.Future[None] | None = None  # a sync task's run
+    deadline: float | None = None  # monotonic; sync tasks' time limit (async: asyncio.timeout)
+    beat_interval: float = 0.0
+    next_beat: float = 0.0
+    heartbeats: int = 0
+    last_heartbeat_ms: int = 0
+    holds_slot: bool = False
+    handing_back: bool = False
+    outcome: Outcome | None = None
+    acked: bool = False
+    #: Sending its verdict again after a failed delivery: 0.1 s, doubling up to the cap.
+    redelivery: Backoff = field(
+        default_factory=lambda: Backoff(start_s=0.1, max_s=_MAX_REDELIVERY_DELAY_S)
+    )
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.run.run_id, self.run.attempt)
+
+
+class PoolCore:
+    """Consumes the runs topic as a member of ``settings.worker_group`` until :meth:`stop`.
+
+    :param concurrency: runs executing at once (default ``settings.worker_concurrency``).
+    :param grace_ms: shutdown grace (default ``settings.worker_shutdown_grace_ms``).
+    :param middleware: hooks around processing (default: structured logging)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: TaskRegistry | None = None,
+        *,
+        concurrency: int | None = None,
+        grace_ms: int | None = None,
+        middleware: Sequence[Middleware] | None = None,
+        clock: Clock | None = None,
+        worker_id: str | None = None,
+        latest_attempts_capacity: int = 100_000,
+        rng: random.Random | None = None,
+    ) -> None:
+        from jobwheel.schemas.codec import Codec
+
+        self.settings = settings
+        self.registry = registry if registry is not None else default_registry
+        self.concurrency = concurrency or settings.worker_concurrency
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        grace = grace_ms if grace_ms is not None else settings.worker_shutdown_grace_ms
+        self.grace_s = grace / 1000
+        self.worker_id = worker_id or default_worker_id()
+        self.middleware = list(middleware) if middleware is not None else default_middleware()
+        self._clock = clock or SystemClock()
+        self._codec = Codec(settings.schema_registry_url)
+        self._runs_topic = settings.topics.runs
+        self._acks_topic = settings.topics.acks
+        self._started_event_s = max(0, settings.worker_started_event_ms) / 1000
+        self._commit_interval_s = max(0, settings.worker_commit_interval_ms) / 1000
+        self._task_threads = concurrent.futures.ThreadPoolExecutor(
+            self.concurrency, thread_name_prefix="jobwheel-task"
+        )
+        self._executor = Executor(self.registry, self._task_threads, rng=rng)
+        self._kafka_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="jobwheel-consumer"
+        )
+        # Shared by the consumer thread, the delivery thread and the loop: trackers.
+        self._lock = threading.Lock()
+        self._trackers: dict[int, OffsetTracker] = {}
+        self._paused = False
+        self._last_commit = 0.0
+        # Handed to the loop by other threads (deque appends and pops are atomic).
+        self._acked: deque[_Execution] = deque()  # verdict delivered: reap (hooks, forget)
+        self._completions: deque[tuple[_Execution, Outcome]] = deque()  # sync tasks returned
+        self._wake_pending = False
+        # Loop state.
+        self._latest = LatestAttempts(latest_attempts_capacity)
+        self._inflight: dict[tuple[str, int], _Execution] = {}
+        self._backlog: deque[_Execution] = deque()  # fetched, not started
+        self._active: set[_Execution] = set()  # executing
+        self._running = 0  # executions holding a concurrency slot
+        self._high_water = max(20 * self.concurrency, 1_000)
+        self._stop_requested = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._room = asyncio.Event()  # set: the backlog has drained to half its high water
+        self._draining = False
+        self._closing = False
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._consumer: RunsConsumer | None = None
+        self._producer: StatusProducer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # For metrics and health (read by the metrics server's thread, never waited on):
+        # verdicts counted on the loop, the loop's last turn, whether the group has assigned
+        # anything yet, and the lag per assigned partition sampled by the consumer thread.
+        self.meters = WorkerMeters()
+        self.turned_at = time.monotonic()
+        self.joined = False
+        self.lag: dict[int, int] = {}
+        self._lag_at = 0.0
+
+    def stop(self) -> None:
+        """Graceful stop; a second call skips the rest of the grace period. Loop thread only."""
+        if self._stop_requested.is_set():
+            self._hurry.set()
+        self._stop_requested.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    @property
+    def partitions(self) -> list[int]:
+        """The runs partitions assigned to this worker now."""
+        return sorted(list(self._trackers))  # list(): one atomic copy of the keys
+
+    @property
+    def inflight(self) -> int:
+        """Runs executing now."""
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        """Runs fetched and waiting for a free slot."""
+        return len(self._backlog)
+
+    @property
+    def busy_threads(self) -> int:
+        """Sync task threads still running (they outlive a cancelled or timed-out run)."""
+        return self._executor.busy_threads
+
+    async def run(self) -> None:
+        """Consume and execute until :meth:`stop`; raises :class:`BrokerError` on a fatal error."""
+        self._loop = asyncio.get_running_loop()
+        self._producer = StatusProducer(self.settings, **{"client.id": "jobwheel-worker"})
+        self._consumer = RunsConsumer(
+            self.settings, self._runs_topic, **{"client.id": "jobwheel-worker"}
+        )
+        await self._in_consumer_thread(
+            self._consumer.subscribe, self._on_assign, self._on_revoke, self._on_lost
+        )
+        log.info(
+            "worker started",
+            extra={
+                "worker": self.worker_id,
+                "topic": self._runs_topic,
+                "group": self.settings.worker_group,
+                "concurrency": self.concurrency,
+                "tasks": self.registry.describe(),
+            },
+        )
+        self._sweeper = self._loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+        fetch = asyncio.create_task(self._fetch_loop(), name="jobwheel-fetch")
+        stop = asyncio.create_task(self._stop_requested.wait())
+        await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        fatal = _task_error(fetch)
+        try:
+            await self._shutdown()
+        finally:
+            self._closing = True
+            stop.cancel()
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, BrokerError):
+                await fetch
+            await self._close()
+        if fatal is not None:
+            raise fatal
+
+    async def _in_consumer_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._kafka_thread, lambda: fn(*args))
+
+    def _threadsafe(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _hook(self, name: str, *args: Any) -> None:
+        for mw in self.middleware:
+            try:
+                getattr(mw, name)(*args)
+            except Exception:
+                log.exception("middleware hook failed", extra={"hook": name})
+
+    async def _shutdown(self) -> None:
+        self._draining = True
+        log.info(
+            "worker stopping",
+            extra={
+                "running": len(self._active),
+                "waiting": len(self._backlog),
+                "grace_s": self.grace_s,
+            },
+        )
+        if self._active:
+            self._idle.clear()
+            idle = asyncio.ensure_future(self._idle.wait())
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait(
+                {idle, hurry}, timeout=self.grace_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            idle.cancel()
+            hurry.cancel()
+        # Hand back what is still executing: FAILED with retry 0, so it is re-dispatched at once.
+        tasks: list[asyncio.Task[None]] = []
+        for ex in list(self._active):
+            log.warning(
+                "run handed back",
+                extra={"run_id": ex.run.run_id, "attempt": ex.run.attempt, "reason": "shutdown"},
+            )
+            if ex.task is not None and not ex.task.done():
+                ex.handing_back = True
+                ex.task.cancel()
+                tasks.append(ex.task)
+            else:  # a sync task: its thread cannot be stopped, the run is given up here
+                self._finish(ex, self._hand_back_outcome(ex))
+        if tasks:
+            _done, still = await asyncio.wait(tasks, timeout=HAND_BACK_TIMEOUT_S)
+            for task in still:
+                task.cancel()
+        # Wait for the verdicts' acknowledgements, which complete the offsets committed last.
+        if self._producer is not None:
+            producer = self._producer
+            await asyncio.get_running_loop().run_in_executor(
+                None, producer.flush, HAND_BACK_TIMEOUT_S
+            )
+        self._reap()
+
+    async def _close(self) -> None:
+        if self._consumer is not None:
+            consumer = self._consumer
+            with contextlib.suppress(Exception):
+                await self._in_consumer_thread(
+                    functools.partial(self._commit, asynchronous=False, final=True)
+                )
+            with contextlib.suppress(Exception):
+                await self._in_consumer_thread(consumer.close)
+        if self._producer is not None:
+            producer = self._producer
+            remaining = await asyncio.get_running_loop().run_in_executor(None, producer.close, 5.0)
+            if remaining:
+                log.warning("status events not delivered at exit", extra={"count": remaining})
+        self._kafka_thread.shutdown(wait=True)
+        self._task_threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker stopped", extra={"worker": self.worker_id})
+
+
+def _task_error(task: asyncio.Task[Any]) -> BaseException | None:
+    if not task.done() or task.cancelled():
+        return None
+    return task.exception()

@@ -1,0 +1,459 @@
+"""Topic and group administration: make the broker's topics match ``jobwheel.schemas.topics``
+(idempotent), give the scheduler group its timing, and the admin client of every command.
+
+Existing topics are never altered: a partition count that differs from the definition means
+jobs would hash to other partitions (other scheduler owners, other changelog partitions), so
+that is an error for a human to resolve, not something to "fix" by adding partitions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from jobwheel.errors import BrokerConnectionError, BrokerError, TopicMismatchError
+from jobwheel.kafka.errors import broker_error
+from jobwheel.schemas import progress
+from jobwheel.schemas.topics import TopicSpec
+from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def admin_client(settings: Settings, package: str = "jobwheel.kafka"):  # type: ignore[no-untyped-def]
+    """An ``AdminClient`` of ``settings`` whose librdkafka lines go to ``<package>.librdkafka``."""
+    from confluent_kafka.admin import AdminClient
+
+    from jobwheel.logs import librdkafka_logger
+
+    return AdminClient(settings.librdkafka(logger=librdkafka_logger(package)))
+
+
+def _describe(admin, timeout_s: float, bootstrap: str):  # type: ignore[no-untyped-def]
+    from confluent_kafka import KafkaException
+
+    try:
+        return admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerConnectionError(
+            f"could not reach Kafka at {bootstrap} within {timeout_s:.0f}s ({exc.args[0]}): "
+            "start a local broker with `jobwheel broker start` (or `make run`), or point "
+            "JOBWHEEL_BOOTSTRAP_SERVERS at a running one",
+            code="TRANSPORT",
+        ) from exc
+
+
+def _mismatch_message(spec: TopicSpec, actual: int) -> str:
+    return (
+        f"topic {spec.name} has {actual} partitions but jobwheel expects {spec.partitions}: "
+        "requests, runs, acks and status must be co-partitioned with the configured count. "
+        "Either delete the topic (losing its records; e.g. Kafka's kafka-topics.sh --delete "
+        f"--topic {spec.name}, or for the local broker `jobwheel broker stop` and remove its "
+        "data dir) and run `jobwheel topics ensure` again, or set "
+        f"JOBWHEEL_PARTITIONS={actual} to use the existing layout"
+    )
+
+
+def ensure_topics(
+    settings: Settings,
+    specs: Sequence[TopicSpec] | None = None,
+    *,
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create the missing topics of ``settings`` and return their names.
+
+    Raises :class:`TopicMismatchError` (before creating anything) when an existing topic has a
+    different partition count; safe to run concurrently with another ``ensure_topics``.
+    """
+    if specs is None:
+        t = settings.topics
+        specs = [*t.specs(), *t.changelog_specs(settings.scheduler_app_id)]
+    specs = list(specs)
+    admin = admin_client(settings)
+    bootstrap = settings.bootstrap_servers
+    metadata = _describe(admin, timeout_s, bootstrap)
+    for spec in specs:
+        existing = metadata.topics.get(spec.name)
+        if existing is not None and existing.error is None:
+            _check(spec, len(existing.partitions))
+
+    missing = [s for s in specs if s.name not in metadata.topics]
+    if not missing:
+        return []
+    # The broker's metadata can lag the controller by a moment: a topic created just now may
+    # be missing above. A dry run asks the controller, so a topic that exists after all is
+    # checked before anything is created (a mismatch then changes nothing).
+    exists = _create(admin, missing, timeout_s, validate_only=True)
+    if exists:
+        _check_when_visible(admin, exists, timeout_s, bootstrap)
+        missing = [s for s in missing if s not in exists]
+    raced = _create(admin, missing, timeout_s, validate_only=False)
+    created = [s.name for s in missing if s not in raced]
+    _await_leaders(admin, [s.name for s in missing], timeout_s, bootstrap)
+    if raced:  # someone else created them meanwhile: check them like the others
+        _check_when_visible(admin, raced, timeout_s, bootstrap)
+    if created:
+        log.info("topics created", extra={"topics": created})
+    return created
+
+
+def _create(  # type: ignore[no-untyped-def]
+    admin, specs: list[TopicSpec], timeout_s: float, *, validate_only: bool
+) -> list[TopicSpec]:
+    """CreateTopics for ``specs``; returns those that already exist, raises other errors."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    if not specs:
+        return []
+    futures = admin.create_topics(
+        [
+            NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.config))
+            for s in specs
+        ],
+        request_timeout=timeout_s,
+        operation_timeout=timeout_s,
+        validate_only=validate_only,
+    )
+    exists: list[TopicSpec] = []
+    for spec in specs:
+        try:
+            futures[spec.name].result()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                exists.append(spec)
+                continue
+            raise BrokerError(
+                f"creating topic {spec.name} failed: {err.str()}", code=err.name()
+            ) from exc
+    return exists
+
+
+def _check_when_visible(  # type: ignore[no-untyped-def]
+    admin, specs: list[TopicSpec], timeout_s: float, bootstrap: str
+) -> None:
+    _await_leaders(admin, [s.name for s in specs], timeout_s, bootstrap)
+    metadata = _describe(admin, timeout_s, bootstrap)
+    for spec in specs:
+        topic = metadata.topics.get(spec.name)
+        if topic is not None and topic.error is None:
+            _check(spec, len(topic.partitions))
+
+
+def _check(spec: TopicSpec, actual: int) -> None:
+    if actual != spec.partitions:
+        raise TopicMismatchError(_mismatch_message(spec, actual), code="PARTITION_COUNT")
+
+
+def _await_leaders(admin, names: list[str], timeout_s: float, bootstrap: str) -> None:  # type: ignore[no-untyped-def]
+    """Return once every partition of ``names`` has a leader in the broker's metadata.
+
+    CreateTopics returns when the controller committed the topic; the broker serving
+    metadata may lag a moment, and a client produced to the topic in that moment would
+    see UNKNOWN_TOPIC_OR_PART.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = _describe(admin, timeout_s, bootstrap)
+        ready = all(
+            (topic := metadata.topics.get(name)) is not None
+            and topic.error is None
+            and topic.partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+            for name in names
+        )
+        if ready or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def configure_scheduler_group(settings: Settings, *, timeout_s: float = 30.0) -> bool:
+    """Give the scheduler group its session and heartbeat timing as group configs (KIP-848).
+
+    With the ``consumer`` group protocol these live on the broker, and a stock broker's
+    defaults (45 s session) would leave a dead scheduler's partitions unowned for 45 s. Returns
+    False (and logs what to change) when the broker refuses, e.g. because its
+    ``group.consumer.min.session.timeout.ms`` is above the wanted value; the scheduler then
+    runs with the broker's defaults.
+    """
+    if settings.scheduler_group_protocol != "consumer":
+        return True  # classic: the client sends its own session timeout
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    wanted = {
+        "consumer.session.timeout.ms": str(settings.scheduler_session_timeout_ms),
+        "consumer.heartbeat.interval.ms": str(settings.scheduler_heartbeat_interval_ms),
+    }
+    resource = ConfigResource(
+        ResourceType.GROUP,
+        settings.scheduler_app_id,
+        incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+            for name, value in wanted.items()
+        ],
+    )
+    admin = admin_client(settings)
+    try:
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout_s)
+    except KafkaException as exc:
+        log.warning(
+            "the broker refused the scheduler group's timing; using the broker's defaults",
+            extra={
+                "group": settings.scheduler_app_id,
+                "wanted": wanted,
+                "error": str(exc.args[0] if exc.args else exc),
+                "fix": "allow it with the broker's group.consumer.min.session.timeout.ms / "
+                "group.consumer.min.heartbeat.interval.ms, or set JOBWHEEL_SCHEDULER_SESSION_"
+                "TIMEOUT_MS within the broker's bounds",
+            },
+        )
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a group stands in one partition: its committed offset (None: nothing committed)
+    with the commit's metadata, and the partition's end offset."""
+
+    committed: int | None
+    metadata: str | None
+    end: int
+
+
+def group_positions(
+    settings: Settings,
+    group: str,
+    topics: Sequence[str],
+    partitions: int,
+    timeout_s: float,
+    package: str = "jobwheel.kafka",
+) -> dict[tuple[str, int], Position]:
+    """``(topic, partition) -> Position`` of ``group`` on partitions ``0..partitions-1`` of
+    each topic; raises what the admin client raises."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    tps = [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
+    admin = admin_client(settings, package)  # referenced until the futures resolved
+    found = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s
+    )
+    committed = {
+        (tp.topic, tp.partition): tp for tp in found[group].result(timeout_s + 1).topic_partitions
+    }
+    ends = {
+        (tp.topic, tp.partition): future.result(timeout_s + 1).offset
+        for tp, future in admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
+        ).items()
+    }
+    out = {}
+    for key in ((tp.topic, tp.partition) for tp in tps):
+        tp = committed.get(key)
+        known = tp is not None and tp.offset >= 0
+        out[key] = Position(
+            tp.offset if known else None, tp.metadata if known else None, ends.get(key, 0)
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    client_id: str
+    host: str
+    member_id: str
+    #: ``(topic, partition)`` pairs assigned to the member.
+    assigned: tuple[tuple[str, int], ...]
+
+
+def describe_group(
+    settings: Settings, group: str, timeout_s: float, package: str = "jobwheel.kafka"
+) -> tuple[str, list[GroupMember]]:
+    """The group's state name and members; raises what the admin client raises."""
+    admin = admin_client(settings, package)  # referenced until the future resolved
+    found = admin.describe_consumer_groups([group], request_timeout=timeout_s)
+    description = found[group].result(timeout=timeout_s + 1)
+    state = getattr(description.state, "name", str(description.state))
+    members = [
+        GroupMember(
+            m.client_id,
+            m.host,
+            m.member_id,
+            tuple(
+                (tp.topic, tp.partition)
+                for tp in (m.assignment.topic_partitions if m.assignment else [])
+            ),
+        )
+        for m in description.members
+    ]
+    return state, members
+
+
+def scheduler_progress(
+    settings: Settings, timeout_s: float, package: str = "jobwheel.kafka"
+) -> dict[int, tuple[progress.Progress | None, int]]:
+    """Per partition: the scheduler's latest progress note (in its committed offsets, see
+    :mod:`jobwheel.schemas.progress`) and how many input records (requests and acks) it has not
+    committed past; a requests partition it never committed counts whole."""
+    t = settings.topics
+    topics = (t.requests, t.acks)
+    found = group_positions(
+        settings, settings.scheduler_app_id, topics, t.partitions, timeout_s, package
+    )
+    out: dict[int, tuple[progress.Progress | None, int]] = {}
+    for p in range(t.partitions):
+        notes: list[progress.Progress] = []
+        unread = 0
+        for topic in topics:
+            at = found[(topic, p)]
+            if at.committed is not None:
+                unread += max(0, at.end - at.committed)
+                note = progress.decode(at.metadata)
+                if note is not None:
+                    notes.append(note)
+            elif topic == t.requests:
+                unread += at.end  # never committed: all of it is unread
+        out[p] = (max(notes, key=lambda n: n.committed_at_ms, default=None), unread)
+    return out
+
+
+# --- principals and ACLs (deploy/acls.py decides what each role may do) ----------------------
+
+
+class AclGrant(Protocol):
+    """Operations allowed on resources of one kind named ``name`` (or starting with it)."""
+
+    resource: str  # TOPIC | GROUP | TRANSACTIONAL_ID
+    name: str
+    operations: tuple[str, ...]
+    prefixed: bool
+
+
+def _bindings(principal: str, grants: Iterable[AclGrant]) -> list[Any]:
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    return [
+        AclBinding(
+            ResourceType[g.resource],
+            g.name,
+            ResourcePatternType.PREFIXED if g.prefixed else ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            AclOperation[op],
+            AclPermissionType.ALLOW,
+        )
+        for g in grants
+        for op in g.operations
+    ]
+
+
+def _key(binding: Any) -> tuple[str, ...]:
+    return (
+        binding.restype.name,
+        binding.name,
+        binding.resource_pattern_type.name,
+        binding.principal,
+        binding.host,
+        binding.operation.name,
+        binding.permission_type.name,
+    )
+
+
+def upsert_scram_user(
+    admin: Any, user: str, password: str, iterations: int, timeout_s: float
+) -> None:
+    """Create the SCRAM-SHA-512 user, or change its password. Raises :class:`BrokerError`."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, iterations)
+    upsert = UserScramCredentialUpsertion(user, info, password.encode())
+    try:
+        admin.alter_user_scram_credentials([upsert])[user].result(timeout=timeout_s)
+    except KafkaException as exc:
+        raise broker_error(exc, f"setting the credentials of {user}") from exc
+
+
+def replace_acls(
+    admin: Any, principal: str, grants: Iterable[AclGrant], timeout_s: float
+) -> tuple[int, int]:
+    """Make the principal's ACLs exactly ``grants`` (ALLOW, any host): returns how many it
+    holds and how many held ones were revoked. Raises :class:`BrokerError`."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    wanted = {_key(b): b for b in _bindings(principal, grants)}
+    held_filter = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        principal,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    try:
+        held = admin.describe_acls(held_filter, request_timeout=timeout_s).result(timeout=timeout_s)
+        extra = [b for b in held if _key(b) not in wanted]
+        if extra:
+            filters = [
+                AclBindingFilter(
+                    b.restype,
+                    b.name,
+                    b.resource_pattern_type,
+                    b.principal,
+                    b.host,
+                    b.operation,
+                    b.permission_type,
+                )
+                for b in extra
+            ]
+            for future in admin.delete_acls(filters, request_timeout=timeout_s).values():
+                future.result(timeout=timeout_s)
+        for future in admin.create_acls(list(wanted.values()), request_timeout=timeout_s).values():
+            future.result(timeout=timeout_s)
+    except KafkaException as exc:
+        raise broker_error(exc, f"setting the ACLs of {principal}") from exc
+    return len(wanted), len(extra)
+
+
+def metadata_answers(config: dict[str, Any], timeout_s: float) -> bool:
+    """Does a broker of ``config`` answer a metadata request within ``timeout_s``? Quiet:
+    asked in a loop while a broker starts, whose refusals are expected."""
+    from confluent_kafka.admin import AdminClient
+
+    quiet = logging.getLogger("jobwheel.kafka.probe.librdkafka")
+    quiet.setLevel(logging.CRITICAL)
+    admin = AdminClient({**config, "logger": quiet})
+    try:
+        return bool(admin.list_topics(timeout=timeout_s).brokers)
+    except Exception:
+        return False

@@ -1,0 +1,172 @@
+"""What every consumer of jobwheel shares: fetched messages as plain :class:`Record` values
+(client errors raised or logged the one way), the lag a consumer already knows, the config of a
+consumer that commits only finished work, and :class:`GroupConsumer`, the group member of the
+worker and the status sink (the scheduler's own are in ``streams/kafka.py``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from jobwheel.errors import BrokerError
+from jobwheel.kafka.errors import broker_error, with_client_logging
+from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A consumed record. ``timestamp_ms`` is the record's timestamp (the broker's append time
+    on the acks topic)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    timestamp_ms: int
+
+
+def records(messages: list[Any], what: str = "consuming") -> list[Record]:
+    """The records among ``messages``: a fatal client error raises :class:`BrokerError`, any
+    other error message is logged and skipped (librdkafka recovers from those itself)."""
+    out: list[Record] = []
+    for msg in messages:
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise BrokerError(f"{what} failed: {err.str()}", code=err.name())
+            log.warning("consumer error", extra={"code": err.name(), "error": err.str()})
+            continue
+        partition, offset = msg.partition(), msg.offset()
+        if partition is None or offset is None:
+            continue
+        out.append(
+            Record(
+                msg.topic(),
+                partition,
+                offset,
+                msg.key(),
+                msg.value(),
+                msg.headers(),
+                msg.timestamp()[1],
+            )
+        )
+    return out
+
+
+def cached_lag(consumer: Any) -> dict[tuple[str, int], int]:
+    """Per assigned partition, records not fetched yet: the end offset as of the last fetch
+    response minus the position (no request to the broker). A partition not fetched yet
+    counts 0; a client error leaves the sample out (logged at debug)."""
+    out: dict[tuple[str, int], int] = {}
+    try:
+        for tp in consumer.position(consumer.assignment()):
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            known = high >= 0 and tp.offset >= 0
+            out[(tp.topic, tp.partition)] = max(0, high - tp.offset) if known else 0
+    except KafkaException as exc:
+        log.debug("lag not sampled", extra={"error": str(exc)})
+    return out
+
+
+def committing_consumer_config(
+    settings: Settings, group: str, defaults: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
+    """The config of a consumer that commits only what it finished (the worker, the status
+    sink): ``defaults``, the ``JOBWHEEL_KAFKA_CONFIG`` pass-through, then keys the pass-through
+    cannot change: manual commits and offset stores, and ``read_committed`` so records of an
+    aborted scheduler transaction (a fenced owner's) are never seen; then ``overrides``."""
+    required = {
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+    }
+    return {**defaults, **settings.librdkafka(**required, **overrides)}
+
+
+Pairs = list[tuple[str, int]]
+PairsCallback = Callable[[Pairs], None]
+
+
+class GroupConsumer:
+    """A consumer group member that speaks ``(topic, partition)`` pairs and :class:`Record`
+    values (the worker's runs consumer, the status sink). One thread at a time: rebalance
+    callbacks run inside :meth:`consume` on the calling thread."""
+
+    def __init__(self, config: dict[str, Any], package: str, what: str) -> None:
+        self.what = what
+        try:
+            self._consumer = Consumer(with_client_logging(config, package))
+        except KafkaException as exc:
+            raise broker_error(exc, f"could not create the {what}; check kafka_config") from exc
+        self._closed = False
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: PairsCallback,
+        on_revoke: PairsCallback,
+        on_lost: PairsCallback,
+    ) -> None:
+        """Join the group; confluent-kafka applies the (incremental) assignment itself after
+        ``on_assign`` returns."""
+
+        def pairs(tps: list[TopicPartition]) -> Pairs:
+            return [(tp.topic, tp.partition) for tp in tps]
+
+        self._consumer.subscribe(
+            topics,
+            on_assign=lambda _c, tps: on_assign(pairs(tps)),
+            on_revoke=lambda _c, tps: on_revoke(pairs(tps)),
+            on_lost=lambda _c, tps: on_lost(pairs(tps)),
+        )
+
+    def consume(self, max_records: int, timeout_s: float) -> list[Record]:
+        """Fetch up to ``max_records``; transient errors are logged, fatal ones raised."""
+        try:
+            messages = self._consumer.consume(max_records, timeout_s)
+        except KafkaException as exc:
+            raise broker_error(exc, f"{self.what}: consuming failed") from exc
+        return records(messages, f"{self.what}: consuming")
+
+    def commit(self, offsets: dict[tuple[str, int], int], *, asynchronous: bool) -> None:
+        """Commit ``(topic, partition) -> next offset to read``; raises :class:`BrokerError`."""
+        if not offsets:
+            return
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            self._consumer.commit(offsets=tps, asynchronous=asynchronous)
+        except KafkaException as exc:
+            raise broker_error(exc, f"committing offsets {offsets} failed") from exc
+
+    def pause(self, pairs: Pairs) -> None:
+        if pairs:
+            self._consumer.pause([TopicPartition(t, p) for t, p in pairs])
+
+    def resume(self, pairs: Pairs) -> None:
+        if pairs:
+            self._consumer.resume([TopicPartition(t, p) for t, p in pairs])
+
+    def assignment(self) -> Pairs:
+        return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        return cached_lag(self._consumer)
+
+    def close(self) -> None:
+        """Leave the group now (the revoke callback runs first), so partitions move at once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._consumer.close()
+        except KafkaException as exc:
+            log.warning(f"closing the {self.what} failed", extra={"error": str(exc)})

@@ -1,0 +1,241 @@
+"""The rules of the commands on the requests topic: schedule, cancel, pause, resume, trigger
+and replay, each turned into status events and runs (or a REJECTED event)."""
+
+from __future__ import annotations
+
+import orjson
+
+from jobwheel.errors import ValidationError
+from jobwheel.schemas.models import (
+    At,
+    CancelJob,
+    JobCommand,
+    PauseJob,
+    ReplayRun,
+    ResumeJob,
+    ScheduleJob,
+    State,
+    TriggerJob,
+    spec_document,
+)
+from jobwheel.schemas.validation import check_command
+from jobwheel.streams import triggers
+from jobwheel.streams.jobstate import (
+    JobRecord,
+    JobStatus,
+)
+from jobwheel.streams.rules.core import (
+    Output,
+    ProcessorCore,
+    clip_id,
+)
+
+
+class CommandRules(ProcessorCore):
+    def on_command(self, cmd: JobCommand, now_ms: int) -> Output:
+        # The SDK's own rules (one rule set, jobwheel.schemas.validation), judged as of the
+        # command's
+        # issue time, so a replayed command gets the same verdict. A producer that skips the
+        # SDK gets a REJECTED event, and the engine dead-letters the record.
+        try:
+            check_command(cmd, now_ms=cmd.issued_at_ms, max_args_bytes=self.max_args_bytes)
+        except ValidationError as exc:
+            reason = f"invalid command: {exc}"
+            out = self.reject(
+                clip_id(cmd.job_id), reason, now_ms, event_id=f"{clip_id(cmd.command_id)}:REJECTED"
+            )
+            out.rejected = reason
+            return out
+        body = cmd.body
+        if isinstance(body, ScheduleJob):
+            return self._schedule(cmd, body, now_ms)
+        if isinstance(body, ReplayRun):
+            return self._replay(cmd, body, now_ms)
+        job = self.load(cmd.job_id)
+        if job is None:
+            return self.reject(
+                cmd.job_id,
+                f"unknown job {cmd.job_id!r}: never scheduled (or finished and forgotten after "
+                "the scheduler's retention); no job is created for it",
+                now_ms,
+                event_id=f"{cmd.command_id}:REJECTED",
+            )
+        if cmd.command_id in job.recent_commands:
+            return Output()  # a redelivered command: already applied
+        job.remember(cmd.command_id)
+        out = Output()
+        if isinstance(body, CancelJob):
+            self._cancel(job, cmd, body, now_ms, out)
+        elif isinstance(body, PauseJob):
+            self._pause(job, cmd, body, now_ms, out)
+        elif isinstance(body, ResumeJob):
+            self._resume(job, cmd, body, now_ms, out)
+        elif isinstance(body, TriggerJob):
+            self._trigger(job, cmd, body, now_ms, out)
+        self.save(job)
+        return out
+
+    def _refuse(
+        self, job: JobRecord, cmd: JobCommand, reason: str, now_ms: int, out: Output
+    ) -> None:
+        """A command that does not apply to the job as it is: an event on the job, which keeps
+        its state."""
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.REJECTED,
+                now_ms,
+                event_id=f"{cmd.command_id}:REJECTED",
+                reason=reason,
+            )
+        )
+
+    def _schedule(self, cmd: JobCommand, spec: ScheduleJob, now_ms: int) -> Output:
+        job = self.load(cmd.job_id)
+        if job is not None:
+            if cmd.command_id in job.recent_commands:
+                return Output()
+            if spec.idempotency_key is not None and spec.idempotency_key == (
+                job.spec.idempotency_key
+            ):
+                job.remember(cmd.command_id)
+                self.save(job)
+                return Output()
+            job.spec = spec
+            job.issued_at_ms = cmd.issued_at_ms
+            job.status = JobStatus.ACTIVE
+            job.expires_at_ms = None
+            job.last_outcome = None
+        else:
+            job = JobRecord(job_id=cmd.job_id, spec=spec, issued_at_ms=cmd.issued_at_ms)
+        job.remember(cmd.command_id)
+        job.next_fire_ms = triggers.first_fire_ms(spec.trigger, cmd.issued_at_ms)
+        out = Output()
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.SCHEDULED,
+                now_ms,
+                event_id=f"{cmd.command_id}:SCHEDULED",
+                spec_json=orjson.dumps(spec_document(spec)).decode(),
+            )
+        )
+        self.save(job)
+        return out
+
+    def _cancel(
+        self, job: JobRecord, cmd: JobCommand, body: CancelJob, now_ms: int, out: Output
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            self._refuse(job, cmd, "job is already CANCELLED", now_ms, out)
+            return
+        if job.status in (JobStatus.COMPLETED, JobStatus.DEAD):
+            reason = f"job is {job.status.shown}: it has finished, nothing is left to cancel"
+            self._refuse(job, cmd, reason, now_ms, out)
+            return
+        job.status = JobStatus.CANCELLED
+        job.next_fire_ms = None
+        self._retire(job, now_ms)
+        self._answer(job, cmd, State.CANCELLED, now_ms, out, body.reason)
+
+    def _pause(
+        self, job: JobRecord, cmd: JobCommand, body: PauseJob, now_ms: int, out: Output
+    ) -> None:
+        if job.status is not JobStatus.ACTIVE:
+            already = "already " if job.status is JobStatus.PAUSED else ""
+            self._refuse(job, cmd, f"cannot pause: job is {already}{job.status.shown}", now_ms, out)
+            return
+        job.status = JobStatus.PAUSED
+        self._answer(job, cmd, State.PAUSED, now_ms, out, body.reason)
+
+    def _resume(
+        self, job: JobRecord, cmd: JobCommand, body: ResumeJob, now_ms: int, out: Output
+    ) -> None:
+        if job.status is not JobStatus.PAUSED:
+            reason = f"cannot resume: job is {job.status.shown}, not PAUSED"
+            self._refuse(job, cmd, reason, now_ms, out)
+            return
+        job.status = JobStatus.ACTIVE
+        self._answer(job, cmd, State.RESUMED, now_ms, out, body.reason)
+        # Its last fire may have passed and its runs ended while it was paused: then it ends now.
+        self._settle(job, now_ms, out)
+
+    def _trigger(
+        self, job: JobRecord, cmd: JobCommand, body: TriggerJob, now_ms: int, out: Output
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            self._refuse(job, cmd, "cannot trigger: job is CANCELLED", now_ms, out)
+            return
+        run_id = f"{job.job_id}@trigger-{cmd.issued_at_ms}"
+        if run_id in job.active:
+            return
+        self._dispatch(job, run_id, cmd.issued_at_ms, 1, now_ms, out, reason=body.reason)
+
+    def _replay(self, cmd: JobCommand, body: ReplayRun, now_ms: int) -> Output:
+        out = Output()
+        job = self.load(cmd.job_id)
+        if job is None:
+            # Forgotten after its retention: the dead run's own definition, a finished job.
+            spec = ScheduleJob(
+                task=body.task,
+                trigger=At(body.scheduled_time_ms),
+                args_json=body.args_json,
+                max_attempts=body.max_attempts,
+                timeout_ms=body.timeout_ms,
+                visibility_timeout_ms=body.visibility_timeout_ms,
+            )
+            job = JobRecord(
+                job_id=cmd.job_id,
+                spec=spec,
+                issued_at_ms=cmd.issued_at_ms,
+                status=JobStatus.DEAD,
+                seq=cmd.issued_at_ms,  # above any seq the forgotten record reached
+                last_outcome=State.DEAD.value,
+            )
+        elif cmd.command_id in job.recent_commands:
+            return out  # a redelivered command: already applied
+        job.remember(cmd.command_id)
+        if job.status is JobStatus.CANCELLED:
+            self._refuse(job, cmd, "cannot replay: job is CANCELLED", now_ms, out)
+        elif body.run_id in job.active:
+            reason = f"cannot replay run {body.run_id}: it is in flight, not DEAD"
+            self._refuse(job, cmd, reason, now_ms, out)
+        else:
+            note = f"replay of DEAD run {body.run_id} (attempt {body.attempt} was its last)"
+            self._dispatch(
+                job,
+                body.run_id,
+                body.scheduled_time_ms,
+                body.attempt + 1,
+                now_ms,
+                out,
+                reason=f"{note}: {body.reason}" if body.reason else note,
+                base=body.attempt,
+                event_id=f"{cmd.command_id}:DISPATCHED",
+            )
+        self.save(job)
+        return out
+
+    def _answer(
+        self,
+        job: JobRecord,
+        cmd: JobCommand,
+        state: State,
+        now_ms: int,
+        out: Output,
+        reason: str | None,
+    ) -> None:
+        """The job-level event a command causes directly, under the command's id
+        (``<command id>:<STATE>``), so whoever sent it can find the scheduler's verdict."""
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                state,
+                now_ms,
+                event_id=f"{cmd.command_id}:{state.value}",
+                reason=reason,
+            )
+        )

@@ -1,0 +1,281 @@
+"""What every rule of the scheduler's processor shares: the output of one record or
+punctuation, the job records of the partition, the events, and a run's life (made,
+dispatched, redispatched, finished, given up). The rules are mixed in by
+:class:`jobwheel.streams.processor.SchedulerProcessor` from :mod:`.commands`, :mod:`.punctuation`
+and :mod:`.acks`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from jobwheel.errors import StateError
+from jobwheel.schemas.models import (
+    Run,
+    State,
+    StatusEvent,
+)
+from jobwheel.schemas.validation import MAX_ID_CHARS
+from jobwheel.streams.jobstate import (
+    ActiveRun,
+    JobRecord,
+    JobStatus,
+    RunPhase,
+    decode_job,
+    encode_job,
+)
+from jobwheel.streams.state.partition import PartitionState
+
+# The processor logs under its public name whichever rule speaks (operators filter on it).
+log = logging.getLogger("jobwheel.streams.processor")
+
+SOURCE = "scheduler"
+MAX_MISSED_EVENTS = 100
+MAX_HANDBACKS = 10  # a run handed back more often than this is failing, not being handed back
+DAY_MS = 24 * 3600 * 1000
+MAX_ARGS_BYTES = 64 * 1024
+#: Visibility timeouts an attempt may wait for the partition's worker to reach it (see
+#: :meth:`SchedulerProcessor.punctuate`) before it is given up anyway.
+QUEUE_PATIENCE = 10
+
+
+def clip_id(text: str) -> str:
+    """An id as far as it can go into an event id: a REJECTED event for a 10,000-character
+    "job id" must not carry all of it."""
+    return text if len(text) <= MAX_ID_CHARS else text[:MAX_ID_CHARS] + "…"
+
+
+@dataclass(slots=True)
+class Output:
+    """What one record or punctuation asks the glue to produce, in this order."""
+
+    runs: list[Run] = field(default_factory=list)
+    status: list[StatusEvent] = field(default_factory=list)
+    dead_runs: list[tuple[Run, str]] = field(default_factory=list)
+    #: Why the command was refused as invalid input (the engine dead-letters the record).
+    rejected: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.status or self.dead_runs)
+
+    @property
+    def size(self) -> int:
+        """How many records this output becomes."""
+        return len(self.runs) + len(self.status) + len(self.dead_runs)
+
+
+class ProcessorCore:
+    """Decisions for ONE partition. ``fencing_token`` is this owner's epoch for the partition."""
+
+    def __init__(
+        self,
+        partition: int,
+        state: PartitionState,
+        fencing_token: int = 0,
+        retention_ms: int = DAY_MS,
+        max_args_bytes: int = MAX_ARGS_BYTES,
+    ) -> None:
+        self.partition = partition
+        self.state = state
+        self.fencing_token = fencing_token
+        self.retention_ms = retention_ms
+        self.max_args_bytes = max_args_bytes
+        self._reached: int | None = None
+
+    def load(self, job_id: str) -> JobRecord | None:
+        raw = self.state.get(job_id.encode())
+        return None if raw is None else decode_job(raw)
+
+    def save(self, job: JobRecord) -> None:
+        self.state.put(job.job_id.encode(), encode_job(job))
+
+    def _event(
+        self,
+        job: JobRecord | None,
+        job_id: str,
+        state: State,
+        now_ms: int,
+        *,
+        event_id: str | None = None,
+        run: ActiveRun | None = None,
+        seq: int | None = None,
+        **fields: object,
+    ) -> StatusEvent:
+        """A scheduler status event. ``run`` fills in run id, attempt and scheduled time;
+        ``fields`` override or add to them (e.g. the run id of a fire that never became a run).
+        ``seq`` is the job's next sequence number unless the caller already took one."""
+        if seq is None:
+            seq = job.next_seq() if job is not None else 0
+        if event_id is None:
+            event_id = f"{job_id}:{seq}:{state.value}" if job else f"{job_id}:{now_ms}:{state}"
+        values: dict[str, object] = (
+            {"run_id": run.run_id, "attempt": run.attempt, "scheduled_time_ms": run.scheduled_ms}
+            if run
+            else {}
+        )
+        values.update(fields)
+        return StatusEvent(
+            event_id=event_id,
+            job_id=job_id,
+            state=state,
+            event_time_ms=now_ms,
+            source=SOURCE,
+            seq=seq,
+            task=job.spec.task if job else None,
+            # a paused or finished job has no next fire, whatever its record keeps for resume
+            next_fire_ms=job.next_fire_ms if job and job.status is JobStatus.ACTIVE else None,
+            **values,  # type: ignore[arg-type]
+        )
+
+    def reject(self, job_id: str, reason: str, now_ms: int, event_id: str) -> Output:
+        """A REJECTED event for a record that could not be applied (the glue dead-letters it)."""
+        job = None
+        try:
+            job = self.load(job_id) if job_id else None
+        except StateError:
+            job = None
+        out = Output()
+        out.status.append(
+            self._event(job, job_id, State.REJECTED, now_ms, event_id=event_id, reason=reason)
+        )
+        if job is not None:
+            self.save(job)
+        return out
+
+    def _make_run(self, job: JobRecord, active: ActiveRun, now_ms: int) -> Run:
+        spec = job.spec
+        return Run(
+            run_id=active.run_id,
+            job_id=job.job_id,
+            task=spec.task,
+            args_json=spec.args_json,
+            seq=active.seq,
+            scheduled_time_ms=active.scheduled_ms,
+            dispatched_at_ms=now_ms,
+            attempt=active.attempt,
+            max_attempts=spec.max_attempts + active.limit_extra,
+            timeout_ms=spec.timeout_ms,
+            visibility_timeout_ms=spec.visibility_timeout_ms,
+            deadline_ms=active.due_ms,
+            partition=self.partition,
+            fencing_token=self.fencing_token,
+        )
+
+    def _dispatch(
+        self,
+        job: JobRecord,
+        run_id: str,
+        scheduled_ms: int,
+        attempt: int,
+        now_ms: int,
+        out: Output,
+        reason: str | None = None,
+        handbacks: int = 0,
+        base: int = 0,
+        event_id: str | None = None,
+    ) -> None:
+        deadline = now_ms + job.spec.visibility_timeout_ms
+        seq = job.next_seq()
+        active = ActiveRun(
+            run_id=run_id,
+            scheduled_ms=scheduled_ms,
+            attempt=attempt,
+            seq=seq,
+            phase=RunPhase.DISPATCHED,
+            due_ms=deadline,
+            handbacks=handbacks,
+            base=base,
+            dispatched_ms=now_ms,
+        )
+        job.active[run_id] = active
+        out.runs.append(self._make_run(job, active, now_ms))
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                State.DISPATCHED,
+                now_ms,
+                event_id=event_id or f"{run_id}:{attempt}:DISPATCHED",
+                run=active,
+                seq=seq,  # the Run carries it too: worker events sort after this one
+                deadline_ms=deadline,
+                reason=reason,
+            )
+        )
+
+    def _finish(self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output) -> None:
+        """Forget a run that SUCCEEDED; a job with nothing left to do is COMPLETED."""
+        job.active.pop(run.run_id, None)
+        job.last_outcome = State.SUCCEEDED.value
+        self._settle(job, now_ms, out)
+
+    def _retire(self, job: JobRecord, now_ms: int) -> None:
+        """A finished job's record is kept ``retention_ms`` (so late or redelivered commands
+        for it are still recognised), then deleted: finished jobs must not cost disk forever."""
+        job.expires_at_ms = now_ms + self.retention_ms
+
+    def _settle(self, job: JobRecord, now_ms: int, out: Output) -> None:
+        """A job with no fire ahead and no run in flight has finished: DEAD if the last of its
+        runs to end ended DEAD, else COMPLETED. A finished job that a manual trigger ran again
+        is settled again by that run's outcome. Paused and cancelled jobs stay as they are
+        (a paused one is settled when it is resumed)."""
+        if job.active or job.status in (JobStatus.PAUSED, JobStatus.CANCELLED):
+            return
+        if job.status is JobStatus.ACTIVE and job.next_fire_ms is not None:
+            return
+        end = JobStatus.DEAD if job.last_outcome == State.DEAD.value else JobStatus.COMPLETED
+        if job.status is end:
+            return
+        job.status = end
+        self._retire(job, now_ms)
+        reason = None
+        if end is JobStatus.DEAD:
+            reason = f"its last run ended DEAD: {job.last_error}" if job.last_error else None
+        out.status.append(self._event(job, job.job_id, State(end.value), now_ms, reason=reason))
+
+    def _redispatch(
+        self,
+        job: JobRecord,
+        run: ActiveRun,
+        attempt: int,
+        now_ms: int,
+        out: Output,
+        reason: str,
+        handback: bool = False,
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
+            return
+        job.active.pop(run.run_id, None)
+        self._dispatch(
+            job,
+            run.run_id,
+            run.scheduled_ms,
+            attempt,
+            now_ms,
+            out,
+            reason=reason,
+            handbacks=run.handbacks + int(handback),
+            base=run.base,
+        )
+
+    def _give_up(
+        self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output, state: State, reason: str
+    ) -> None:
+        job.active.pop(run.run_id, None)
+        job.last_outcome = state.value
+        if state is State.DEAD:
+            job.last_error = reason
+            out.dead_runs.append((self._make_run(job, run, now_ms), reason))
+        out.status.append(
+            self._event(
+                job,
+                job.job_id,
+                state,
+                now_ms,
+                run=run,
+                event_id=f"{run.run_id}:{run.attempt}:{state.value}",
+                reason=reason,
+            )
+        )
+        self._settle(job, now_ms, out)

@@ -1,0 +1,270 @@
+"""The rules of time: fires that are due (the missed-run and concurrency rules), visibility
+deadlines that expired past the acks watermark, and the next instant anything is due."""
+
+from __future__ import annotations
+
+from jobwheel.errors import StateError
+from jobwheel.schemas.models import (
+    ConcurrencyPolicy,
+    State,
+    StatusEvent,
+)
+from jobwheel.streams import triggers
+from jobwheel.streams.jobstate import (
+    DEADLINES,
+    EXPIRE,
+    FIRE,
+    RETRY,
+    TIMERS,
+    VISIBILITY,
+    ActiveRun,
+    JobRecord,
+    JobStatus,
+    RunPhase,
+    parse_tag,
+    peek_timers,
+)
+from jobwheel.streams.rules.core import (
+    MAX_MISSED_EVENTS,
+    QUEUE_PATIENCE,
+    Output,
+    ProcessorCore,
+    log,
+)
+from jobwheel.streams.wheel import TimingWheel, WheelEntry
+
+
+class Punctuation(ProcessorCore):
+    def punctuate(
+        self,
+        now_ms: int,
+        limit: int,
+        deadline_watermark: int | None = None,
+        max_records: int | None = None,
+        reached_ms: int | None = None,
+    ) -> tuple[Output, int]:
+        """Handle up to ``limit`` due timers, stopping early once the output reaches
+        ``max_records`` records (one transaction stays bounded however far behind the
+        partition is); returns the output and how many timers were handled. What is left is
+        still due at the next call.
+
+        Fires, retries and expiries are due at ``now_ms``; visibility deadlines only up to
+        ``deadline_watermark`` (how far the acknowledgements have been read; ``now_ms`` when
+        None), so no attempt is given up while its verdict may be waiting unread.
+        ``reached_ms`` is how far the partition's worker has got (the latest dispatch time of
+        a run it has reported on; None: unknown): an attempt dispatched after that is still
+        queued behind other runs, not lost, and gets another visibility timeout instead of a
+        second copy (for at most :data:`QUEUE_PATIENCE` timeouts).
+        """
+        self._reached = reached_ms
+        out = Output()
+        budget = max_records if max_records is not None else 1 << 62
+        entries = self.state.timers.due(now_ms, limit)
+        handled = self._handle_due(self.state.timers, TIMERS, entries, now_ms, out, budget)
+        if handled < limit and out.size < budget:
+            watermark = now_ms if deadline_watermark is None else min(now_ms, deadline_watermark)
+            entries = self.state.deadlines.due(watermark, limit - handled)
+            handled += self._handle_due(
+                self.state.deadlines, DEADLINES, entries, now_ms, out, budget
+            )
+        return out, handled
+
+    def next_due_ms(self, deadline_watermark: int | None = None) -> int | None:
+        """When :meth:`punctuate` next has something to do by the wall clock (None: nothing
+        pending). A deadline already passed but above the watermark waits for acks, not time."""
+        due = self.state.timers.next_due_ms()
+        deadline = self.state.deadlines.next_due_ms()
+        if deadline is not None and (deadline_watermark is None or deadline <= deadline_watermark):
+            due = deadline if due is None else min(due, deadline)
+        return due
+
+    def _handle_due(
+        self,
+        wheel: TimingWheel,
+        kind: int,
+        entries: list[WheelEntry],
+        now_ms: int,
+        out: Output,
+        budget: int,
+    ) -> int:
+        handled = 0
+        for entry in entries:
+            if out.size >= budget:
+                break
+            handled += 1
+            try:
+                self._on_due(entry, now_ms, out)
+            except StateError:
+                log.exception(
+                    "dropping a timer whose job state is unreadable",
+                    extra={"job_id": entry.job_id, "partition": self.partition},
+                )
+            # Handling a timer changes the record that derives it. One that is still derived
+            # (a record that could not be read, or did not move) is dropped from the index, so
+            # that it cannot come back on every punctuation; so is an entry without a record.
+            raw = self.state.get(entry.job_id.encode())
+            if raw is None or (kind, entry.due_ms, entry.tag.encode()) in peek_timers(raw):
+                if raw is not None:
+                    log.error(
+                        "timer handled but still pending; dropped",
+                        extra={"job_id": entry.job_id, "tag": entry.tag, "due_ms": entry.due_ms},
+                    )
+                wheel.remove(entry)
+        return handled
+
+    def _on_due(self, entry: WheelEntry, now_ms: int, out: Output) -> None:
+        job = self.load(entry.job_id)
+        if job is None:
+            return
+        if entry.tag == EXPIRE:
+            if job.expires_at_ms == entry.due_ms:
+                if job.active:  # a cancelled job's last run is still out: look again later
+                    self._retire(job, now_ms)
+                    self.save(job)
+                else:
+                    self.state.delete(job.job_id.encode())
+            return
+        kind, attempt, run_id = parse_tag(entry.tag)
+        if kind == FIRE:
+            if job.status is JobStatus.ACTIVE and job.next_fire_ms == entry.due_ms:
+                self._fire(job, entry.due_ms, now_ms, out)
+                self.save(job)
+            return
+        run = job.active.get(run_id)
+        if run is None or run.due_ms != entry.due_ms:
+            return
+        if kind == VISIBILITY and run.phase is RunPhase.DISPATCHED and run.attempt == attempt:
+            self._on_visibility_deadline(job, run, now_ms, out)
+        elif kind == RETRY and run.phase is RunPhase.RETRY_WAIT and run.attempt + 1 == attempt:
+            self._redispatch(job, run, attempt, now_ms, out, reason="retry after backoff")
+        self.save(job)
+
+    def _fire(self, job: JobRecord, scheduled_ms: int, now_ms: int, out: Output) -> None:
+        spec = job.spec
+        # Every instant in [scheduled_ms, now_ms] is due; only the latest may run.
+        due = [scheduled_ms]
+        nxt = triggers.next_fire_ms(spec.trigger, scheduled_ms)
+        while nxt is not None and nxt <= now_ms:
+            due.append(nxt)
+            nxt = triggers.next_fire_ms(spec.trigger, nxt)
+            if len(due) > 10 * MAX_MISSED_EVENTS:
+                # Far behind (e.g. a 1 s interval after a day down): jump, do not iterate.
+                last = triggers.last_fire_between(spec.trigger, due[-1], now_ms)
+                if last is not None:
+                    due.append(last)
+                    nxt = triggers.next_fire_ms(spec.trigger, last)
+                break
+        job.next_fire_ms = nxt
+        latest = due[-1]
+        missed = due[:-1]
+        for t in missed[:MAX_MISSED_EVENTS]:
+            out.status.append(
+                self._missed(
+                    job,
+                    t,
+                    now_ms,
+                    "a later scheduled time is also due; only the latest"
+                    " runs (CronJob missed-schedule rule)",
+                )
+            )
+        if len(missed) > MAX_MISSED_EVENTS:
+            out.status.append(
+                self._missed(
+                    job,
+                    missed[-1],
+                    now_ms,
+                    f"{len(missed) - MAX_MISSED_EVENTS} more scheduled times missed up to this one",
+                )
+            )
+        late = now_ms - latest
+        if spec.starting_deadline_ms is not None and late > spec.starting_deadline_ms:
+            out.status.append(
+                self._missed(
+                    job,
+                    latest,
+                    now_ms,
+                    f"{late} ms late, past the starting deadline of {spec.starting_deadline_ms} ms",
+                )
+            )
+            job.last_outcome = State.MISSED.value
+            self._settle(job, now_ms, out)
+            return
+        running = list(job.active.values())
+        if running and spec.concurrency_policy is ConcurrencyPolicy.FORBID:
+            out.status.append(
+                self._event(
+                    job,
+                    job.job_id,
+                    State.SKIPPED,
+                    now_ms,
+                    event_id=f"{job.job_id}@{latest}:SKIPPED",
+                    run_id=f"{job.job_id}@{latest}",
+                    scheduled_time_ms=latest,
+                    reason=f"run {running[0].run_id} still active (concurrencyPolicy=FORBID)",
+                )
+            )
+            self._settle(job, now_ms, out)
+            return
+        if running and spec.concurrency_policy is ConcurrencyPolicy.REPLACE:
+            for run in running:
+                job.active.pop(run.run_id, None)
+                out.status.append(
+                    self._event(
+                        job,
+                        job.job_id,
+                        State.CANCELLED,
+                        now_ms,
+                        run=run,
+                        event_id=f"{run.run_id}:{run.attempt}:CANCELLED",
+                        reason=f"replaced by run {job.job_id}@{latest} (concurrencyPolicy=REPLACE)",
+                    )
+                )
+        self._dispatch(job, f"{job.job_id}@{latest}", latest, 1, now_ms, out)
+
+    def _missed(self, job: JobRecord, scheduled_ms: int, now_ms: int, reason: str) -> StatusEvent:
+        return self._event(
+            job,
+            job.job_id,
+            State.MISSED,
+            now_ms,
+            event_id=f"{job.job_id}@{scheduled_ms}:MISSED",
+            run_id=f"{job.job_id}@{scheduled_ms}",
+            scheduled_time_ms=scheduled_ms,
+            reason=reason,
+        )
+
+    def _on_visibility_deadline(
+        self, job: JobRecord, run: ActiveRun, now_ms: int, out: Output
+    ) -> None:
+        if job.status is JobStatus.CANCELLED:
+            self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
+            return
+        timeout = job.spec.visibility_timeout_ms
+        if (
+            self._reached is not None
+            and run.dispatched_ms > self._reached
+            and now_ms - run.dispatched_ms < QUEUE_PATIENCE * timeout
+        ):
+            # Not yet reached by the partition's worker (it starts runs in dispatch order):
+            # waiting behind a backlog, not lost. A copy would only join the same queue.
+            run.due_ms = now_ms + timeout
+            return
+        if run.attempt < job.spec.max_attempts + run.limit_extra:
+            self._redispatch(
+                job,
+                run,
+                run.attempt + 1,
+                now_ms,
+                out,
+                reason=f"visibility timeout: attempt {run.attempt} not finished by its deadline",
+            )
+        else:
+            self._give_up(
+                job,
+                run,
+                now_ms,
+                out,
+                State.DEAD,
+                f"visibility timeout expired on attempt {run.attempt} of "
+                f"{job.spec.max_attempts + run.base}",
+            )
