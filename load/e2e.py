@@ -16,10 +16,11 @@ It reports submitted/s; fired/s and fire lateness (when a ``read_committed`` con
 worker, first sees the run, minus its scheduled time); started/s and start lateness (the task's
 start minus the scheduled time); lost jobs (no start at the end: must be 0); duplicate
 executions (starts beyond the first of a run id); CPU seconds per job of each kind of process
-(scheduler, worker, sink, broker: from /proc) and peak RSS. It writes ``result.json`` and, with
-matplotlib installed (``pip install -e '.[bench]'``), ``result.png`` (lateness and throughput
-over time) to ``--out``. ``--scan`` doubles the rate until p99 start lateness passes 2 s or a
-job is lost, and reports the highest passing rate.
+(scheduler, worker, sink, broker: from /proc, counted until the sink has stored every
+status event, and how long after the last start that was) and peak RSS. It writes
+``result.json`` and, with matplotlib installed (``pip install -e '.[bench]'``),
+``result.png`` (lateness and throughput over time) to ``--out``. ``--scan`` doubles the rate
+until p99 start lateness passes 2 s or a job is lost, and reports the highest passing rate.
 
 No assertions: it prints numbers. Everything shares this machine, so compare runs with each
 other, not with a cluster.
@@ -196,8 +197,11 @@ class Service:
     cpu_start: float | None = None
 
 
-def service_env(settings: Settings, data_dir: Path, log_level: str) -> dict[str, str]:
-    """os.environ without JOBWHEEL_*, plus what reproduces ``settings`` in a subprocess."""
+def service_env(
+    settings: Settings, data_dir: Path, log_level: str, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """os.environ without JOBWHEEL_*, plus what reproduces ``settings`` in a subprocess and the
+    ``--set`` settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
     env.update(
         JOBWHEEL_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
@@ -212,6 +216,7 @@ def service_env(settings: Settings, data_dir: Path, log_level: str) -> dict[str,
         JOBWHEEL_LOG_FORMAT="json",
         PYTHONUNBUFFERED="1",
     )
+    env.update(extra or {})
     return env
 
 
@@ -261,6 +266,8 @@ class Config:
     settle_s: float = 2.0
     timeout_s: float = 120.0
     log_level: str = "INFO"
+    #: JOBWHEEL_* settings given to every service (``--set``)
+    service_settings: dict[str, str] = field(default_factory=dict)
     # Test hooks: make the counting find a lost job and a duplicate execution on purpose.
     sabotage_lose: int = 0  # this many jobs are expected but never submitted
     sabotage_duplicate: int = 0  # this many fired runs are dispatched again (attempt 2)
@@ -281,6 +288,10 @@ class Result:
     cpu_s: dict[str, float | None]
     peak_rss_mib: dict[str, list[float | None]]
     passed: bool
+    #: seconds from the last task start until the sink had stored every status event (None:
+    #: not within the timeout; ``status_behind`` records were still unstored)
+    status_stored_s: float | None = None
+    status_behind: int | None = None
     timeline: dict[str, Any] = field(default_factory=dict)
 
 
@@ -426,6 +437,32 @@ def group_members(admin: Any, group: str) -> int:
     return len(description.members)
 
 
+def sink_backlog(settings: Settings) -> int | None:
+    """Records of the status and acks topics the sink has not committed (stored) yet; None
+    when the broker does not answer."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
+    try:
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (settings.topics.status, settings.topics.acks)
+            for p in range(settings.partitions)
+        ]
+        behind = 0
+        for tp in consumer.committed(tps, timeout=10):
+            _, high = consumer.get_watermark_offsets(tp, timeout=10)
+            # The scheduler writes status in transactions: the commit marker after a
+            # partition's last record takes an offset no consumer ever commits past.
+            marker = 1 if tp.topic == settings.topics.status else 0
+            behind += max(0, high - max(tp.offset, 0) - marker)
+        return behind
+    except Exception:
+        return None
+    finally:
+        consumer.close()
+
+
 def sink_committed(settings: Settings) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -481,15 +518,19 @@ def run_once(
 
     services: list[Service] = []
     for i in range(config.schedulers):
-        env = service_env(settings, run_dir / f"scheduler-{i}", config.log_level)
+        env = service_env(
+            settings, run_dir / f"scheduler-{i}", config.log_level, config.service_settings
+        )
         services.append(spawn("scheduler", ["scheduler"], env, run_dir / f"scheduler-{i}.log"))
     worker_args = ["worker", "--tasks", "load.tasks"]
     if config.concurrency:
         worker_args += ["--concurrency", str(config.concurrency)]
     for i in range(config.workers):
-        env = service_env(settings, run_dir / f"worker-{i}", config.log_level)
+        env = service_env(
+            settings, run_dir / f"worker-{i}", config.log_level, config.service_settings
+        )
         services.append(spawn("worker", worker_args, env, run_dir / f"worker-{i}.log"))
-    env = service_env(settings, run_dir / "sink", config.log_level)
+    env = service_env(settings, run_dir / "sink", config.log_level, config.service_settings)
     services.append(spawn("sink", ["sink"], env, run_dir / "sink.log"))
     if broker_pid is not None:
         services.append(Service("broker", broker_pid))
@@ -585,6 +626,13 @@ def _drive(
         time.sleep(0.2)
     time.sleep(config.settle_s)  # late duplicates
     starts = read_starts(starts_dir)
+    # The status path is not on the firing path (the sink may run behind during a burst and
+    # catch up after it): wait for it, report how long it took, and count its CPU to the end.
+    last_start_s = max((s.start_ms for s in starts), default=time.time() * 1000) / 1000
+    sink_deadline = time.monotonic() + config.timeout_s
+    while (behind := sink_backlog(settings)) != 0 and time.monotonic() < sink_deadline:
+        time.sleep(0.2)
+    status_stored_s = time.time() - last_start_s if behind == 0 else None
     counted = tally(expected, list(reader.fires), starts)
     progress.show(counted.fired_runs, counted.started_jobs, time.monotonic() - began, final=True)
 
@@ -611,6 +659,8 @@ def _drive(
         cpu_s=cpu,
         peak_rss_mib=rss,
         passed=passed,
+        status_stored_s=status_stored_s,
+        status_behind=behind,
         timeline=_timeline(expected, reader.fires, starts),
     )
 
@@ -653,6 +703,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def _service_settings(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    settings = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("JOBWHEEL_"):
+            parser.error(f"--set {item!r}: expected JOBWHEEL_NAME=VALUE")
+        settings[name] = value
+    return settings
+
+
 def report(result: Result) -> str:
     t = result.tally
     c = result.config
@@ -673,6 +733,11 @@ def report(result: Result) -> str:
         + ", ".join(
             f"{role} {_ms(None if v is None else v * 1000) if v is None else f'{v * 1000:.3f}'}"
             for role, v in result.cpu_s_per_job.items()
+        ),
+        (
+            f"status stored: every event {result.status_stored_s:.1f}s after the last start"
+            if result.status_stored_s is not None
+            else f"status stored: the sink was still {result.status_behind} records behind"
         ),
         "peak RSS MiB: "
         + ", ".join(
@@ -755,6 +820,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rate", type=float, default=64_000.0, help="--scan stops here")
     parser.add_argument("--timeout", type=float, default=120.0, help="after the last due time")
     parser.add_argument("--log-level", default="INFO", help="services' JOBWHEEL_LOG_LEVEL")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="JOBWHEEL_NAME=VALUE",
+        help="a setting for every service, e.g. --set JOBWHEEL_STATUS_NICE=0 (repeatable)",
+    )
     args = parser.parse_args(argv)
 
     out = args.out or Path(tempfile.mkdtemp(prefix="jobwheel-e2e-"))
@@ -769,6 +841,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
         timeout_s=args.timeout,
         log_level=args.log_level,
+        service_settings=_service_settings(parser, args.set),
     )
     results: list[Result] = []
     with own_broker(args.bootstrap, out) as (bootstrap, broker_pid):

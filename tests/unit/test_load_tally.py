@@ -3,7 +3,12 @@ lateness and rates from the task's start notes and the runs a worker would see."
 
 from __future__ import annotations
 
-from load.e2e import Fire, Start, parse_starts, percentiles, tally
+import argparse
+
+import pytest
+
+from jobwheel.settings import Settings
+from load.e2e import Fire, Start, _service_settings, parse_starts, percentiles, service_env, tally
 
 
 def test_a_lost_job_and_a_duplicate_execution_are_counted() -> None:
@@ -43,3 +48,16 @@ def test_percentiles_are_nearest_rank() -> None:
     values = list(range(1, 101))
     assert percentiles(values) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
     assert percentiles([7]) == {"p50": 7, "p90": 7, "p99": 7, "max": 7}
+
+
+def test_service_settings_reach_every_service_and_nothing_else_does(tmp_path, monkeypatch) -> None:
+    """``--set`` is how a benchmark compares settings: each service gets them; a JOBWHEEL_*
+    variable of the caller's shell does not leak into the services."""
+    parser = argparse.ArgumentParser()
+    extra = _service_settings(parser, ["JOBWHEEL_SCHEDULER_COMMIT_INTERVAL_MS=50"])
+    monkeypatch.setenv("JOBWHEEL_WORKER_CONCURRENCY", "99")
+    env = service_env(Settings(_env_file=None), tmp_path, "INFO", extra)  # type: ignore[call-arg]
+    assert env["JOBWHEEL_SCHEDULER_COMMIT_INTERVAL_MS"] == "50"
+    assert "JOBWHEEL_WORKER_CONCURRENCY" not in env
+    with pytest.raises(SystemExit):
+        _service_settings(parser, ["COMMIT_INTERVAL=50"])
