@@ -437,9 +437,9 @@ def group_members(admin: Any, group: str) -> int:
     return len(description.members)
 
 
-def sink_backlog(settings: Settings) -> int | None:
-    """Records of the status and acks topics the sink has not committed (stored) yet; None
-    when the broker does not answer."""
+def sink_progress(settings: Settings) -> tuple[int, int] | None:
+    """The status group's committed offsets on the status and acks topics, summed, and the
+    records it has not committed (stored) yet; None when the broker does not answer."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
@@ -449,33 +449,17 @@ def sink_backlog(settings: Settings) -> int | None:
             for topic in (settings.topics.status, settings.topics.acks)
             for p in range(settings.partitions)
         ]
-        behind = 0
+        done = behind = 0
         for tp in consumer.committed(tps, timeout=10):
             _, high = consumer.get_watermark_offsets(tp, timeout=10)
             # The scheduler writes status in transactions: the commit marker after a
             # partition's last record takes an offset no consumer ever commits past.
             marker = 1 if tp.topic == settings.topics.status else 0
+            done += max(tp.offset, 0)
             behind += max(0, high - max(tp.offset, 0) - marker)
-        return behind
+        return done, behind
     except Exception:
         return None
-    finally:
-        consumer.close()
-
-
-def sink_committed(settings: Settings) -> int:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
-    try:
-        tps = [
-            TopicPartition(topic, p)
-            for topic in (settings.topics.status, settings.topics.acks)
-            for p in range(settings.partitions)
-        ]
-        return sum(max(tp.offset, 0) for tp in consumer.committed(tps, timeout=10))
-    except Exception:
-        return 0
     finally:
         consumer.close()
 
@@ -585,7 +569,12 @@ def _drive(
         "a probe job on every partition to run end to end",
         services,
     )
-    wait_for(lambda: sink_committed(settings) > 0, 120, "the sink to store events", services)
+    wait_for(
+        lambda: (sink_progress(settings) or (0, 0))[0] > 0,
+        120,
+        "the sink to store events",
+        services,
+    )
 
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
@@ -630,7 +619,12 @@ def _drive(
     # catch up after it): wait for it, report how long it took, and count its CPU to the end.
     last_start_s = max((s.start_ms for s in starts), default=time.time() * 1000) / 1000
     sink_deadline = time.monotonic() + config.timeout_s
-    while (behind := sink_backlog(settings)) != 0 and time.monotonic() < sink_deadline:
+    behind: int | None = None
+    while time.monotonic() < sink_deadline:
+        progress = sink_progress(settings)
+        behind = None if progress is None else progress[1]
+        if behind == 0:
+            break
         time.sleep(0.2)
     status_stored_s = time.time() - last_start_s if behind == 0 else None
     counted = tally(expected, list(reader.fires), starts)

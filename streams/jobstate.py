@@ -43,6 +43,7 @@ from jobwheel.schemas.models import (
     Now,
     ScheduleJob,
     Trigger,
+    spec_document,
 )
 
 STATE_VERSION = 2
@@ -190,13 +191,6 @@ def peek_timers(data: bytes | None) -> list[tuple[int, int, bytes]]:
 _TRIGGERS: dict[str, type] = {"Now": Now, "At": At, "After": After, "Every": Every, "Cron": Cron}
 
 
-def _trigger_to_dict(trigger: Trigger) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": type(trigger).__name__}
-    for name in trigger.__slots__:  # type: ignore[union-attr]
-        out[name] = getattr(trigger, name)
-    return out
-
-
 def _trigger_from_dict(data: dict[str, Any]) -> Trigger:
     kind = _TRIGGERS[data.pop("type")]
     return kind(**data)  # type: ignore[no-any-return]
@@ -213,21 +207,11 @@ def _header(job: JobRecord) -> bytes:
 
 
 def encode_job(job: JobRecord) -> bytes:
-    spec = job.spec
+    # The spec as the document a SCHEDULED event carries (one definition of its shape).
     body = orjson.dumps(
         {
             "job_id": job.job_id,
-            "spec": {
-                "task": spec.task,
-                "trigger": _trigger_to_dict(spec.trigger),
-                "args_json": spec.args_json,
-                "max_attempts": spec.max_attempts,
-                "timeout_ms": spec.timeout_ms,
-                "visibility_timeout_ms": spec.visibility_timeout_ms,
-                "starting_deadline_ms": spec.starting_deadline_ms,
-                "concurrency_policy": spec.concurrency_policy.value,
-                "idempotency_key": spec.idempotency_key,
-            },
+            "spec": spec_document(job.spec),
             "issued_at_ms": job.issued_at_ms,
             "status": job.status.value,
             "seq": job.seq,

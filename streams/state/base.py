@@ -1,24 +1,23 @@
 """The scheduler's persistence seams: a key-value store and a sorted wheel store, per partition.
 
-Why two small ABCs instead of talking to faust tables directly:
+Why two small ABCs instead of RocksDB calls in the rules:
 
-- **Per partition.** One instance serves exactly ONE partition of a table. Kafka assigns the
-  scheduler partitions, faust keeps one RocksDB database per partition (``<table>-<p>.db``) and
-  writes the changelog to the partition of the event being processed, so a store that spans
-  partitions would scan work this process does not own (or a standby's copy) and could not tell
-  which changelog partition a write belongs to.
-- **Writes go through the faust table, reads may not.** A write must reach the table's changelog
-  topic, or a new owner restoring the partition after a rebalance would not see it; so the
-  production implementation writes with ``table[key] = value`` / ``del table[key]`` inside the
-  stream. faust has no public range scan per partition, but its RocksDB store keeps one
-  ``rocksdict.Rdict`` per partition, so reads (``get``, the time-ordered ``scan``) may go straight
-  to that database. :mod:`jobwheel.streams.state.rocksdb` implements both over a raw ``Rdict``;
-  :mod:`jobwheel.streams.state.memory` is the test double with the same contract.
+- **Per partition.** One instance serves exactly ONE partition: Kafka assigns partitions, each
+  has its own RocksDB database (column families ``jobs``, ``timers``, ``deadlines``, ``meta``)
+  and its own changelog partition, so a store never scans work this process does not own, and
+  a partition moves, restores or becomes a standby copy on its own.
+- **Writes are buffered, then applied after the commit.** The rules read and write through
+  :mod:`jobwheel.streams.state.buffer`; the engine puts each change on the changelog inside the
+  iteration's Kafka transaction and applies the buffer to RocksDB in one write batch only once
+  that transaction committed (an abort discards it). :mod:`jobwheel.streams.state.rocksdb`
+  implements both ABCs over a column family; :mod:`jobwheel.streams.state.memory` is the test
+  double with the same contract.
 - **Raw bytes.** Keys and values are bytes so the on-disk order is the byte order: the wheel's
   keys start with an 8-byte big-endian due time, which makes "everything due by now" one prefix
   range scan on disk, and future jobs cost disk rather than RAM.
 
-Both ABCs are synchronous: RocksDB calls are microseconds and faust agents call them inline.
+Both ABCs are synchronous: RocksDB calls take microseconds and the engine's loop calls them
+inline.
 """
 
 from __future__ import annotations

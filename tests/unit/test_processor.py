@@ -1,4 +1,4 @@
-"""The scheduler's rules, record by record, with time passed in (no broker, no faust)."""
+"""The scheduler's rules, record by record, with time passed in (no broker)."""
 
 from __future__ import annotations
 
