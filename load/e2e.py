@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -46,6 +47,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from jobwheel.schemas.topics import DEFAULT_PARTITIONS
 from jobwheel.settings import Settings
 
 PASS_P99_MS = 2000
@@ -261,7 +263,7 @@ class Config:
     lead_s: float = 5.0
     schedulers: int = 1
     workers: int = 1
-    partitions: int = 4
+    partitions: int = DEFAULT_PARTITIONS
     concurrency: int | None = None
     settle_s: float = 2.0
     timeout_s: float = 120.0
@@ -477,6 +479,28 @@ def wait_for(predicate: Any, timeout_s: float, what: str, services: Sequence[Ser
         time.sleep(0.2)
 
 
+def wait_for_groups(settings: Settings, config: Config, services: Sequence[Service]) -> None:
+    """Every scheduler and worker process in its group (the broker's view). The admin client is
+    destroyed when this returns, while the broker is up: librdkafka's destroy of a client whose
+    broker is gone can wait forever (seen: the generator hung at the end of a run)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.librdkafka())
+    wait_for(
+        lambda a=admin: group_members(a, settings.worker_group) >= config.workers,
+        120,
+        "the workers to join their group",
+        services,
+    )
+    wait_for(
+        lambda a=admin: group_members(a, settings.scheduler_app_id) >= config.schedulers,
+        120,
+        "the schedulers to join their group",
+        services,
+    )
+    del admin
+
+
 def run_once(
     config: Config, bootstrap: str, out_dir: Path, broker_pid: int | None = None
 ) -> Result:
@@ -537,24 +561,10 @@ def _drive(
     starts_dir: Path,
     probe_dir: Path,
 ) -> Result:
-    from confluent_kafka.admin import AdminClient
-
     from jobwheel.producers.client import JobClient, JobSpec
 
     # Ready: every process in its group, a probe per partition run, the sink storing.
-    admin = AdminClient(settings.librdkafka())
-    wait_for(
-        lambda: group_members(admin, settings.worker_group) >= config.workers,
-        120,
-        "the workers to join their group",
-        services,
-    )
-    wait_for(
-        lambda: group_members(admin, settings.scheduler_app_id) >= config.schedulers,
-        120,
-        "the schedulers to join their group",
-        services,
-    )
+    wait_for_groups(settings, config, services)
     probes = jobs_per_partition(settings, "probe")
     with JobClient(settings) as client:
         client.schedule_many(
@@ -621,8 +631,8 @@ def _drive(
     sink_deadline = time.monotonic() + config.timeout_s
     behind: int | None = None
     while time.monotonic() < sink_deadline:
-        progress = sink_progress(settings)
-        behind = None if progress is None else progress[1]
+        sink_now = sink_progress(settings)
+        behind = None if sink_now is None else sink_now[1]
         if behind == 0:
             break
         time.sleep(0.2)
@@ -796,6 +806,7 @@ def own_broker(bootstrap: str | None, work: Path) -> Iterator[tuple[str, int | N
     try:
         yield broker.bootstrap, broker.running_pid()
     finally:
+        gc.collect()  # any client left in a reference cycle is destroyed while the broker is up
         broker.stop()
 
 
@@ -806,7 +817,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lead", type=float, default=5.0, help="first due time after submit (5 s)")
     parser.add_argument("--schedulers", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--partitions", type=int, default=DEFAULT_PARTITIONS, help="(the product's default)"
+    )
     parser.add_argument("--concurrency", type=int, default=None, help="per worker (setting)")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--out", type=Path, help="results directory (default: a temp dir)")
@@ -819,7 +832,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="JOBWHEEL_NAME=VALUE",
-        help="a setting for every service, e.g. --set JOBWHEEL_STATUS_NICE=0 (repeatable)",
+        help="a setting for every service, e.g. --set JOBWHEEL_SCHEDULER_COMMIT_INTERVAL_MS=100 "
+        "(repeatable)",
     )
     args = parser.parse_args(argv)
 
