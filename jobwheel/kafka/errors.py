@@ -9,9 +9,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from jobwheel.errors import BrokerError, DeliveryError
-from jobwheel.logs import librdkafka_logger
+from jobwheel.logs import Throttle, librdkafka_logger
 
 log = logging.getLogger(__name__)
+# Every client's error_cb logs here: while a broker is down, librdkafka reports each reconnect
+# attempt (seen: 20 lines a second from one stopping worker). One line per code per 30 s.
+log.addFilter(Throttle())
 
 
 def kafka_error(exc: BaseException | KafkaError) -> KafkaError | None:
