@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.partitioning import partition_for
-from tests.integration.scheduler_support import log_events, start_scheduler
+from tests.integration.scheduler_support import log_events, start_scheduler, wait_owns_all
 from tests.support import Procs, stop, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -284,15 +284,7 @@ def test_health_names_the_stuck_partition_from_the_schedulers_readiness(
     scheduler = start_scheduler(
         procs, env_s, tmp_path / "stuck", extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "15000"}
     )
-    wait_until(
-        lambda: (
-            len({e["partition"] for e in log_events(scheduler.log_path, "partition ready")})
-            == settings.partitions
-        ),
-        60,
-        0.5,
-        "the scheduler did not get ready",
-    )
+    wait_owns_all(scheduler, settings.partitions)
     wait_until(lambda: is_ready(base), 30, 0.5, "never ready before the job")
     with JobClient(settings) as client:
         job = client.schedule("stuck-job", task="demo.echo", now=True)

@@ -26,6 +26,7 @@ from tests.integration.scheduler_support import (
     now_ms,
     start_scheduler,
     start_worker,
+    wait_owns_all,
 )
 from tests.support import wait_until
 
@@ -211,15 +212,7 @@ def test_health_names_a_partition_that_stopped_committing(settings, jobwheel_env
     scheduler = start_scheduler(
         procs, env, tmp_path / "stuck", extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "8000"}
     )
-    wait_until(
-        lambda: (
-            len({e["partition"] for e in log_events(scheduler.log_path, "partition ready")})
-            == settings.partitions
-        ),
-        60,
-        0.5,
-        "the scheduler did not get ready",
-    )
+    wait_owns_all(scheduler, settings.partitions)
     with JobClient(settings) as client:
         job = client.schedule("stuck-job", task="demo.echo", now=True)
     p = partition_for(job, settings.partitions)
