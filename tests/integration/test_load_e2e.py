@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from load.e2e import Config, report, run_once
+from load.e2e import Config, read_starts, report, run_once
 
 
 def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
@@ -20,6 +20,8 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
         timeout_s=60,
         sabotage_lose=1,  # e2e-0 is expected but never submitted
         sabotage_duplicate=1,  # the first run seen is dispatched again as attempt 2
+        warmup_jobs=30,  # run before the measured jobs and never counted with them
+        warmup_rate=30,
     )
     result = run_once(config, kafka_bootstrap, tmp_path)
     t = result.tally
@@ -33,3 +35,7 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
     assert t["start_lateness_ms"]["max"] is not None
     assert not result.passed  # a lost job fails the run whatever the lateness
     assert set(result.cpu_s_per_job) == {"scheduler", "worker", "sink"}
+    assert (
+        len({s.job_id for s in read_starts(tmp_path / result.config["topic_prefix"] / "warmup")})
+        == 30
+    )
