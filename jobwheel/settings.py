@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     status_group: str = "jobwheel-status"
     status_ttl_days: int = 30
     clickhouse_database: str = "jobwheel"
-    status_batch_size: int = 20_000
+    status_batch_size: int = 50_000
     status_batch_ms: int = 500
     api_host: str = "127.0.0.1"
     api_port: int = 8080

@@ -341,7 +341,7 @@ class StatusSink:
         if self._inflight is not None and self._inflight[1].done():
             self._finish_inflight(consumer, set())  # commit promptly even when no more arrives
         wait_s = 1.0 if self._inflight is None else 0.05
-        if self._batch:
+        if self._batch and self._inflight is None:
             age_ms = (time.monotonic() - self._batch.started) * 1000
             wait_s = min(wait_s, max(0.0, (self.batch_ms - age_ms) / 1000))
         room = max(1, self.batch_size - len(self._batch.rows))
@@ -354,7 +354,13 @@ class StatusSink:
             return
         full = len(self._batch.rows) >= self.batch_size
         due = (time.monotonic() - self._batch.started) * 1000 >= self.batch_ms
-        if full or due:
+        # A batch that is due while the previous insert is still running keeps growing until
+        # that insert returns (or it is full): under load the batches size themselves to the
+        # insert time, and an embedded insert costs much less per row in large batches
+        # (measured: 27 us per row at 5,000 rows, 16 at 20,000, 11 at 60,000). Idle or light,
+        # nothing is in flight and the batch goes at ``batch_ms`` as before.
+        busy = self._inflight is not None and not self._inflight[1].done()
+        if full or (due and not busy):
             self._flush(consumer, wait=False)
 
     def handle(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:

@@ -261,3 +261,50 @@ def test_offsets_are_committed_only_after_a_successful_insert(
     (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
     assert n == len(first) + len(later)
     assert queries.state_counts(store) == {"COMPLETED": 8}
+
+
+def test_a_slow_insert_lets_the_next_batch_grow_instead_of_stalling_the_consumer(
+    settings: Settings, store: StatusStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events that arrive while an insert is running go into one batch, inserted when that
+    insert returns, not into a batch per ``batch_ms`` queued behind it: under load the
+    batches grow to the insert time (an embedded insert costs much less per row in big
+    batches), and everything still arrives once."""
+    insert = store.insert_events
+    release = threading.Event()
+    calls: list[int] = []
+
+    def slow_first_insert(rows: Any, **kwargs: Any) -> int:
+        calls.append(len(rows))
+        if len(calls) == 1:
+            release.wait(30)  # the first insert runs until the test has produced the rest
+        return insert(rows, **kwargs)
+
+    monkeypatch.setattr(store, "insert_events", slow_first_insert)
+    sink = StatusSink(settings, store, batch_size=10_000, batch_ms=50)
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    try:
+        first = lifecycle("grow-0", now_ms())
+        produce(settings, first)
+        wait_until(lambda: len(calls) == 1, 30, message="the first insert never started")
+        later: list[StatusEvent] = []
+        for burst in range(1, 6):  # five bursts, each well past batch_ms after the last
+            events = [e for i in range(3) for e in lifecycle(f"grow-{burst}-{i}", now_ms())]
+            produce(settings, events)
+            later += events
+            read = len(first) + len(later)
+            wait_until(
+                lambda read=read: sink.stats.consumed >= read,
+                30,
+                message="the sink stopped reading while an insert was running",
+            )
+        release.set()
+        wait_until(lambda: committed(settings) == len(first) + len(later), 30, message="commit")
+    finally:
+        release.set()
+        sink.stop()
+        thread.join(30)
+    assert calls == [len(first), len(later)]  # one batch for everything read meanwhile
+    (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
+    assert n == len(first) + len(later)
