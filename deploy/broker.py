@@ -185,10 +185,39 @@ def port_free(port: int, host: str = HOST) -> bool:
     return True
 
 
+#: Where :func:`free_port` looks: above the well-known and common service ports, below
+#: Linux's default ephemeral range (32768-60999).
+FREE_PORT_RANGE = (20_000, 32_767)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux default when unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
 def free_port(host: str = HOST) -> int:
-    """A port the kernel considers free right now (another process may still take it)."""
+    """A port a server could bind right now (another process may still take it), outside the
+    kernel's ephemeral range.
+
+    Why not the kernel's pick (bind to port 0): that comes from the ephemeral range, the same
+    ports outgoing connections use as their source port. While a broker on such a port is
+    stopped, a client retrying ``127.0.0.1:port`` can be given that very port as its source
+    and connect to itself (TCP simultaneous open); the broker then cannot bind its port when
+    it starts again. Random picks from :data:`FREE_PORT_RANGE` (minus the ephemeral range, if
+    the host's overlaps it) avoid that, and processes picking at once rarely collide.
+    """
+    low, high = FREE_PORT_RANGE
+    eph_low, eph_high = ephemeral_ports()
+    candidates = [p for p in range(low, high + 1) if not eph_low <= p <= eph_high]
+    for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
+        if port_free(port, host):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        sock.bind((host, 0))  # the whole range is taken: the kernel's pick is better than none
         return int(sock.getsockname()[1])
 
 
