@@ -161,6 +161,60 @@ def test_a_lagging_scheduler_never_redispatches_a_run_that_succeeded_in_time(
     assert all(len(tail.runs_of(j)) == 1 for j in jobs)
 
 
+def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """The scheduler's fetches are held at the broker for up to 3 s (a large fetch.min.bytes)
+    while visibility timeouts are 1 s: each run's SUCCEEDED is on the acks topic within its
+    deadline, but the scheduler gets it only after the deadline has passed by its own clock,
+    with nothing to read meanwhile. A scheduler that expired deadlines by its clock alone (or
+    took the worker's silence for a crash) would dispatch every run again."""
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    kafka_config = {
+        **settings.kafka_config,
+        "fetch.min.bytes": 50_000_000,
+        "fetch.wait.max.ms": 3000,
+    }
+    start_scheduler(
+        procs,
+        jobwheel_env,
+        tmp_path / "held",
+        extra_env={"JOBWHEEL_KAFKA_CONFIG": json.dumps(kafka_config)},
+    )
+    with JobClient(settings) as client:
+        jobs = client.schedule_many(
+            [
+                JobSpec(
+                    job_id=f"held-{i}",
+                    task="demo.echo",
+                    now=True,
+                    visibility_timeout=timedelta(seconds=1),
+                )
+                for i in range(30)
+            ]
+        )
+    completed = tail.wait(
+        lambda: (
+            set(jobs) <= {e.job_id for e in tail.events(state=State.COMPLETED)}
+            and tail.events(state=State.COMPLETED)
+        ),
+        120,
+        "not every job COMPLETED",
+    )
+    first = {r.job_id: r for r in tail.all_runs() if r.attempt == 1}
+    verdicts = {e.job_id: e for e in tail.events(state=State.SUCCEEDED) if e.job_id in jobs}
+    assert all(verdicts[j].event_time_ms <= first[j].deadline_ms for j in jobs), (
+        "a verdict came after its deadline: the worker, not the scheduler, was slow"
+    )
+    # The scheduler handled (COMPLETED) most verdicts after the run's deadline by its clock.
+    read_late = [
+        e for e in completed if e.job_id in jobs and e.event_time_ms > first[e.job_id].deadline_ms
+    ]
+    assert len(read_late) >= len(jobs) // 2, "the scheduler read the acks in time: no lag"
+    assert [r for r in tail.all_runs() if r.attempt > 1] == []
+    assert all(len(tail.runs_of(j)) == 1 for j in jobs)
+
+
 def test_poison_records_on_requests_and_acks_are_dead_lettered_and_the_partition_works_on(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
