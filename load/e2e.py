@@ -51,6 +51,8 @@ from jobwheel.schemas.topics import DEFAULT_PARTITIONS
 from jobwheel.settings import Settings
 
 PASS_P99_MS = 2000
+#: A warm-up round in which the broker's JIT compiler used less CPU than this ends the warm-up.
+WARM_JIT_S = 0.3
 
 
 # --- the counting (pure) --------------------------------------------------------------------
@@ -287,8 +289,9 @@ class Config:
     settle_s: float = 2.0
     timeout_s: float = 120.0
     #: one-off jobs run through every process before the measured ones (0: none); see warm_up
-    warmup_jobs: int = 20_000
+    warmup_jobs: int = 10_000
     warmup_rate: float = 2_000.0
+    warmup_rounds: int = 8
     log_level: str = "INFO"
     #: JOBWHEEL_* settings given to every service (``--set``)
     service_settings: dict[str, str] = field(default_factory=dict)
@@ -703,46 +706,59 @@ def _drive(
 
 
 def warm_up(config: Config, settings: Settings, services: Sequence[Service], out: Path) -> None:
-    """Run ``config.warmup_jobs`` one-off jobs through every process before measuring.
+    """Run rounds of ``config.warmup_jobs`` one-off jobs through every process before
+    measuring, until the broker's JIT compiler is quiet (or ``config.warmup_rounds``).
 
     Why: a broker the generator has just started compiles its hot paths while the measured
     jobs go through it. Measured by thread on this machine, its C1/C2 compiler threads took
     about half of the broker's CPU in a 30,000-job run on a fresh JVM, on the same two cores
     as the pipeline, which a broker that has been up for minutes (any real one) no longer
-    pays. The services warm up too (RocksDB, the embedded store's first parts, the codecs).
-    The warm-up jobs use other ids and another output directory, so nothing here is counted.
+    pays; one round of 20,000 jobs left more than half of that compiling still to do. The
+    services warm up too (RocksDB, the embedded store's first parts, the codecs). The warm-up
+    jobs use other ids and another output directory, so nothing here is counted.
     """
     from jobwheel.producers.client import JobClient, JobSpec
 
     out.mkdir(parents=True, exist_ok=True)
     n = config.warmup_jobs
-    first_due_ms = int((time.time() + 3) * 1000)
-    specs = [
-        JobSpec(
-            task="load.noop",
-            job_id=f"warmup-{i}",
-            args={"out": str(out)},
-            at=datetime.fromtimestamp(
-                (first_due_ms + int(i * 1000 / config.warmup_rate)) / 1000, UTC
-            ),
+    broker = next((s for s in services if s.role == "broker"), None)
+    for round_ in range(config.warmup_rounds):
+        jit_before = None if broker is None else proc_jit_cpu_s(broker.pid)
+        first_due_ms = int((time.time() + 3) * 1000)
+        specs = [
+            JobSpec(
+                task="load.noop",
+                job_id=f"warmup-{round_}-{i}",
+                args={"out": str(out)},
+                at=datetime.fromtimestamp(
+                    (first_due_ms + int(i * 1000 / config.warmup_rate)) / 1000, UTC
+                ),
+            )
+            for i in range(n)
+        ]
+        with JobClient(settings) as client:
+            client.schedule_many(specs)
+        wait_for(
+            lambda total=n * (round_ + 1): len({s.job_id for s in read_starts(out)}) >= total,
+            3 + n / config.warmup_rate + config.timeout_s,
+            "the warm-up jobs to run",
+            services,
         )
-        for i in range(n)
-    ]
-    print(f"warm-up: {n:,} jobs at {config.warmup_rate:,.0f}/s (not counted)", flush=True)
-    with JobClient(settings) as client:
-        client.schedule_many(specs)
-    wait_for(
-        lambda: len({s.job_id for s in read_starts(out)}) >= n,
-        3 + n / config.warmup_rate + config.timeout_s,
-        "the warm-up jobs to run",
-        services,
-    )
-    wait_for(
-        lambda: (sink_progress(settings) or (0, 1))[1] == 0,
-        config.timeout_s,
-        "the sink to store the warm-up's events",
-        services,
-    )
+        wait_for(
+            lambda: (sink_progress(settings) or (0, 1))[1] == 0,
+            config.timeout_s,
+            "the sink to store the warm-up's events",
+            services,
+        )
+        jit_after = None if broker is None else proc_jit_cpu_s(broker.pid)
+        jit = None if jit_before is None or jit_after is None else jit_after - jit_before
+        print(
+            f"warm-up {round_ + 1}: {n:,} jobs at {config.warmup_rate:,.0f}/s (not counted)"
+            + ("" if jit is None else f", broker JIT compiler CPU {jit:.2f}s"),
+            flush=True,
+        )
+        if jit is None or jit < WARM_JIT_S:
+            break
 
 
 def _timeline(
@@ -912,7 +928,8 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup",
         type=int,
         default=Config.warmup_jobs,
-        help="jobs run through every process before the measured ones, at 2,000/s (20,000; "
+        help="jobs per warm-up round, run through every process at 2,000/s before the "
+        "measured ones, until a round leaves the broker's JIT compiler quiet (10,000; "
         "0: measure from a cold start)",
     )
     parser.add_argument(
