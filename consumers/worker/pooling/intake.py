@@ -53,27 +53,47 @@ class Intake(PoolCore):
         self, *, asynchronous: bool, only: set[int] | None = None, final: bool = False
     ) -> None:
         """Commit watermarks that moved (``final``: every known watermark, synchronously)."""
-        assert self._consumer is not None
+        offsets = self._final_offsets(only) if final else self._moved_offsets(only)
+        self._commit_offsets(offsets, asynchronous=asynchronous)
+
+    def _moved_offsets(self, only: set[int] | None = None) -> dict[int, int]:
+        """Watermarks that moved since they were last committed, of partitions still ours."""
         with self._lock:
             offsets: dict[int, int] = {}
             for p, tracker in self._trackers.items():
-                if only is not None and p not in only:
-                    continue
-                offset = tracker.watermark if final and not tracker.revoked else tracker.to_commit()
-                if offset is not None:
+                offset = tracker.to_commit()
+                if offset is not None and (only is None or p in only):
                     offsets[p] = offset
+            return offsets
+
+    def _final_offsets(self, only: set[int] | None = None) -> dict[int, int]:
+        """Every known watermark of partitions still ours: a final commit repeats those already
+        committed asynchronously, whose outcome was never checked."""
+        with self._lock:
+            offsets: dict[int, int] = {}
+            for p, tracker in self._trackers.items():
+                offset = tracker.watermark if not tracker.revoked else None
+                if offset is not None and (only is None or p in only):
+                    offsets[p] = offset
+            return offsets
+
+    def _commit_offsets(self, offsets: dict[int, int], *, asynchronous: bool) -> bool:
+        """Commit ``partition -> watermark``; False if the client refused (logged). A
+        synchronous commit blocks for as long as the broker is unreachable."""
         if not offsets:
-            return
+            return True
+        assert self._consumer is not None
         try:
             self._consumer.commit(offsets, asynchronous=asynchronous)
         except BrokerError as exc:
             log.warning("offset commit failed", extra={"offsets": offsets, "error": str(exc)})
-            return
+            return False
         with self._lock:
             for p, offset in offsets.items():
                 tracker = self._trackers.get(p)
                 if tracker is not None:
                     tracker.committed(offset)
+        return True
 
     def _poll_step(self, pause: bool) -> list[tuple[OffsetTracker, Record]]:
         """One consumer-thread iteration: flow control, periodic commit, fetch."""
