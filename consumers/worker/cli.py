@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Consume the runs topic as a member of JOBWHEEL_WORKER_GROUP, execute the "
         "tasks registered by the --tasks modules and emit status events. Scale out by "
         "starting more processes. SIGTERM/SIGINT stop gracefully (JOBWHEEL_WORKER_SHUTDOWN_"
-        "GRACE_MS); a second signal hands running runs back at once.",
+        "GRACE_MS), then give the broker 10 s to take the verdicts and offsets (exit 1 if it "
+        "did not: those runs are delivered again); a second signal hands running runs back "
+        "and exits at once.",
     )
     p.add_argument(
         "--tasks",
@@ -84,15 +86,24 @@ def _worker(args: argparse.Namespace) -> int:
         asyncio.run(_serve(pool))
     finally:
         uninstall()
-    if pool.busy_threads:
+    # Verdicts or offsets the broker did not take before the worker gave up (the pool has said
+    # which, in one line): a failure, as the CLI reports one, though nothing is lost (those
+    # runs are delivered again to another worker).
+    code = 1 if pool.left_undone else 0
+    if pool.busy_threads or pool.abandoned:
         # Sync task functions still running cannot be stopped, and the interpreter would wait
-        # for them at exit. Their runs were handed back already, so leave without them.
-        log.warning("exiting with task threads still running", extra={"threads": pool.busy_threads})
+        # for them at exit; their runs were handed back already. A Kafka client call the pool
+        # gave up on (broker unreachable) may block for good, and so would destroying its
+        # client at exit. Leave without them.
+        if pool.busy_threads:
+            log.warning(
+                "exiting with task threads still running", extra={"threads": pool.busy_threads}
+            )
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
-    return 0
+        os._exit(code)
+    return code
 
 
 async def _serve(pool: object) -> None:

@@ -57,16 +57,23 @@ same consumer group.
 
 ``stop()`` (SIGTERM/SIGINT) stops fetching, waits up to the grace period for running runs, then
 hands the rest back with FAILED ``retry_delay_ms=0`` reason "worker shutdown" (the scheduler
-re-dispatches at once instead of waiting out the visibility timeout), commits and closes. A
-second ``stop()`` cuts the grace period short.
+re-dispatches at once instead of waiting out the visibility timeout). Then the broker gets
+``CLOSE_TIMEOUT_S`` (10 s) in total to acknowledge the verdicts, take the final commit and let
+the worker leave the group; with the broker unreachable librdkafka would block those for as long
+as it is down, so the worker gives up, logs one line saying what the broker did not get, and
+exits (``left_undone``: the CLI exits 1). The rule above still holds: whatever was not committed
+is delivered again to another worker. A second ``stop()`` cuts the grace period short and the
+wait for the broker to ``HURRIED_CLOSE_S`` (1 s).
 """
 
 from __future__ import annotations
 
 from jobwheel.consumers.worker.pooling.core import (
+    CLOSE_TIMEOUT_S,
     FETCH_BATCH,
     FULL_WAIT_S,
     HAND_BACK_TIMEOUT_S,
+    HURRIED_CLOSE_S,
     LAG_SAMPLE_S,
     POLL_TIMEOUT_S,
     SWEEP_INTERVAL_S,
@@ -77,9 +84,11 @@ from jobwheel.consumers.worker.pooling.intake import Intake
 from jobwheel.consumers.worker.pooling.verdicts import Verdicts
 
 __all__ = [
+    "CLOSE_TIMEOUT_S",
     "FETCH_BATCH",
     "FULL_WAIT_S",
     "HAND_BACK_TIMEOUT_S",
+    "HURRIED_CLOSE_S",
     "LAG_SAMPLE_S",
     "POLL_TIMEOUT_S",
     "SWEEP_INTERVAL_S",

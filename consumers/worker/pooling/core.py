@@ -41,6 +41,25 @@ FETCH_BATCH = 500
 SWEEP_INTERVAL_S = 0.05
 FULL_WAIT_S = 1.0
 HAND_BACK_TIMEOUT_S = 10.0
+#: Once the runs are done (finished, or handed back after the grace period), the time the
+#: worker gives the broker, in total, to acknowledge its verdicts, take its final offset commit
+#: and let it leave the group. Not the grace period (``JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS``):
+#: that is for task code, and an orchestrator's kill deadline is set just above it (Kubernetes:
+#: 30 s for a 25 s grace), so waiting as long again for a broker would end in SIGKILL, which
+#: loses the line that says what was left undone. A reachable broker needs milliseconds for all
+#: three; an unreachable one never answers (librdkafka retries the commit and the leave for as
+#: long as it is down), so a longer wait buys nothing. 10 s is what the pool already gave the
+#: verdicts before this budget existed, enough for a leader election to finish.
+CLOSE_TIMEOUT_S = 10.0
+#: After a second :meth:`PoolCore.stop`: what is left of that budget, at most (the hand-back
+#: verdicts and the commit still go out to a reachable broker; an unreachable one is not waited
+#: for).
+HURRIED_CLOSE_S = 1.0
+#: The part of either budget the verdicts may take: one that is never acknowledged must not
+#: cost the final commit of every run acknowledged before it.
+_VERDICTS_SHARE = 0.5
+#: The verdict flush waits in slices this long, so a second stop() is heard.
+_FLUSH_SLICE_S = 0.1
 #: How often the consumer thread samples its partitions' lag for the metrics.
 LAG_SAMPLE_S = 0.5
 _MAX_REDELIVERY_DELAY_S = 5.0
@@ -151,6 +170,18 @@ class PoolCore:
         self._room = asyncio.Event()  # set: the backlog has drained to half its high water
         self._draining = False
         self._closing = False
+        # Verdicts sent and not acknowledged yet (added on the loop, removed by the delivery
+        # thread: set.add and set.discard are atomic), counted when the worker gives up.
+        self._unacked: set[_Execution] = set()
+        self._close_from: float | None = None  # monotonic: when the runs were done
+        self._hurried_at: float | None = None  # monotonic: the second stop()
+        #: Set by :meth:`run` on the way out: verdicts or offsets were left for the next
+        #: worker (the broker did not take them in time), so the process should exit non-zero.
+        self.left_undone = False
+        #: Set by :meth:`run` on the way out: a Kafka client call was still blocked when the
+        #: worker gave up on it (in a daemon thread); exit without the interpreter's teardown,
+        #: which could wait for it or destroy its client under it.
+        self.abandoned = False
         self._sweeper: asyncio.TimerHandle | None = None
         self._consumer: RunsConsumer | None = None
         self._producer: StatusProducer | None = None
@@ -165,8 +196,10 @@ class PoolCore:
         self._lag_at = 0.0
 
     def stop(self) -> None:
-        """Graceful stop; a second call skips the rest of the grace period. Loop thread only."""
-        if self._stop_requested.is_set():
+        """Graceful stop; a second call skips the rest of the grace period and of the wait for
+        the broker (at most :data:`HURRIED_CLOSE_S` more). Loop thread only."""
+        if self._stop_requested.is_set() and self._hurried_at is None:
+            self._hurried_at = time.monotonic()
             self._hurry.set()
         self._stop_requested.set()
 
@@ -226,9 +259,7 @@ class PoolCore:
             stop.cancel()
             if self._sweeper is not None:
                 self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, BrokerError):
-                await fetch
-            await self._close()
+            await self._close(fetch)
         if fatal is not None:
             raise fatal
 
@@ -286,31 +317,170 @@ class PoolCore:
             _done, still = await asyncio.wait(tasks, timeout=HAND_BACK_TIMEOUT_S)
             for task in still:
                 task.cancel()
-        # Wait for the verdicts' acknowledgements, which complete the offsets committed last.
-        if self._producer is not None:
-            producer = self._producer
-            await asyncio.get_running_loop().run_in_executor(
-                None, producer.flush, HAND_BACK_TIMEOUT_S
-            )
+        # The runs are done; what is left needs the broker, which gets CLOSE_TIMEOUT_S. The
+        # fetch loop keeps polling meanwhile (the group membership stays alive, and offsets the
+        # acknowledgements complete are committed as usual).
+        self._close_from = time.monotonic()
+        await self._flush_verdicts()
         self._reap()
 
-    async def _close(self) -> None:
-        if self._consumer is not None:
-            consumer = self._consumer
-            with contextlib.suppress(Exception):
-                await self._in_consumer_thread(
-                    functools.partial(self._commit, asynchronous=False, final=True)
+    def _close_deadline(self, share: float = 1.0) -> float:
+        """When (that ``share`` of) the wait for the broker ends: :data:`CLOSE_TIMEOUT_S` after
+        the runs were done, or :data:`HURRIED_CLOSE_S` after a second stop() (counted from when
+        the wait began if that signal came during the grace period, so the hand-backs still go
+        out to a reachable broker)."""
+        start = self._close_from if self._close_from is not None else time.monotonic()
+        deadline = start + CLOSE_TIMEOUT_S * share
+        if self._hurried_at is not None:
+            deadline = min(deadline, max(start, self._hurried_at) + HURRIED_CLOSE_S * share)
+        return deadline
+
+    async def _until_deadline(self, fut: asyncio.Future[Any]) -> bool:
+        """Wait for ``fut`` until the close deadline (which a second stop() brings forward);
+        True if it is done. ``fut`` is left running either way."""
+        while not fut.done():
+            left = self._close_deadline() - time.monotonic()
+            if left <= 0:
+                return False
+            waiters: set[asyncio.Future[Any]] = {fut}
+            hurry = None if self._hurry.is_set() else asyncio.ensure_future(self._hurry.wait())
+            if hurry is not None:
+                waiters.add(hurry)
+            await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if hurry is not None:
+                hurry.cancel()
+        return True
+
+    async def _flush_verdicts(self) -> None:
+        """Wait for the verdicts' acknowledgements, which complete the offsets committed last,
+        for their share of the close budget. In short slices: librdkafka's flush cannot be
+        interrupted, and a second stop() must not wait for it."""
+        producer = self._producer
+        if producer is None:
+            return
+        loop = asyncio.get_running_loop()
+        while self._unacked:
+            left = self._close_deadline(_VERDICTS_SHARE) - time.monotonic()
+            if left <= 0:
+                return
+            queued = await loop.run_in_executor(None, producer.flush, min(_FLUSH_SLICE_S, left))
+            if not queued and self._unacked:  # a verdict waits for its retry timer
+                await asyncio.sleep(min(_FLUSH_SLICE_S, max(0.0, left)))
+
+    async def _close(self, fetch: asyncio.Task[None]) -> None:
+        """Commit the final watermarks, leave the group, close the producer, in the time left
+        of the close budget; then say in one line what the broker did not get.
+
+        The commit and the leave run in a daemon thread that is abandoned if the broker does not
+        answer in time: with the broker unreachable, librdkafka blocks a synchronous commit, and
+        ``Consumer.close()`` (the revoke callback's commit, then leaving the group, under the
+        classic or the KIP-848 protocol) for as long as it is down. Nothing more is committed
+        than what was done and acknowledged, so whatever is not committed is delivered again to
+        the partition's next owner (at-least-once)."""
+        if self._close_from is None:  # the shutdown failed before the runs were done
+            self._close_from = time.monotonic()
+        # The consumer thread is free once the fetch loop has returned (its poll is short, but
+        # a rebalance's commit inside it is not): only then may another thread use the consumer.
+        fetched = await self._until_deadline(fetch)
+        if fetched:
+            with contextlib.suppress(asyncio.CancelledError, BrokerError):
+                fetch.result()  # a fatal error was taken before the shutdown; later ones end here
+        # Runs done since the last commit, which the next owner runs again unless the final
+        # commit gets through. (It also repeats the watermarks committed asynchronously before,
+        # unconfirmed; failing that loses nothing, so only these are reported.)
+        moved = self._moved_offsets()
+        committed = False
+        left_group = self._consumer is None
+        abandoned = not fetched
+        if self._consumer is not None and fetched:
+            leave = asyncio.wrap_future(
+                _in_daemon_thread(
+                    functools.partial(self._leave, self._consumer, self._final_offsets()),
+                    "jobwheel-consumer-close",
                 )
-            with contextlib.suppress(Exception):
-                await self._in_consumer_thread(consumer.close)
+            )
+            if await self._until_deadline(leave):
+                try:
+                    committed = leave.result()
+                    left_group = True
+                except Exception as exc:  # a client error closing: the group is not left
+                    log.warning("closing the runs consumer failed", extra={"error": str(exc)})
+            else:
+                abandoned = True
+        remaining = 0
         if self._producer is not None:
             producer = self._producer
-            remaining = await asyncio.get_running_loop().run_in_executor(None, producer.close, 5.0)
-            if remaining:
-                log.warning("status events not delivered at exit", extra={"count": remaining})
-        self._kafka_thread.shutdown(wait=True)
+            left = max(0.0, self._close_deadline() - time.monotonic())
+            remaining = await asyncio.get_running_loop().run_in_executor(None, producer.close, left)
+        self._reap()
+        uncommitted = {} if committed else moved
+        self.abandoned = abandoned
+        self.left_undone = bool(self._unacked) or bool(uncommitted)
+        if self.left_undone or remaining or not left_group:
+            self._report_undone(uncommitted, remaining, left_group)
+        self._kafka_thread.shutdown(wait=fetched)
         self._task_threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped", extra={"worker": self.worker_id})
+
+    def _leave(self, consumer: RunsConsumer, offsets: dict[int, int]) -> bool:
+        """The close thread: commit ``offsets`` synchronously, then leave the group. True if
+        the commit went through (or there was nothing to commit)."""
+        committed = self._commit_offsets(offsets, asynchronous=False) if offsets else True
+        consumer.close()
+        return committed
+
+    def _report_undone(self, uncommitted: dict[int, int], events: int, left_group: bool) -> None:
+        """The one line about what the broker did not get before the worker gave up."""
+        verdicts = len(self._unacked)
+        undone = []
+        if verdicts:
+            undone.append(f"deliver {verdicts} verdict{'s' if verdicts != 1 else ''}")
+        if uncommitted:
+            undone.append(f"commit the offsets of partitions {sorted(uncommitted)}")
+        if not left_group:
+            undone.append("leave the group")
+        if not undone:
+            undone.append(f"deliver {events} status event{'s' if events != 1 else ''}")
+        what = undone[-1] if len(undone) == 1 else f"{', '.join(undone[:-1])} or {undone[-1]}"
+        why = (
+            "a second stop signal cut the wait for the broker short"
+            if self._hurried_at is not None
+            else f"broker unreachable (no answer within {CLOSE_TIMEOUT_S:g} s)"
+        )
+        if verdicts or uncommitted:
+            then = "those runs will be delivered again to another worker"
+        elif not left_group:
+            then = "its partitions move to other workers when its session times out"
+        else:
+            then = "only progress events (STARTED, HEARTBEAT) are lost"
+        log.log(
+            logging.ERROR if self.left_undone else logging.WARNING,
+            "could not hand work over to the broker before exiting",
+            extra={
+                "worker": self.worker_id,
+                "detail": f"could not {what}: {why}; {then}",
+                "undelivered_verdicts": verdicts,
+                "undelivered_events": events,
+                "uncommitted_offsets": uncommitted,
+                "left_group": left_group,
+                "reason": why,
+            },
+        )
+
+
+def _in_daemon_thread(fn: Callable[[], T], name: str) -> concurrent.futures.Future[T]:
+    """``fn()`` in a new daemon thread, its outcome in the future returned. For a client call
+    that may block forever: a thread of an executor would hold up the interpreter's exit."""
+    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:
+            fut.set_exception(exc)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return fut
 
 
 def _task_error(task: asyncio.Task[Any]) -> BaseException | None:

@@ -21,6 +21,7 @@ from jobwheel.schemas.topics import DISPATCHED_HEADER, STATE_HEADER
 class Verdicts(PoolCore):
     def _send_verdict(self, ex: _Execution, record: _AckRecord) -> None:
         assert self._producer is not None
+        self._unacked.add(ex)
         try:
             queued = self._producer.produce(
                 *record, on_delivery=functools.partial(self._verdict_delivered, ex, record)
@@ -43,6 +44,7 @@ class Verdicts(PoolCore):
                 ex.acked = True
                 for tracker, offset in ex.offsets:
                     tracker.mark_done(offset)
+            self._unacked.discard(ex)
             self._acked.append(ex)
             return
         log.warning(
