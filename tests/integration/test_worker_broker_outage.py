@@ -1,0 +1,169 @@
+"""A worker told to stop while its broker is unreachable still exits: within its grace period
+and a bounded wait for the broker (at once on a second signal), saying in one line what the
+broker did not get, and losing nothing: a run it finished but could not acknowledge runs again
+on the next worker once the broker is back.
+
+Without a bound the worker hung for good in its final synchronous offset commit (and then in
+``Consumer.close()``), which librdkafka retries for as long as the broker is down.
+
+The broker is the test's own (the ``own_broker`` fixture of
+``tests/integration/test_scheduler_outage.py``), not the session's shared one: the tests stop
+it. Overriding ``kafka_bootstrap`` points the usual ``settings`` / ``jobwheel_env`` fixtures
+at it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobwheel.deploy.broker import LocalBroker
+from jobwheel.schemas.models import Run, State
+from jobwheel.schemas.partitioning import partition_for
+from tests.integration import test_scheduler_outage
+from tests.integration.scheduler_support import log_events
+from tests.integration.test_worker import (
+    StatusTail,
+    committed_offsets,
+    make_run,
+    produce_runs,
+    start_worker,
+)
+from tests.support import file_lines, log_tail, scaled, wait_for_log, wait_until
+
+GRACE_MS = 2_000
+#: The grace, the worker's wait for the broker (10 s) and a margin for a loaded machine.
+EXIT_WITHIN_S = GRACE_MS / 1000 + 15
+#: After a second SIGTERM: the worker waits at most 1 s more for the broker.
+SECOND_SIGNAL_EXIT_WITHIN_S = 6
+GAVE_UP = "could not hand work over to the broker before exiting"
+
+#: A broker of the test's own, stopped and started again by the test.
+own_broker = test_scheduler_outage.own_broker
+
+
+@pytest.fixture
+def kafka_bootstrap(own_broker: LocalBroker) -> str:
+    return own_broker.bootstrap
+
+
+def run_one(settings: Any, tail: StatusTail, quick: Run) -> None:
+    """Wait until the worker has run ``quick`` and committed its offset: from then on it has
+    something to commit at the end (the final commit repeats every watermark)."""
+    tail.wait_for(quick.run_id, State.SUCCEEDED)
+    partition = partition_for(quick.job_id, settings.partitions)
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, 0) >= 1,
+        30,
+        interval_s=0.3,
+        message="the quick run's offset was not committed",
+    )
+
+
+def wait_exit(proc: subprocess.Popen[bytes], within_s: float, log_path: Path) -> int:
+    try:
+        return proc.wait(scaled(within_s))
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"the worker did not exit within {scaled(within_s):.0f}s of SIGTERM with the broker "
+            f"down:\n{log_tail(log_path)}"
+        )
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_while_the_broker_is_down_exits_and_the_unacknowledged_run_runs_again(
+    own_broker: LocalBroker,
+    settings: Any,
+    jobwheel_env: dict[str, str],
+    procs: Any,
+    tmp_path: Path,
+) -> None:
+    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
+    quick = make_run(settings, "demo.echo", {"n": 1})
+    held = make_run(
+        settings,
+        "test.gate",
+        {"gate": str(gate), "started": str(started), "finished": str(finished)},
+    )
+    produce_runs(settings, [quick, held])
+    # JSON lines (the one line is read as an event). Static membership, as a StatefulSet runs
+    # workers: the session outlasts the test's outage, so the worker still owns its partitions
+    # (and has offsets to commit) when it is stopped, and the next worker of the same slot
+    # takes them over as soon as the broker is back instead of waiting the session out.
+    kafka_config = {"group.instance.id": "worker-0", "session.timeout.ms": 45_000}
+    env = {
+        **jobwheel_env,
+        "JOBWHEEL_LOG_FORMAT": "json",
+        "JOBWHEEL_KAFKA_CONFIG": json.dumps(kafka_config),
+    }
+    first_log = tmp_path / "first.log"
+    first = start_worker(procs, env, first_log, worker_shutdown_grace_ms=str(GRACE_MS))
+    tail = StatusTail(settings)
+    try:
+        run_one(settings, tail, quick)
+        wait_until(lambda: file_lines(started), 30, message="the held run did not start")
+
+        own_broker.stop()
+        gate.touch()  # the run finishes while its verdict cannot reach the broker
+        wait_until(lambda: file_lines(finished), 30, message="the held run did not finish")
+        os.killpg(first.pid, signal.SIGTERM)
+        code = wait_exit(first, EXIT_WITHIN_S, first_log)
+        assert code == 1, log_tail(first_log)  # a verdict was left undelivered
+        # One line: the verdict it could not deliver, the group it could not leave (its final
+        # commit blocked). The quick run's offset was committed before: nothing to report.
+        (gave_up,) = log_events(first_log, GAVE_UP)
+        assert gave_up["level"] == "error"
+        assert gave_up["undelivered_verdicts"] == 1
+        assert gave_up["uncommitted_offsets"] == {}
+        assert gave_up["left_group"] is False
+        assert gave_up["reason"].startswith("broker unreachable"), gave_up
+        assert "delivered again to another worker" in gave_up["detail"], gave_up
+
+        own_broker.start()
+        second = start_worker(procs, env, tmp_path / "second.log")
+        done = tail.wait_for(held.run_id, State.SUCCEEDED, timeout_s=60)[0]
+        assert done.worker.endswith(f":{second.pid}"), "the first worker's verdict arrived"
+        assert file_lines(started) == [f"{held.run_id}:1", f"{held.run_id}:1"]
+    finally:
+        tail.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_second_sigterm_exits_at_once_while_the_broker_is_down(
+    own_broker: LocalBroker,
+    settings: Any,
+    jobwheel_env: dict[str, str],
+    procs: Any,
+    tmp_path: Path,
+) -> None:
+    """Nothing in flight ("running 0"): the worker only has its final commit and the leave
+    left, both blocked with the broker gone. A second SIGTERM ends the wait; nothing was left
+    undelivered, so the exit is clean."""
+    quick = make_run(settings, "demo.echo", {"n": 1})
+    produce_runs(settings, [quick])
+    env = {**jobwheel_env, "JOBWHEEL_LOG_FORMAT": "json"}
+    log_path = tmp_path / "worker.log"
+    worker = start_worker(procs, env, log_path)
+    tail = StatusTail(settings)
+    try:
+        run_one(settings, tail, quick)
+    finally:
+        tail.close()
+
+    own_broker.stop()
+    os.killpg(worker.pid, signal.SIGTERM)
+    wait_for_log(log_path, '"worker stopping"', 30, proc=worker)
+    os.killpg(worker.pid, signal.SIGTERM)
+    code = wait_exit(worker, SECOND_SIGNAL_EXIT_WITHIN_S, log_path)
+    assert code == 0, log_tail(log_path)
+    (gave_up,) = log_events(log_path, GAVE_UP)
+    assert gave_up["level"] == "warning"
+    assert (gave_up["undelivered_verdicts"], gave_up["uncommitted_offsets"]) == (0, {})
+    assert gave_up["left_group"] is False
+    assert gave_up["reason"].startswith("a second stop signal"), gave_up
