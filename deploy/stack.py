@@ -112,9 +112,10 @@ class Service:
 
 
 def _worker_grace(settings: Settings) -> float:
-    # Its own grace for runs in flight, then handing them back, committing and leaving the
-    # group (the worker gives hand-backs up to 10 s; a margin on top).
-    return settings.worker_shutdown_grace_ms / 1000 + 15.0
+    # Its own grace for runs in flight, then handing them back (up to 10 s), then its verdicts,
+    # final commit and leaving the group (up to 10 s more, after which it says what the broker
+    # did not get and exits); a margin on top, so the worker's own line is never cut by a kill.
+    return settings.worker_shutdown_grace_ms / 1000 + 25.0
 
 
 def _scheduler_grace(settings: Settings) -> float:
