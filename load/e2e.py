@@ -172,18 +172,23 @@ def _rate(times_ms: Sequence[float]) -> float | None:
 # --- processes ----------------------------------------------------------------------------
 
 
+def _stat_cpu_s(stat: str) -> float:
+    """User + system CPU seconds from the text of a /proc ``stat`` file (process or thread)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of ``pid`` so far (/proc), None when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_jit_cpu_s(pid: int) -> float | None:
     """CPU seconds of the JVM ``pid``'s JIT compiler threads (C1, C2) so far; None when gone."""
-    total = 0
+    total = 0.0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -193,11 +198,9 @@ def proc_jit_cpu_s(pid: int) -> float | None:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if "CompilerThre" in name:
-            fields = stat.rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
+            total += _stat_cpu_s(stat)
+    return total
 
 
 def proc_peak_rss_mib(pid: int) -> float | None:
