@@ -65,7 +65,8 @@ Model = JobCommand | Run | StatusEvent
 class _Writer:
     version: SchemaVersion
     to_avro: Callable[[Any], dict[str, Any]]
-    flat: FlatRecord | None = None  # the fast path when the model's fields are the schema's
+    #: The fast path when the model's fields are the schema's: ``write(value, header)``.
+    write: Callable[[Any, bytes], bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,16 @@ class _Reader:
     label: str
     full_name: str = ""
     flat: FlatRecord | None = None  # the fast path for a flat writer schema (Run, StatusEvent)
+    make: Callable[[list[Any]], Any] | None = None  # the fast path's values -> model
 
 
-def _flat_writer(version: SchemaVersion, model: type) -> FlatRecord | None:
+def _flat_writer(version: SchemaVersion, model: type) -> Callable[[Any, bytes], bytes] | None:
     """A fast writer when every schema field is a model attribute of the same name."""
     flat = FlatRecord.compile(version.parsed)
     if flat is None or not dataclasses.is_dataclass(model):
         return None
     attributes = {f.name for f in dataclasses.fields(model)}
-    return flat if set(flat.names) <= attributes else None
+    return flat.writer() if set(flat.names) <= attributes else None
 
 
 def _flat_reader(writer: dict[str, Any], current: SchemaVersion, model: type) -> FlatRecord | None:
@@ -150,13 +152,15 @@ class Codec:
         current = self._current[full_name]
         same = to_parsing_canonical_form(writer) == current.canonical
         kind = KINDS[full_name]
+        flat = _flat_reader(writer, current, kind.model)
         return _Reader(
             writer=writer,
             reader=None if same else current.parsed,
             from_avro=kind.from_avro,
             label=label,
             full_name=full_name,
-            flat=_flat_reader(writer, current, kind.model),
+            flat=flat,
+            make=None if flat is None or kind.from_values is None else kind.from_values(flat.names),
         )
 
     # encode ----------------------------------------------------------------------------
@@ -170,14 +174,11 @@ class Codec:
                 f"cannot encode {type(value).__name__}; expected JobCommand/Run/StatusEvent",
             )
         header = self._headers.get(type(value)) or self._registry_header(type(value), writer)
-        if writer.flat is not None:
-            fast = bytearray(header)
+        if writer.write is not None:
             try:
-                writer.flat.encode([getattr(value, name) for name in writer.flat.names], fast)
+                return writer.write(value, header)
             except FlatError:
                 pass  # fastavro decides: it encodes the value or says what is wrong with it
-            else:
-                return bytes(fast)
         out = io.BytesIO()
         out.write(header)
         try:
@@ -242,11 +243,10 @@ class Codec:
                 "c301 (Avro single-object) or 00 (Confluent wire format)",
                 raw=data,
             )
-        if reader.flat is not None:
+        if reader.make is not None:
             try:
-                values = reader.flat.decode(data, start)
-                return reader.from_avro(dict(zip(reader.flat.names, values, strict=True)))
-            except (FlatError, ValueError, TypeError):
+                return reader.make(reader.flat.decode(data, start))  # type: ignore[union-attr]
+            except (FlatError, ValueError, TypeError, KeyError):
                 pass  # fastavro decides, with its own error message
         body = io.BytesIO(data)
         body.seek(start)

@@ -2,10 +2,12 @@
 per-message calls.
 
 ``Run`` and ``StatusEvent`` are flat: every field is a string, int, long, boolean, enum or a
-``["null", T]`` union of those. Workers encode and decode one of them per run and the status sink
-decodes five per job, and at those rates fastavro's per-call set-up (a stream object, schema
-lookups, a dict per record) costs more than the encoding itself. :class:`FlatRecord` is compiled
-once from a parsed schema and reads or writes a list of field values directly.
+``["null", T]`` union of those. The scheduler encodes four of them per job and decodes one,
+workers decode and encode one per run, and the status sink decodes five per job; at those rates
+fastavro's per-call set-up (a stream object, schema lookups, a dict per record) costs more than
+the encoding itself. :meth:`FlatRecord.compile` turns a parsed schema into Python source with one
+straight block per field (no loop over the fields, no dispatch on their kinds), compiled once;
+the writer reads the model's attributes directly.
 
 It is a fast path, not a second codec: :class:`jobwheel.schemas.codec.Codec` uses it only for
 values and bytes it handles exactly, and falls back to fastavro for anything else (a value of the
@@ -17,7 +19,7 @@ and random bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # Field kinds. A union with null adds _NULLABLE; the value's own kind is the low bits.
@@ -27,8 +29,10 @@ _NULLABLE = 8
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
-_LONG_RANGE = (_LONG_MIN, _LONG_MAX)
 _PRIMITIVES = {"string": _STRING, "long": _LONG, "int": _INT, "boolean": _BOOL, "null": _NULL}
+
+#: The varint bytes of every value below 2**14 (lengths, counters, enum indexes, small ints).
+_SMALL = tuple(bytes([n]) if n < 0x80 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(16384))
 
 
 class FlatError(ValueError):
@@ -54,10 +58,187 @@ def _kind(schema: Any) -> tuple[int, tuple[str, ...] | None] | None:
     return None
 
 
-class FlatRecord:
-    """Reader and writer of one flat record schema; build with :meth:`compile`."""
+def _varint(n: int) -> bytes:
+    """The varint of a non-negative ``n`` (the zigzag of a value), unrolled for the sizes of
+    millisecond timestamps."""
+    if n < 16384:
+        return _SMALL[n]
+    if n < 1 << 21:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
+    if n < 1 << 28:
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14 & 0x7F | 0x80, n >> 21))
+    if n < 1 << 42:  # every millisecond timestamp of this millennium: 6 bytes
+        if n < 1 << 35:
+            return bytes(
+                (
+                    n & 0x7F | 0x80,
+                    n >> 7 & 0x7F | 0x80,
+                    n >> 14 & 0x7F | 0x80,
+                    n >> 21 & 0x7F | 0x80,
+                    n >> 28,
+                )
+            )
+        return bytes(
+            (
+                n & 0x7F | 0x80,
+                n >> 7 & 0x7F | 0x80,
+                n >> 14 & 0x7F | 0x80,
+                n >> 21 & 0x7F | 0x80,
+                n >> 28 & 0x7F | 0x80,
+                n >> 35,
+            )
+        )
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
-    __slots__ = ("names", "_kinds", "_symbols", "_index", "_fields")
+
+def _read_varint(data: bytes, pos: int, b: int, kind: int) -> tuple[int, int]:
+    """The rest of a varint whose first byte ``b`` (>= 0x80) was read before ``pos``: its
+    zigzag-decoded value and the position after it, range-checked for ints and longs."""
+    n = b & 0x7F
+    shift = 7
+    while True:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise FlatError("varint longer than 10 bytes")
+    n = (n >> 1) ^ -(n & 1)
+    if shift >= 28 and kind != _STRING:  # only long varints can overflow
+        low, high = (_INT_MIN, _INT_MAX) if kind != _LONG else (_LONG_MIN, _LONG_MAX)
+        if n < low or n > high:
+            raise FlatError("integer out of range")
+    return n, pos
+
+
+def _encoder_source(name: str, accessors: Sequence[str], kinds: Sequence[int]) -> list[str]:
+    """Python source of an encoder: ``accessors[i]`` is the expression of field ``i``'s value."""
+    lines = [f"def {name}(o, head):", "    p = [head]", "    a = p.append"]
+    for i, (get, kind) in enumerate(zip(accessors, kinds, strict=True)):
+        ind = "    "
+        lines.append(f"    x = {get}")
+        if kind & _NULLABLE:
+            lines += [
+                "    if x is None:",
+                "        a(b'\\x00')",
+                "    else:",
+                "        a(b'\\x02')",
+            ]
+            ind = "        "
+            kind &= 7
+        if kind == _STRING:
+            lines += [
+                f"{ind}if type(x) is not str: raise FlatError(NAMES[{i}] + ': not a str')",
+                f"{ind}s = x.encode('utf-8')",
+                f"{ind}n = len(s) << 1",
+                f"{ind}a(SMALL[n] if n < 16384 else varint(n))",
+                f"{ind}a(s)",
+            ]
+        elif kind in (_LONG, _INT):
+            low, high = (_LONG_MIN, _LONG_MAX) if kind == _LONG else (_INT_MIN, _INT_MAX)
+            lines += [
+                f"{ind}if type(x) is not int or x < {low} or x > {high}:",
+                f"{ind}    raise FlatError(NAMES[{i}] + ': not an int in range')",
+                f"{ind}n = (x << 1) ^ (x >> 63)",
+                f"{ind}a(SMALL[n] if n < 16384 else varint(n))",
+            ]
+        elif kind == _ENUM:  # a str (or a StrEnum member, which hashes as its value)
+            lines += [
+                f"{ind}b = INDEX[{i}].get(x) if isinstance(x, str) else None",
+                f"{ind}if b is None: raise FlatError(NAMES[{i}] + ': not a symbol')",
+                f"{ind}a(b)",
+            ]
+        elif kind == _BOOL:
+            lines += [
+                f"{ind}if type(x) is not bool: raise FlatError(NAMES[{i}] + ': not a bool')",
+                f"{ind}a(b'\\x01' if x else b'\\x00')",
+            ]
+        else:  # null
+            lines.append(f"{ind}if x is not None: raise FlatError(NAMES[{i}] + ': not None')")
+    lines.append("    return b''.join(p)")
+    return lines
+
+
+def _decoder_source(kinds: Sequence[int], symbols: Sequence[Any]) -> list[str]:
+    lines = ["def decode(data, pos=0):", "    size = len(data)", "    try:"]
+    for i, kind in enumerate(kinds):
+        ind = "        "
+        if kind & _NULLABLE:
+            lines += [
+                f"{ind}b = data[pos]",
+                f"{ind}pos += 1",
+                f"{ind}if b == 0:",
+                f"{ind}    f{i} = None",
+                f"{ind}elif b != 2:",  # zigzag 1: the second branch
+                f"{ind}    raise FlatError('union branch byte ' + str(b))",
+                f"{ind}else:",
+            ]
+            ind += "    "
+            kind &= 7
+        if kind <= _ENUM:  # string, long, int, enum: a zigzag varint first
+            lines += [
+                f"{ind}b = data[pos]",
+                f"{ind}pos += 1",
+                f"{ind}if b < 0x80:",
+                f"{ind}    n = (b >> 1) ^ -(b & 1)",
+                f"{ind}else:",
+                f"{ind}    n, pos = read_varint(data, pos, b, {kind})",
+            ]
+            if kind == _STRING:
+                lines += [
+                    f"{ind}if n < 0: raise FlatError('negative string length')",
+                    f"{ind}end = pos + n",
+                    f"{ind}if end > size: raise FlatError('string past the end')",
+                    f"{ind}f{i} = data[pos:end].decode('utf-8')",
+                    f"{ind}pos = end",
+                ]
+            elif kind == _ENUM:
+                count = len(symbols[i])
+                lines += [
+                    f"{ind}if n < 0 or n >= {count}: raise FlatError('enum index ' + str(n))",
+                    f"{ind}f{i} = SYMBOLS[{i}][n]",
+                ]
+            else:
+                lines.append(f"{ind}f{i} = n")
+        elif kind == _BOOL:
+            lines += [
+                f"{ind}b = data[pos]",
+                f"{ind}pos += 1",
+                f"{ind}if b > 1: raise FlatError('boolean byte ' + str(b))",
+                f"{ind}f{i} = b == 1",
+            ]
+        else:  # null
+            lines.append(f"{ind}f{i} = None")
+    lines += [
+        "    except IndexError:",
+        "        raise FlatError('truncated') from None",
+        "    except UnicodeDecodeError:",
+        "        raise FlatError('string is not UTF-8') from None",
+        "    if pos != size:",
+        "        raise FlatError(str(size - pos) + ' trailing bytes')",
+        "    return [" + ", ".join(f"f{i}" for i in range(len(kinds))) + "]",
+    ]
+    return lines
+
+
+class FlatRecord:
+    """Reader and writer of one flat record schema; build with :meth:`compile`.
+
+    ``decode(data, pos=0)`` returns the field values in schema order from the Avro body at
+    ``data[pos:]`` (enums as their symbol strings) and raises :class:`FlatError` for anything
+    it will not vouch for.
+    """
+
+    __slots__ = ("names", "_kinds", "_symbols", "_index", "decode", "_encode_values")
+
+    decode: Callable[..., list[Any]]
 
     def __init__(
         self, names: tuple[str, ...], kinds: tuple[int, ...], symbols: tuple[Any, ...]
@@ -65,10 +246,30 @@ class FlatRecord:
         self.names = names
         self._kinds = kinds
         self._symbols = symbols  # per field: enum symbols or None
+        # Per enum field: symbol -> the varint bytes of its index.
         self._index = tuple(
-            None if s is None else {name: i for i, name in enumerate(s)} for s in symbols
+            None if s is None else {name: _SMALL[i << 1] for i, name in enumerate(s)}
+            for s in symbols
         )
-        self._fields = tuple(zip(kinds, symbols, strict=True))
+        source = _decoder_source(kinds, symbols) + _encoder_source(
+            "encode_values", [f"o[{i}]" for i in range(len(names))], kinds
+        )
+        env = self._compile(source)
+        self.decode = env["decode"]
+        self._encode_values = env["encode_values"]
+
+    def _compile(self, lines: list[str]) -> dict[str, Any]:
+        env: dict[str, Any] = {
+            "FlatError": FlatError,
+            "NAMES": self.names,
+            "SYMBOLS": self._symbols,
+            "INDEX": self._index,
+            "SMALL": _SMALL,
+            "varint": _varint,
+            "read_varint": _read_varint,
+        }
+        exec(compile("\n".join(lines), f"<flat {','.join(self.names[:2])}...>", "exec"), env)  # noqa: S102 - our own generated source
+        return env
 
     @classmethod
     def compile(cls, parsed: Any) -> FlatRecord | None:
@@ -85,123 +286,15 @@ class FlatRecord:
             symbols.append(kind[1])
         return cls(tuple(names), tuple(kinds), tuple(symbols))
 
-    # --- decode ---------------------------------------------------------------------------
-
-    def decode(self, data: bytes, pos: int = 0) -> list[Any]:
-        """Field values in schema order from the Avro body at ``data[pos:]`` (enums as their
-        symbol strings). Raises :class:`FlatError` for anything it will not vouch for."""
-        out: list[Any] = []
-        append = out.append
-        size = len(data)
-        try:
-            for kind, syms in self._fields:
-                if kind >= _NULLABLE:
-                    b = data[pos]
-                    pos += 1
-                    if b == 0:
-                        append(None)
-                        continue
-                    if b != 2:  # zigzag 1: the second branch
-                        raise FlatError(f"union branch byte {b}")
-                    kind -= _NULLABLE
-                if kind <= _ENUM:  # string, long, int, enum: a zigzag varint first
-                    b = data[pos]
-                    pos += 1
-                    if b < 0x80:
-                        n = (b >> 1) ^ -(b & 1)
-                    else:
-                        n = b & 0x7F
-                        shift = 7
-                        while True:
-                            b = data[pos]
-                            pos += 1
-                            n |= (b & 0x7F) << shift
-                            if b < 0x80:
-                                break
-                            shift += 7
-                            if shift > 63:
-                                raise FlatError("varint longer than 10 bytes")
-                        n = (n >> 1) ^ -(n & 1)
-                        if shift >= 28 and kind != _STRING:  # only long varints can overflow
-                            low, high = (_INT_MIN, _INT_MAX) if kind != _LONG else _LONG_RANGE
-                            if n < low or n > high:
-                                raise FlatError("integer out of range")
-                    if kind == _STRING:
-                        if n < 0:
-                            raise FlatError("negative string length")
-                        end = pos + n
-                        if end > size:
-                            raise FlatError("string past the end")
-                        append(data[pos:end].decode("utf-8"))
-                        pos = end
-                    elif kind == _ENUM:
-                        if n < 0 or n >= len(syms):
-                            raise FlatError(f"enum index {n}")
-                        append(syms[n])
-                    else:
-                        append(n)
-                elif kind == _BOOL:
-                    b = data[pos]
-                    pos += 1
-                    if b > 1:
-                        raise FlatError(f"boolean byte {b}")
-                    append(b == 1)
-                else:  # null
-                    append(None)
-        except IndexError:
-            raise FlatError("truncated") from None
-        except UnicodeDecodeError:
-            raise FlatError("string is not UTF-8") from None
-        if pos != size:
-            raise FlatError(f"{size - pos} trailing bytes")
-        return out
-
-    # --- encode ---------------------------------------------------------------------------
-
     def encode(self, values: Sequence[Any], out: bytearray) -> None:
         """Append the Avro body of ``values`` (schema order; enums as symbol strings) to ``out``.
         Raises :class:`FlatError` for a value that is not exactly of its field's type."""
-        index = self._index
-        append = out.append
-        for i, kind in enumerate(self._kinds):
-            v = values[i]
-            if kind & _NULLABLE:
-                if v is None:
-                    append(0)
-                    continue
-                append(2)
-                kind &= 7
-            if kind == _STRING:
-                if type(v) is not str:
-                    raise FlatError(f"{self.names[i]}: not a str")
-                raw = v.encode("utf-8")
-                n = len(raw) << 1
-            elif kind == _LONG or kind == _INT:
-                if type(v) is not int:
-                    raise FlatError(f"{self.names[i]}: not an int")
-                if kind == _LONG:
-                    if v < _LONG_MIN or v > _LONG_MAX:
-                        raise FlatError(f"{self.names[i]}: long out of range")
-                elif v < _INT_MIN or v > _INT_MAX:
-                    raise FlatError(f"{self.names[i]}: int out of range")
-                n = (v << 1) ^ (v >> 63)
-            elif kind == _ENUM:  # a str (or a StrEnum member, which hashes as its value)
-                n = index[i].get(v) if isinstance(v, str) else None  # type: ignore[union-attr]
-                if n is None:
-                    raise FlatError(f"{self.names[i]}: not a symbol")
-                n <<= 1
-            elif kind == _BOOL:
-                if type(v) is not bool:
-                    raise FlatError(f"{self.names[i]}: not a bool")
-                append(1 if v else 0)
-                continue
-            else:  # null
-                if v is not None:
-                    raise FlatError(f"{self.names[i]}: not None")
-                continue
-            while n > 0x7F:  # the varint of n
-                append((n & 0x7F) | 0x80)
-                n >>= 7
-            append(n)
-            if kind == _STRING:
-                out += raw
+        out += self._encode_values(values, b"")
+
+    def writer(self) -> Callable[[Any, bytes], bytes]:
+        """``write(obj, head)``: ``head`` + the Avro body of an object with an attribute per
+        field (a model), read straight from its attributes. Raises :class:`FlatError` like
+        :meth:`encode`."""
+        source = _encoder_source("write", [f"o.{name}" for name in self.names], self._kinds)
+        write: Callable[[Any, bytes], bytes] = self._compile(source)["write"]
+        return write
