@@ -243,3 +243,47 @@ def test_job_command_v1_is_read_as_v2_with_defaults() -> None:
             idempotency_key=None,
         ),
     )
+
+
+MODEL_CLASSES = [
+    obj
+    for obj in vars(models).values()
+    if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == models.__name__
+]
+
+
+@pytest.mark.parametrize("model", MODEL_CLASSES, ids=lambda m: m.__name__)
+def test_every_model_is_built_as_its_dataclass_would_build_it(model: type) -> None:
+    """The models' faster ``__init__`` keeps the dataclass's contract: the same signature and
+    defaults, positional and keyword arguments, missing ones refused, fields frozen."""
+    import inspect
+
+    reference = dataclasses.make_dataclass(
+        model.__name__,
+        [(f.name, f.type, f) for f in dataclasses.fields(model)],
+        frozen=True,
+        slots=True,
+    )
+
+    def shape(cls: type) -> list[tuple[str, Any, Any]]:
+        params = inspect.signature(cls).parameters.values()
+        return [(p.name, p.kind, p.default) for p in params]
+
+    assert shape(model) == shape(reference)
+    fields = dataclasses.fields(model)
+    values = [f"v{i}" for i in range(len(fields))]
+    built = model(*values)
+    assert [getattr(built, f.name) for f in fields] == values
+    assert model(**{f.name: v for f, v in zip(fields, values, strict=True)}) == built
+    required = [f for f in fields if f.default is dataclasses.MISSING]
+    if required:
+        with pytest.raises(TypeError, match=required[-1].name):
+            model(*values[: len(required) - 1])
+        optional = [f.name for f in fields if f.default is not dataclasses.MISSING]
+        defaults = model(*values[: len(required)])
+        assert [getattr(defaults, n) for n in optional] == [
+            f.default for f in fields if f.default is not dataclasses.MISSING
+        ]
+    if fields:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(built, fields[0].name, "changed")
