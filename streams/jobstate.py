@@ -123,6 +123,9 @@ class JobRecord:
     expires_at_ms: int | None = None
     active: dict[str, ActiveRun] = field(default_factory=dict)
     recent_commands: list[str] = field(default_factory=list)
+    #: The spec's JSON document as last encoded, with the spec it was encoded from (not
+    #: stored: see :func:`spec_json`).
+    encoded_spec: tuple[ScheduleJob, bytes] | None = field(default=None, compare=False, repr=False)
 
     def remember(self, command_id: str) -> None:
         self.recent_commands.append(command_id)
@@ -206,12 +209,24 @@ def _header(job: JobRecord) -> bytes:
     return b"".join(parts)
 
 
+def spec_json(job: JobRecord) -> bytes:
+    """The job's spec as the JSON document a SCHEDULED event carries (one definition of its
+    shape, :func:`~jobwheel.schemas.models.spec_document`). The spec never changes in place
+    (it is frozen; a new schedule replaces it), and a record is encoded on every change: the
+    document is made once per spec, not once per write."""
+    cached = job.encoded_spec
+    if cached is not None and cached[0] is job.spec:
+        return cached[1]
+    raw = orjson.dumps(spec_document(job.spec))
+    job.encoded_spec = (job.spec, raw)
+    return raw
+
+
 def encode_job(job: JobRecord) -> bytes:
-    # The spec as the document a SCHEDULED event carries (one definition of its shape).
     body = orjson.dumps(
         {
             "job_id": job.job_id,
-            "spec": spec_document(job.spec),
+            "spec": orjson.Fragment(spec_json(job)),
             "issued_at_ms": job.issued_at_ms,
             "status": job.status.value,
             "seq": job.seq,

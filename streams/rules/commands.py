@@ -3,8 +3,6 @@ and replay, each turned into status events and runs (or a REJECTED event)."""
 
 from __future__ import annotations
 
-import orjson
-
 from jobwheel.errors import ValidationError
 from jobwheel.schemas.models import (
     At,
@@ -16,13 +14,13 @@ from jobwheel.schemas.models import (
     ScheduleJob,
     State,
     TriggerJob,
-    spec_document,
 )
 from jobwheel.schemas.validation import check_command
 from jobwheel.streams import triggers
 from jobwheel.streams.jobstate import (
     JobRecord,
     JobStatus,
+    spec_json,
 )
 from jobwheel.streams.rules.core import (
     Output,
@@ -119,7 +117,7 @@ class CommandRules(ProcessorCore):
                 State.SCHEDULED,
                 now_ms,
                 event_id=f"{cmd.command_id}:SCHEDULED",
-                spec_json=orjson.dumps(spec_document(spec)).decode(),
+                spec_json=spec_json(job).decode(),
             )
         )
         self.save(job)

@@ -21,8 +21,6 @@ from jobwheel.streams.jobstate import (
     JobRecord,
     JobStatus,
     RunPhase,
-    decode_job,
-    encode_job,
 )
 from jobwheel.streams.state.partition import PartitionState
 
@@ -83,11 +81,11 @@ class ProcessorCore:
         self._reached: int | None = None
 
     def load(self, job_id: str) -> JobRecord | None:
-        raw = self.state.get(job_id.encode())
-        return None if raw is None else decode_job(raw)
+        """The job's record, the caller's to change and :meth:`save`."""
+        return self.state.load_record(job_id.encode())
 
     def save(self, job: JobRecord) -> None:
-        self.state.put(job.job_id.encode(), encode_job(job))
+        self.state.save_record(job.job_id.encode(), job)
 
     def _event(
         self,

@@ -101,6 +101,61 @@ def test_discard_forgets_and_commit_keeps_a_transaction(backend: StateBackend) -
     assert wheel_keys(fresh) == wheel_keys(state) != ([], [])
 
 
+def test_a_loaded_record_is_the_callers_until_it_is_saved(backend: StateBackend) -> None:
+    """The record cache hands a record out: changes that were never saved are not seen by
+    the next load (which reads the bytes, as without the cache), saved ones are, and every
+    load equals what the stored bytes decode to."""
+    state = PartitionState(backend)
+    proc = SchedulerProcessor(0, state)
+    proc.on_command(cmd("a", At(T0 + 100)), T0)
+    job = proc.load("a")
+    assert job is not None and job == decode_job(state.get(b"a") or b"")
+    job.seq += 100  # changed, never saved
+    again = proc.load("a")
+    assert again is not None and again is not job and again.seq == job.seq - 100
+    again.last_error = "saved"
+    proc.save(again)
+    third = proc.load("a")
+    assert third is again  # from the cache, no decoding
+    assert third == decode_job(state.get(b"a") or b"") and third.last_error == "saved"
+    proc.save(third)
+    state.commit(checkpoint=1)
+    assert proc.load("a") is third  # a commit keeps the cache: it holds what was committed
+
+
+def test_a_discarded_transaction_empties_the_record_cache(backend: StateBackend) -> None:
+    state = PartitionState(backend)
+    proc = SchedulerProcessor(0, state)
+    proc.on_command(cmd("a", At(T0 + 100)), T0)
+    state.commit(checkpoint=1)
+    job = proc.load("a")
+    assert job is not None
+    job.last_error = "aborted"
+    proc.save(job)
+    state.discard()  # the transaction aborted: its save is gone, and so is the cached record
+    committed = proc.load("a")
+    assert committed is not None and committed is not job and committed.last_error is None
+
+
+def test_the_record_cache_is_bounded(backend: StateBackend) -> None:
+    state = PartitionState(backend, cache_size=3)
+    proc = SchedulerProcessor(0, state)
+    for i in range(5):
+        proc.on_command(cmd(f"j{i}", At(T0 + 100)), T0)
+    saved = {f"j{i}": proc.load(f"j{i}") for i in range(5)}
+    for job in saved.values():
+        assert job is not None
+        proc.save(job)
+    # The last three saved stay cached; the first two leave it and are decoded again.
+    assert [proc.load(f"j{i}") is saved[f"j{i}"] for i in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+
+
 def test_rocksdb_state_survives_reopen(tmp_path: Path) -> None:
     backend = RocksDBBackend(tmp_path / "p3", LIMITS.resources())
     state = PartitionState(backend)
