@@ -340,7 +340,8 @@ class SchedulerEngine:
 
     def _open_task(self, partition: int, phase: Phase) -> PartitionTask:
         backend = RocksDBBackend(self.directory.partition(partition), self.resources)
-        return PartitionTask(partition, backend, PartitionState(backend), phase=phase)
+        state = PartitionState(backend, self.settings.scheduler_record_cache)
+        return PartitionTask(partition, backend, state, phase=phase)
 
     def _standby_all(self) -> None:
         """Keep a warm copy of every partition not owned here (see the module doc)."""

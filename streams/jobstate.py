@@ -199,13 +199,17 @@ def _trigger_from_dict(data: dict[str, Any]) -> Trigger:
     return kind(**data)  # type: ignore[no-any-return]
 
 
-def _header(job: JobRecord) -> bytes:
-    timers = timers_of(job)
+def timer_entries(job: JobRecord) -> list[tuple[int, int, bytes]]:
+    """:func:`timers_of` in the form the record's header stores (and :func:`peek_timers`
+    reads): ``(wheel, due_ms, tag bytes)``."""
+    return [(wheel, due, tag.encode()) for wheel, due, tag in timers_of(job)]
+
+
+def _header(timers: list[tuple[int, int, bytes]]) -> bytes:
     parts = [_HEAD.pack(STATE_VERSION, len(timers))]
     for wheel, due, tag in timers:
-        raw = tag.encode()
-        parts.append(_TIMER.pack(wheel, due, len(raw)))
-        parts.append(raw)
+        parts.append(_TIMER.pack(wheel, due, len(tag)))
+        parts.append(tag)
     return b"".join(parts)
 
 
@@ -222,7 +226,9 @@ def spec_json(job: JobRecord) -> bytes:
     return raw
 
 
-def encode_job(job: JobRecord) -> bytes:
+def encode_job(job: JobRecord, timers: list[tuple[int, int, bytes]] | None = None) -> bytes:
+    """The record's bytes; ``timers`` are its :func:`timer_entries` when the caller has
+    them already."""
     body = orjson.dumps(
         {
             "job_id": job.job_id,
@@ -251,7 +257,7 @@ def encode_job(job: JobRecord) -> bytes:
             "recent": job.recent_commands,
         }
     )
-    return _header(job) + body
+    return _header(timer_entries(job) if timers is None else timers) + body
 
 
 def decode_job(data: bytes) -> JobRecord:

@@ -22,7 +22,6 @@ from jobwheel.streams.jobstate import (
     JobStatus,
     RunPhase,
     parse_tag,
-    peek_timers,
 )
 from jobwheel.streams.rules.core import (
     MAX_MISSED_EVENTS,
@@ -102,9 +101,9 @@ class Punctuation(ProcessorCore):
             # Handling a timer changes the record that derives it. One that is still derived
             # (a record that could not be read, or did not move) is dropped from the index, so
             # that it cannot come back on every punctuation; so is an entry without a record.
-            raw = self.state.get(entry.job_id.encode())
-            if raw is None or (kind, entry.due_ms, entry.tag.encode()) in peek_timers(raw):
-                if raw is not None:
+            timers = self.state.stored_timers(entry.job_id.encode())
+            if timers is None or (kind, entry.due_ms, entry.tag.encode()) in timers:
+                if timers is not None:
                     log.error(
                         "timer handled but still pending; dropped",
                         extra={"job_id": entry.job_id, "tag": entry.tag, "due_ms": entry.due_ms},

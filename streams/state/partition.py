@@ -34,6 +34,7 @@ from jobwheel.streams.jobstate import (
     decode_job,
     encode_job,
     peek_timers,
+    timer_entries,
 )
 from jobwheel.streams.state.base import KeyValueStore, WheelStore
 from jobwheel.streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
@@ -51,6 +52,8 @@ _OFFSET = struct.Struct(">q")
 
 #: ``{wheel: {key: value or None}}``: changes to the two wheels, as a batch.
 WheelChanges = dict[int, dict[bytes, bytes | None]]
+#: A record's timers as its header stores them: ``(wheel, due_ms, tag bytes)``.
+Timers = list[tuple[int, int, bytes]]
 
 
 def index_changes(job_key: bytes, old: bytes | None, new: bytes | None, out: WheelChanges) -> None:
@@ -229,10 +232,6 @@ class RocksDBBackend(StateBackend):
         self.db.close()
 
 
-#: Decoded job records a partition keeps in memory (see :class:`PartitionState`).
-RECORD_CACHE = 4096
-
-
 class PartitionState:
     """A partition's state as the processor sees it: committed state plus this transaction's
     changes. Every job write re-derives the record's wheel entries, so the wheels never
@@ -246,12 +245,19 @@ class PartitionState:
     place, and the cache has it again only once it is saved. A record loaded and changed but
     never saved is therefore read from its bytes next time, exactly as without the cache; the
     cache never holds anything but what the last save wrote. Discarding the transaction's
-    changes empties it (they may be what it holds)."""
+    changes empties it (they may be what it holds).
 
-    def __init__(self, backend: StateBackend, cache_size: int = RECORD_CACHE) -> None:
+    Each write re-derives the record's wheel entries from the timers it had and has. The
+    timers a record was saved with are kept beside it (in the cache, and for the records of
+    the open transaction), so a save does not parse them back out of the old bytes."""
+
+    def __init__(self, backend: StateBackend, cache_size: int = 4096) -> None:
         self.backend = backend
-        self._records: dict[bytes, JobRecord] = {}
+        self._records: dict[bytes, tuple[JobRecord, Timers]] = {}
         self._cache_size = cache_size
+        #: The timers of the stored record under a key, for keys handled since the last
+        #: commit (a key absent here: read them from the stored bytes).
+        self._timers: dict[bytes, Timers] = {}
         self._jobs = BufferedKeyValueStore(backend.jobs)
         self._wheel_stores = {
             TIMERS: BufferedWheelStore(backend.timers),
@@ -268,44 +274,59 @@ class PartitionState:
 
     def put(self, key: bytes, value: bytes) -> None:
         self._records.pop(key, None)
-        self._reindex(key, self._jobs.get(key), value)
+        self._reindex(key, self.stored_timers(key) or [], peek_timers(value))
+        self._timers.pop(key, None)
         self._jobs.put(key, value)
 
     def delete(self, key: bytes) -> None:
         self._records.pop(key, None)
-        old = self._jobs.get(key)
+        old = self.stored_timers(key)
+        self._timers.pop(key, None)
         if old is None:
             return
-        self._reindex(key, old, None)
+        self._reindex(key, old, [])
         self._jobs.delete(key)
+
+    def stored_timers(self, key: bytes) -> Timers | None:
+        """The timers of the record stored under ``key`` (None: there is none)."""
+        timers = self._timers.get(key)
+        if timers is not None:
+            return timers
+        raw = self._jobs.get(key)
+        return None if raw is None else peek_timers(raw)
 
     def load_record(self, key: bytes) -> JobRecord | None:
         """The job record under ``key``, now the caller's to change (see the class doc);
         :class:`~jobwheel.errors.StateError` when its bytes cannot be read."""
-        job = self._records.pop(key, None)
-        if job is not None:
+        cached = self._records.pop(key, None)
+        if cached is not None:
+            job, self._timers[key] = cached
             return job
         raw = self._jobs.get(key)
         return None if raw is None else decode_job(raw)
 
     def save_record(self, key: bytes, job: JobRecord) -> None:
         """Write ``job`` under ``key``; it stays decoded in the cache until loaded again."""
-        self.put(key, encode_job(job))
+        timers = timer_entries(job)
+        self._reindex(key, self.stored_timers(key) or [], timers)
+        self._jobs.put(key, encode_job(job, timers))
+        self._timers[key] = timers
         records = self._records
-        records[key] = job
+        records[key] = (job, timers)
         if len(records) > self._cache_size:
             del records[next(iter(records))]
 
-    def _reindex(self, key: bytes, old: bytes | None, new: bytes | None) -> None:
-        changes: WheelChanges = {TIMERS: {}, DEADLINES: {}}
-        index_changes(key, old, new, changes)
-        for wheel, entries in changes.items():
-            target = self._wheels[wheel]
-            for entry, value in entries.items():
-                if value is None:
-                    target.discard(entry)
-                else:
-                    target.insert(entry)
+    def _reindex(self, key: bytes, before: Timers, after: Timers) -> None:
+        """Move the wheel entries of ``key`` from the timers ``before`` to those ``after``."""
+        wheels = self._wheels
+        for timer in before:
+            if timer not in after:
+                wheel, due, tag = timer
+                wheels[wheel].discard(entry_key(due, key, tag))
+        for timer in after:
+            if timer not in before:
+                wheel, due, tag = timer
+                wheels[wheel].insert(entry_key(due, key, tag))
 
     @property
     def dirty(self) -> bool:
@@ -333,6 +354,7 @@ class PartitionState:
         self.deadlines.reset_floor()
 
     def _clear(self) -> None:
+        self._timers.clear()
         self._jobs.discard()
         for store in self._wheel_stores.values():
             store.discard()
