@@ -77,8 +77,12 @@ format: $(VENV)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# Two test processes by default (TEST_PROCESSES=1 for one): each starts its own broker; the
+# figures the fault tests measure are printed at the end ("figures measured by the tests").
+TEST_PROCESSES ?= 2
+
 test: setup lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile
 
 # Logs for a person at a terminal (JSON lines stay the default for services).
 run: setup

@@ -56,6 +56,33 @@ def _scale_timeout(config: pytest.Config, item: pytest.Item) -> None:
         item.add_marker(pytest.mark.timeout(scaled(float(nominal)), **kwargs), append=False)
 
 
+@pytest.fixture
+def figure(request: pytest.FixtureRequest) -> Any:
+    """``figure(text)``: a measured figure of this test for the report. Printed in the summary
+    at the end of the run (``pytest_terminal_summary``), which also works when the suite runs
+    in several processes (``make test`` does), where a test's own output is not shown."""
+
+    def note(text: str) -> None:
+        request.node.user_properties.append(("figure", text))
+
+    return note
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == "figure"
+    ]
+    if lines:
+        terminalreporter.section("figures measured by the tests")
+        for line in lines:
+            terminalreporter.line(line)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``"host:port"`` of a real Kafka broker for the whole session (started on first use)."""

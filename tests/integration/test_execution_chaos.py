@@ -27,7 +27,7 @@ BUDGET_S = 90 + KILLS * 60 + 180
 
 @pytest.mark.timeout(BUDGET_S + 60)
 def test_every_job_succeeds_while_workers_are_killed(
-    settings, jobwheel_env, procs, tmp_path, capsys
+    settings, jobwheel_env, procs, tmp_path, figure
 ):
     tail = TopicTail(settings)
     try:
@@ -105,13 +105,12 @@ def test_every_job_succeeds_while_workers_are_killed(
         # A run with two SUCCEEDED ran again after it had finished (not just been cut short).
         verdicts = Counter(e.run_id for e in tail.events(state=State.SUCCEEDED))
         duplicates = len(executions) - JOBS
-        with capsys.disabled():
-            print(
-                f"\n[chaos] {JOBS} jobs, {kills} worker SIGKILLs: all SUCCEEDED; executions "
-                f"{len(executions)} (duplicates {duplicates}, {duplicates / kills:.1f} per kill, "
-                f"on {sum(1 for c in per_job.values() if c > 1)} jobs; runs that ran again after "
-                f"succeeding {sum(1 for c in verdicts.values() if c > 1)}); dispatches by attempt "
-                f"{dict(sorted(attempts.items()))}"
-            )
+        figure(
+            f"[chaos] {JOBS} jobs, {kills} worker SIGKILLs: all SUCCEEDED; executions "
+            f"{len(executions)} (duplicates {duplicates}, {duplicates / kills:.1f} per kill, "
+            f"on {sum(1 for c in per_job.values() if c > 1)} jobs; runs that ran again after "
+            f"succeeding {sum(1 for c in verdicts.values() if c > 1)}); dispatches by attempt "
+            f"{dict(sorted(attempts.items()))}"
+        )
     finally:
         tail.close()

@@ -73,7 +73,7 @@ def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
 
 
 def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
-    settings, jobwheel_env, procs, tmp_path, tail, capsys
+    settings, jobwheel_env, procs, tmp_path, tail, figure
 ):
     a = start_scheduler(procs, jobwheel_env, tmp_path / "a")
     b = start_scheduler(procs, jobwheel_env, tmp_path / "b")
@@ -105,11 +105,10 @@ def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
     after = [r for r in tail.all_runs() if r.dispatched_at_ms > killed_at]
     assert after, "nothing fired after the kill"
     late = max(r.dispatched_at_ms - r.scheduled_time_ms for r in tail.all_runs())
-    with capsys.disabled():
-        print(
-            f"\n[failover] 500 jobs, 1 of 2 schedulers SIGKILLed: every job fired once; "
-            f"max lateness {late} ms (includes the session timeout)"
-        )
+    figure(
+        f"[failover] 500 jobs, 1 of 2 schedulers SIGKILLed: every job fired once; "
+        f"max lateness {late} ms (includes the session timeout)"
+    )
 
 
 def stop_between_poll_and_commit(pid: int) -> None:
@@ -127,7 +126,7 @@ def stop_between_poll_and_commit(pid: int) -> None:
 
 
 def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
-    settings, jobwheel_env, procs, tmp_path, tail, capsys
+    settings, jobwheel_env, procs, tmp_path, tail, figure
 ):
     # The stale owner sleeps between each poll and the commit that follows it (the fault hook
     # of the lagging-scheduler test), and is stopped inside that sleep: when it wakes it fires
@@ -185,5 +184,4 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
     assert tail.duplicate_dispatches() == {}
     assert all(len(tail.runs_of(j)) == 1 for j in job_ids)
     tokens = sorted({r.fencing_token for r in tail.all_runs()})
-    with capsys.disabled():
-        print(f"\n[zombie] fencing tokens seen: {tokens}; stale owner's runs visible: 0")
+    figure(f"[zombie] fencing tokens seen: {tokens}; stale owner's runs visible: 0")

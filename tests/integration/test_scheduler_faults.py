@@ -40,7 +40,7 @@ def tail(settings):
 
 @pytest.mark.timeout(420)
 def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
-    settings, jobwheel_env, procs, tmp_path, tail, capsys
+    settings, jobwheel_env, procs, tmp_path, tail, figure
 ):
     """300 recurring jobs (every 1 s) and 2,000 one-off jobs; the scheduler is SIGKILLed every
     2-5 s, 12 times, and restarted at once on the same disk."""
@@ -101,13 +101,12 @@ def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
     # Exactly-once dispatch: no committed run record twice with the same run id and attempt.
     assert tail.duplicate_dispatches() == {}
     executions = Counter(e.run_id for e in tail.events(state=State.STARTED))
-    with capsys.disabled():
-        print(
-            f"\n[crash loop] 12 SIGKILLs: 2000/2000 one-off jobs COMPLETED, every recurring job "
-            f"fired again {recurring_lag_ms} ms after the last restart; duplicate dispatches: 0; "
-            f"runs executed twice (redelivered after a kill): "
-            f"{sum(1 for n in executions.values() if n > 1)}"
-        )
+    figure(
+        f"[crash loop] 12 SIGKILLs: 2000/2000 one-off jobs COMPLETED, every recurring job "
+        f"fired again {recurring_lag_ms} ms after the last restart; duplicate dispatches: 0; "
+        f"runs executed twice (redelivered after a kill): "
+        f"{sum(1 for n in executions.values() if n > 1)}"
+    )
 
 
 def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(

@@ -46,7 +46,7 @@ def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
 
 
 @pytest.mark.timeout(420)
-def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, capsys):
+def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, figure):
     prefix = f"t{uuid.uuid4().hex[:10]}"
     settings = Settings(
         _env_file=None,  # type: ignore[call-arg]
@@ -131,11 +131,10 @@ def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, c
             log_events(scheduler.log_path, "dropping all partitions and rejoining the group")
         )
         latest = max(r.dispatched_at_ms - r.scheduled_time_ms for r in tail.all_runs())
-        with capsys.disabled():
-            print(
-                f"\n[outage] broker down {OUTAGE_S} s: 300/300 jobs SUCCEEDED and COMPLETED; "
-                f"every partition dispatched again; transactions aborted {aborts}, "
-                f"scheduler resets {resets}; max fire lateness {latest} ms"
-            )
+        figure(
+            f"[outage] broker down {OUTAGE_S} s: 300/300 jobs SUCCEEDED and COMPLETED; "
+            f"every partition dispatched again; transactions aborted {aborts}, "
+            f"scheduler resets {resets}; max fire lateness {latest} ms"
+        )
     finally:
         tail.close()

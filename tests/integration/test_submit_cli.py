@@ -179,7 +179,7 @@ def test_help_works_without_a_broker(args: list[str], jobwheel_env: dict[str, st
 
 
 def test_an_unreachable_broker_is_one_line_naming_the_address(
-    jobwheel_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+    jobwheel_env: dict[str, str], figure: Any
 ) -> None:
     """`health`, `submit`, a job-control command and `topics ensure` with nothing listening at
     the bootstrap address: one line each, no librdkafka chatter, exit 1. How long each took is
@@ -205,8 +205,7 @@ def test_an_unreachable_broker_is_one_line_naming_the_address(
         other = result.stderr if stream == "stdout" else result.stdout
         assert len(lines) == 1 and other == "", (args, result.stdout, result.stderr)
         assert f"cannot reach Kafka at {address}" in lines[0] and "%3|" not in lines[0]
-    with capsys.disabled():
-        print("\n[broker down] " + ", ".join(f"{k} {v:.2f}s" for k, v in took.items()))
+    figure("[broker down] " + ", ".join(f"{k} {v:.2f}s" for k, v in took.items()))
 
 
 def test_a_missing_topic_is_one_line_for_submit(
