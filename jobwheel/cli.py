@@ -20,6 +20,7 @@ What a user sees is decided here for every subcommand:
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import re
@@ -70,6 +71,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return BROKEN_PIPE
 
 
+#: Allocations between two young-generation collections of a service (Python's default: 700).
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def _tune_gc() -> None:
+    """A service allocates a few hundred objects per record and keeps some of them for long
+    (the scheduler's record cache, the sink's batches): with Python's default thresholds its
+    collector ran a thousand times per 40,000 jobs and took 60 us per job in a scheduler
+    holding 4,096 records. Nearly all of those objects are freed by reference counting; the
+    collector is only for cycles, which are rare here. So: collect the young generation every
+    50,000 allocations instead of 700, and move what start-up built (modules, settings,
+    compiled codecs) out of the collector's reach for good (``gc.freeze``)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 def _run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError as SettingsValidationError
     from pydantic_settings import SettingsError
@@ -83,6 +102,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     service = args.command in SERVICES
     _configure_logging(args.command, service or _foreground(args), settings)
+    if service:
+        _tune_gc()
     _importable_from_here()
     # A service's output is its JSON log: its last word is a log line too (a supervisor shows
     # it, a log collector keeps it); a one-shot command's is one plain line.
