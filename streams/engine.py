@@ -56,6 +56,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import (
@@ -161,9 +162,8 @@ class PartitionTask:
     committed_note: Progress | None = None
 
 
-@dataclass
-class _Out:
-    """One record of the transaction being built."""
+class _Out(NamedTuple):
+    """One record of the transaction being built (a tuple: several per job)."""
 
     topic: str
     partition: int

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -19,10 +18,10 @@ from jobwheel.settings import Settings
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """A consumed record. ``timestamp_ms`` is the record's timestamp (the broker's append time
-    on the acks topic)."""
+    on the acks topic). A named tuple: one is built per record consumed, and a tuple is built
+    several times faster than a frozen dataclass."""
 
     topic: str
     partition: int
