@@ -39,7 +39,7 @@ from fastavro.schema import to_parsing_canonical_form
 from jobwheel.errors import SchemaDecodeError, ValidationError
 from jobwheel.schemas.catalogue import SchemaCatalogue, SchemaVersion
 from jobwheel.schemas.catalogue import crc64_avro as crc64_avro  # the fingerprint, re-exported
-from jobwheel.schemas.conversions import KINDS
+from jobwheel.schemas.conversions import KINDS, values_maker
 from jobwheel.schemas.flat import FlatError, FlatRecord
 from jobwheel.schemas.models import (
     JobCommand,
@@ -79,7 +79,9 @@ class _Reader:
     label: str
     full_name: str = ""
     flat: FlatRecord | None = None  # the fast path for a flat writer schema (Run, StatusEvent)
-    make: Callable[[list[Any]], Any] | None = None  # the fast path's values -> model
+    #: The fast reader of the model: ``flat``, or one of nested records (JobCommand) ...
+    fast: FlatRecord | None = None
+    make: Callable[[list[Any]], Any] | None = None  # ... and its values -> model
 
 
 def _flat_writer(version: SchemaVersion, model: type) -> Callable[[Any, bytes], bytes] | None:
@@ -153,6 +155,9 @@ class Codec:
         same = to_parsing_canonical_form(writer) == current.canonical
         kind = KINDS[full_name]
         flat = _flat_reader(writer, current, kind.model)
+        # A record with records in it (a command: its body, its trigger) has a fast reader
+        # when it was written with the current schema (nothing to resolve).
+        fast = flat if flat is not None or not same else FlatRecord.compile_nested(writer)
         return _Reader(
             writer=writer,
             reader=None if same else current.parsed,
@@ -160,7 +165,8 @@ class Codec:
             label=label,
             full_name=full_name,
             flat=flat,
-            make=None if flat is None or kind.from_values is None else kind.from_values(flat.names),
+            fast=fast,
+            make=None if fast is None else values_maker(writer),
         )
 
     # encode ----------------------------------------------------------------------------
@@ -245,7 +251,7 @@ class Codec:
             )
         if reader.make is not None:
             try:
-                return reader.make(reader.flat.decode(data, start))  # type: ignore[union-attr]
+                return reader.make(reader.fast.decode(data, start))  # type: ignore[union-attr]
             except (FlatError, ValueError, TypeError, KeyError):
                 pass  # fastavro decides, with its own error message
         body = io.BytesIO(data)

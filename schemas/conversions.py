@@ -148,33 +148,83 @@ def _status_from(d: dict[str, Any]) -> StatusEvent:
     return StatusEvent(**d)
 
 
-def _maker(model: type, enums: dict[str, type[enum.Enum]]) -> Callable[..., Any]:
-    """``from_values(names)``: a function building ``model`` from the field values of a flat
-    record whose fields are ``names`` (the codec's fast path), positionally: a model with
-    twenty fields costs a third of what ``model(**record)`` does. A model field the record
-    lacks takes its default (the codec only asks when those are the schema's defaults too);
-    ``enums`` are the fields to turn from their symbol into the enum member."""
+#: The model of each record name of the contract, and the fields that hold an enum member.
+_RECORD_MODELS: dict[str, type] = {
+    _name(model.__name__): model
+    for model in (
+        JobCommand,
+        ScheduleJob,
+        Now,
+        At,
+        After,
+        Every,
+        Cron,
+        CancelJob,
+        PauseJob,
+        ResumeJob,
+        TriggerJob,
+        ReplayRun,
+        Run,
+        StatusEvent,
+    )
+}
+_ENUM_FIELDS: dict[str, type[enum.Enum]] = {
+    "state": State,
+    "concurrency_policy": ConcurrencyPolicy,
+}
 
-    def from_values(names: tuple[str, ...]) -> Callable[[list[Any]], Any]:
-        index = {name: i for i, name in enumerate(names)}
-        env: dict[str, Any] = {"model": model}
-        args = []
-        for f in dataclasses.fields(model):
-            i = index.get(f.name)
-            if i is None:
-                env[f"default_{f.name}"] = f.default
-                args.append(f"default_{f.name}")
-            elif f.name in enums:  # a symbol the enum lacks: KeyError, the codec falls back
-                env[f"members_{f.name}"] = {m.value: m for m in enums[f.name]}
-                args.append(f"members_{f.name}[v[{i}]]")
-            else:
-                args.append(f"v[{i}]")
-        source = f"def make(v):\n    return model({', '.join(args)})"
-        exec(source, env)  # noqa: S102 - built from the model's own field names
-        make: Callable[[list[Any]], Any] = env["make"]
-        return make
 
-    return from_values
+def _is_record(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema.get("type") == "record"
+
+
+def values_maker(parsed: Any) -> Callable[[list[Any]], Any] | None:
+    """A function building the model of a (fastavro-parsed) record schema from the values the
+    codec's fast path reads (:mod:`jobwheel.schemas.flat`: a nested record as the list of its
+    values, a union of records as ``(full name, values)``), positionally: a model with twenty
+    fields costs a third of what ``model(**record)`` does. A model field the schema lacks
+    takes the model's default (the codec asks only where those are the schema's defaults
+    too); None when the schema has a record or a field the models do not."""
+    if not _is_record(parsed):
+        return None
+    model = _RECORD_MODELS.get(parsed["name"])
+    if model is None:
+        return None
+    index = {f["name"]: (i, f["type"]) for i, f in enumerate(parsed["fields"])}
+    model_fields = dataclasses.fields(model)
+    if not set(index) <= {f.name for f in model_fields}:
+        return None
+    env: dict[str, Any] = {"model": model}
+    args = []
+    for f in model_fields:
+        found = index.get(f.name)
+        if found is None:
+            if f.default is dataclasses.MISSING:
+                return None
+            env[f"default_{f.name}"] = f.default
+            args.append(f"default_{f.name}")
+            continue
+        i, schema = found
+        if _is_record(schema):
+            env[f"make_{f.name}"] = sub = values_maker(schema)
+            if sub is None:
+                return None
+            args.append(f"make_{f.name}(v[{i}])")
+        elif isinstance(schema, list) and schema and all(_is_record(b) for b in schema):
+            branches = {b["name"]: values_maker(b) for b in schema}
+            if None in branches.values():
+                return None
+            env[f"branches_{f.name}"] = branches
+            args.append(f"branches_{f.name}[v[{i}][0]](v[{i}][1])")
+        elif f.name in _ENUM_FIELDS:  # a symbol the enum lacks: KeyError, the codec falls back
+            env[f"members_{f.name}"] = {m.value: m for m in _ENUM_FIELDS[f.name]}
+            args.append(f"members_{f.name}[v[{i}]]")
+        else:
+            args.append(f"v[{i}]")
+    source = f"def make(v):\n    return model({', '.join(args)})"
+    exec(source, env)  # noqa: S102 - built from the models' own field names
+    make: Callable[[list[Any]], Any] = env["make"]
+    return make
 
 
 @dataclass(frozen=True)
@@ -182,14 +232,10 @@ class _Kind:
     model: type
     to_avro: Callable[[Any], dict[str, Any]]
     from_avro: Callable[[dict[str, Any]], Any]
-    #: For a flat record kind, builds the fast path's model maker (see :func:`_maker`).
-    from_values: Callable[[tuple[str, ...]], Callable[[list[Any]], Any]] | None = None
 
 
 KINDS: dict[str, _Kind] = {
     _name("JobCommand"): _Kind(JobCommand, _command_to, _command_from),
-    _name("Run"): _Kind(Run, _run_to, _run_from, _maker(Run, {})),
-    _name("StatusEvent"): _Kind(
-        StatusEvent, _status_to, _status_from, _maker(StatusEvent, {"state": State})
-    ),
+    _name("Run"): _Kind(Run, _run_to, _run_from),
+    _name("StatusEvent"): _Kind(StatusEvent, _status_to, _status_from),
 }

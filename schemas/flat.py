@@ -9,6 +9,11 @@ the encoding itself. :meth:`FlatRecord.compile` turns a parsed schema into Pytho
 straight block per field (no loop over the fields, no dispatch on their kinds), compiled once;
 the writer reads the model's attributes directly.
 
+Records whose fields are flat or are other records (a union of records, as the body of a
+``JobCommand`` and its trigger) get a reader too (:meth:`FlatRecord.compile_nested`): a nested
+record's value is the list of its values, a union's is ``(record full name, values)``. The
+scheduler decodes one command per job.
+
 It is a fast path, not a second codec: :class:`jobwheel.schemas.codec.Codec` uses it only for
 values and bytes it handles exactly, and falls back to fastavro for anything else (a value of the
 wrong type, bytes it refuses), so results and error messages stay fastavro's. Its decoder is the
@@ -24,7 +29,7 @@ from typing import Any
 
 # Field kinds. A union with null adds _NULLABLE; the value's own kind is the low bits.
 # The first four start with a zigzag varint.
-_STRING, _LONG, _INT, _ENUM, _BOOL, _NULL = range(6)
+_STRING, _LONG, _INT, _ENUM, _BOOL, _NULL, _RECORD, _UNION = range(8)
 _NULLABLE = 8
 
 _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
@@ -39,8 +44,23 @@ class FlatError(ValueError):
     """Bytes or values the fast path does not handle; the caller falls back to fastavro."""
 
 
-def _kind(schema: Any) -> tuple[int, tuple[str, ...] | None] | None:
-    """(kind, enum symbols) of a field type, or None when it is not flat."""
+def _kind(schema: Any, nested: bool = False) -> tuple[int, Any] | None:
+    """(kind, enum symbols) of a field type, or None when it is not flat. ``nested``: also a
+    record, or a union of records, as (kind, reader) and (kind, ((full name, reader), ...))."""
+    if nested and isinstance(schema, dict) and schema.get("type") == "record":
+        reader = _nested_body(schema)
+        return None if reader is None else (_RECORD, reader)
+    records = isinstance(schema, list) and all(
+        isinstance(branch, dict) and branch.get("type") == "record" for branch in schema
+    )
+    if nested and records and 0 < len(schema) < 64:
+        branches = []
+        for branch in schema:
+            reader = _nested_body(branch)
+            if reader is None:
+                return None
+            branches.append((branch["name"], reader))
+        return _UNION, tuple(branches)
     if isinstance(schema, str):
         kind = _PRIMITIVES.get(schema)
         return None if kind is None else (kind, None)
@@ -166,10 +186,29 @@ def _encoder_source(name: str, accessors: Sequence[str], kinds: Sequence[int]) -
     return lines
 
 
-def _decoder_source(kinds: Sequence[int], symbols: Sequence[Any]) -> list[str]:
-    lines = ["def decode(data, pos=0):", "    size = len(data)", "    try:"]
+def _decoder_source(kinds: Sequence[int], symbols: Sequence[Any], body: bool = False) -> list[str]:
+    """Python source of a reader. ``body``: a nested record's reader,
+    ``body(data, pos, size) -> (values, pos)``, leaving the errors and the end to its caller."""
+    if body:
+        lines = ["def body(data, pos, size):", "    if True:"]
+    else:
+        lines = ["def decode(data, pos=0):", "    size = len(data)", "    try:"]
     for i, kind in enumerate(kinds):
         ind = "        "
+        if kind == _RECORD:
+            lines.append(f"{ind}f{i}, pos = SYMBOLS[{i}](data, pos, size)")
+            continue
+        if kind == _UNION:
+            count = len(symbols[i])
+            lines += [
+                f"{ind}b = data[pos]",
+                f"{ind}pos += 1",
+                f"{ind}if b & 1 or b >= {count * 2}: raise FlatError('union index byte ' + str(b))",
+                f"{ind}name, read = SYMBOLS[{i}][b >> 1]",
+                f"{ind}values, pos = read(data, pos, size)",
+                f"{ind}f{i} = (name, values)",
+            ]
+            continue
         if kind & _NULLABLE:
             lines += [
                 f"{ind}b = data[pos]",
@@ -216,6 +255,9 @@ def _decoder_source(kinds: Sequence[int], symbols: Sequence[Any]) -> list[str]:
             ]
         else:  # null
             lines.append(f"{ind}f{i} = None")
+    values = "[" + ", ".join(f"f{i}" for i in range(len(kinds))) + "]"
+    if body:
+        return [*lines, "        pass", f"    return {values}, pos"]
     lines += [
         "    except IndexError:",
         "        raise FlatError('truncated') from None",
@@ -223,9 +265,53 @@ def _decoder_source(kinds: Sequence[int], symbols: Sequence[Any]) -> list[str]:
         "        raise FlatError('string is not UTF-8') from None",
         "    if pos != size:",
         "        raise FlatError(str(size - pos) + ' trailing bytes')",
-        "    return [" + ", ".join(f"f{i}" for i in range(len(kinds))) + "]",
+        f"    return {values}",
     ]
     return lines
+
+
+def _environment(names: Sequence[str], symbols: Sequence[Any], index: Any = ()) -> dict[str, Any]:
+    return {
+        "FlatError": FlatError,
+        "NAMES": tuple(names),
+        "SYMBOLS": tuple(symbols),
+        "INDEX": index,
+        "SMALL": _SMALL,
+        "varint": _varint,
+        "read_varint": _read_varint,
+    }
+
+
+def _run(lines: list[str], env: dict[str, Any], label: str) -> dict[str, Any]:
+    exec(compile("\n".join(lines), f"<flat {label}>", "exec"), env)  # noqa: S102 - our own generated source
+    return env
+
+
+def _fields(parsed: Any, nested: bool) -> tuple[list[str], list[int], list[Any]] | None:
+    """Names, kinds and symbols (or readers) of a record schema's fields; None when one of
+    them has no fast path."""
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        return None
+    names, kinds, symbols = [], [], []
+    for f in parsed["fields"]:
+        kind = _kind(f["type"], nested)
+        if kind is None:
+            return None
+        names.append(f["name"])
+        kinds.append(kind[0])
+        symbols.append(kind[1])
+    return names, kinds, symbols
+
+
+def _nested_body(parsed: dict[str, Any]) -> Callable[..., tuple[list[Any], int]] | None:
+    """The body reader of a record nested in another (see :func:`_decoder_source`)."""
+    fields = _fields(parsed, nested=True)
+    if fields is None:
+        return None
+    names, kinds, symbols = fields
+    env = _run(_decoder_source(kinds, symbols, body=True), _environment(names, symbols), "body")
+    body: Callable[..., tuple[list[Any], int]] = env["body"]
+    return body
 
 
 class FlatRecord:
@@ -248,47 +334,40 @@ class FlatRecord:
         self._symbols = symbols  # per field: enum symbols or None
         # Per enum field: symbol -> the varint bytes of its index.
         self._index = tuple(
-            None if s is None else {name: _SMALL[i << 1] for i, name in enumerate(s)}
-            for s in symbols
+            {name: _SMALL[i << 1] for i, name in enumerate(s)} if kind == _ENUM else None
+            for kind, s in ((k & 7, s) for k, s in zip(kinds, symbols, strict=True))
         )
-        source = _decoder_source(kinds, symbols) + _encoder_source(
-            "encode_values", [f"o[{i}]" for i in range(len(names))], kinds
-        )
+        source = _decoder_source(kinds, symbols)
+        if not any(k in (_RECORD, _UNION) for k in kinds):  # nested records: read only
+            source += _encoder_source(
+                "encode_values", [f"o[{i}]" for i in range(len(names))], kinds
+            )
         env = self._compile(source)
         self.decode = env["decode"]
-        self._encode_values = env["encode_values"]
+        self._encode_values = env.get("encode_values")
 
     def _compile(self, lines: list[str]) -> dict[str, Any]:
-        env: dict[str, Any] = {
-            "FlatError": FlatError,
-            "NAMES": self.names,
-            "SYMBOLS": self._symbols,
-            "INDEX": self._index,
-            "SMALL": _SMALL,
-            "varint": _varint,
-            "read_varint": _read_varint,
-        }
-        exec(compile("\n".join(lines), f"<flat {','.join(self.names[:2])}...>", "exec"), env)  # noqa: S102 - our own generated source
-        return env
+        env = _environment(self.names, self._symbols, self._index)
+        return _run(lines, env, ",".join(self.names[:2]) + "...")
 
     @classmethod
     def compile(cls, parsed: Any) -> FlatRecord | None:
         """The codec for a (fastavro-parsed) record schema, or None when it is not flat."""
-        if not isinstance(parsed, dict) or parsed.get("type") != "record":
-            return None
-        names, kinds, symbols = [], [], []
-        for f in parsed["fields"]:
-            kind = _kind(f["type"])
-            if kind is None:
-                return None
-            names.append(f["name"])
-            kinds.append(kind[0])
-            symbols.append(kind[1])
-        return cls(tuple(names), tuple(kinds), tuple(symbols))
+        fields = _fields(parsed, nested=False)
+        return None if fields is None else cls(*map(tuple, fields))
+
+    @classmethod
+    def compile_nested(cls, parsed: Any) -> FlatRecord | None:
+        """A reader for a record schema whose fields may also be records or unions of records
+        (it can :meth:`decode`, not encode), or None when a field has no fast path."""
+        fields = _fields(parsed, nested=True)
+        return None if fields is None else cls(*map(tuple, fields))
 
     def encode(self, values: Sequence[Any], out: bytearray) -> None:
         """Append the Avro body of ``values`` (schema order; enums as symbol strings) to ``out``.
         Raises :class:`FlatError` for a value that is not exactly of its field's type."""
+        if self._encode_values is None:
+            raise FlatError("a reader of nested records does not encode")
         out += self._encode_values(values, b"")
 
     def writer(self) -> Callable[[Any, bytes], bytes]:
