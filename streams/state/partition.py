@@ -54,6 +54,8 @@ _OFFSET = struct.Struct(">q")
 WheelChanges = dict[int, dict[bytes, bytes | None]]
 #: A record's timers as its header stores them: ``(wheel, due_ms, tag bytes)``.
 Timers = list[tuple[int, int, bytes]]
+#: In the timers of the stored records: the key has no record.
+_NO_RECORD: Timers = []
 
 
 def index_changes(job_key: bytes, old: bytes | None, new: bytes | None, out: WheelChanges) -> None:
@@ -291,7 +293,7 @@ class PartitionState:
         """The timers of the record stored under ``key`` (None: there is none)."""
         timers = self._timers.get(key)
         if timers is not None:
-            return timers
+            return None if timers is _NO_RECORD else timers
         raw = self._jobs.get(key)
         return None if raw is None else peek_timers(raw)
 
@@ -303,7 +305,10 @@ class PartitionState:
             job, self._timers[key] = cached
             return job
         raw = self._jobs.get(key)
-        return None if raw is None else decode_job(raw)
+        if raw is None:
+            self._timers[key] = _NO_RECORD  # a new job's save need not look again
+            return None
+        return decode_job(raw)
 
     def save_record(self, key: bytes, job: JobRecord) -> None:
         """Write ``job`` under ``key``; it stays decoded in the cache until loaded again."""

@@ -56,7 +56,12 @@ class RocksDBResources:
             limits.total_write_buffer_bytes, False, self.cache
         )
 
-    def options(self) -> rocksdict.Options:
+    def options(self, point_lookups: bool = False) -> rocksdict.Options:
+        """Options of one column family. ``point_lookups``: keys are looked up one by one
+        (the job records), and most lookups of a new job's id find nothing: whole-key bloom
+        filters in the tables and the memtable let a miss skip them instead of searching
+        each. Measured in a running scheduler without them: 10 us of CPU per lookup.
+        """
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
@@ -65,13 +70,20 @@ class RocksDBResources:
         options.set_write_buffer_manager(self.write_buffers)
         table = rocksdict.BlockBasedOptions()
         table.set_block_cache(self.cache)
+        if point_lookups:
+            table.set_bloom_filter(10, False)  # ~1% false positives, full (not per block)
+            options.set_memtable_prefix_bloom_ratio(0.02)
+            options.set_memtable_whole_key_filtering(True)
         options.set_block_based_table_factory(table)
         return options
 
     def open(self, path: Path | str, column_families: Iterable[str] = ()) -> rocksdict.Rdict:
-        """Open (creating if needed) a database and its column families."""
+        """Open (creating if needed) a database and its column families; the default family
+        holds point-looked-up records, the others are scanned."""
         families = {name: self.options() for name in column_families}
-        return rocksdict.Rdict(str(path), options=self.options(), column_families=families or None)
+        return rocksdict.Rdict(
+            str(path), options=self.options(point_lookups=True), column_families=families or None
+        )
 
 
 class RocksDBKeyValueStore(KeyValueStore):
