@@ -322,7 +322,7 @@ class FlatRecord:
     it will not vouch for.
     """
 
-    __slots__ = ("names", "_kinds", "_symbols", "_index", "decode", "_encode_values")
+    __slots__ = ("names", "_kinds", "_symbols", "_index", "decode")
 
     decode: Callable[..., list[Any]]
 
@@ -337,14 +337,7 @@ class FlatRecord:
             {name: _SMALL[i << 1] for i, name in enumerate(s)} if kind == _ENUM else None
             for kind, s in ((k & 7, s) for k, s in zip(kinds, symbols, strict=True))
         )
-        source = _decoder_source(kinds, symbols)
-        if not any(k in (_RECORD, _UNION) for k in kinds):  # nested records: read only
-            source += _encoder_source(
-                "encode_values", [f"o[{i}]" for i in range(len(names))], kinds
-            )
-        env = self._compile(source)
-        self.decode = env["decode"]
-        self._encode_values = env.get("encode_values")
+        self.decode = self._compile(_decoder_source(kinds, symbols))["decode"]
 
     def _compile(self, lines: list[str]) -> dict[str, Any]:
         env = _environment(self.names, self._symbols, self._index)
@@ -359,21 +352,17 @@ class FlatRecord:
     @classmethod
     def compile_nested(cls, parsed: Any) -> FlatRecord | None:
         """A reader for a record schema whose fields may also be records or unions of records
-        (it can :meth:`decode`, not encode), or None when a field has no fast path."""
+        (it has no :meth:`writer`), or None when a field has no fast path."""
         fields = _fields(parsed, nested=True)
         return None if fields is None else cls(*map(tuple, fields))
 
-    def encode(self, values: Sequence[Any], out: bytearray) -> None:
-        """Append the Avro body of ``values`` (schema order; enums as symbol strings) to ``out``.
-        Raises :class:`FlatError` for a value that is not exactly of its field's type."""
-        if self._encode_values is None:
-            raise FlatError("a reader of nested records does not encode")
-        out += self._encode_values(values, b"")
-
     def writer(self) -> Callable[[Any, bytes], bytes]:
         """``write(obj, head)``: ``head`` + the Avro body of an object with an attribute per
-        field (a model), read straight from its attributes. Raises :class:`FlatError` like
-        :meth:`encode`."""
+        field (a model), read straight from its attributes (enums as members or symbol
+        strings). Raises :class:`FlatError` for a value that is not exactly of its field's
+        type."""
+        if any(k in (_RECORD, _UNION) for k in self._kinds):
+            raise FlatError("a reader of nested records does not write")
         source = _encoder_source("write", [f"o.{name}" for name in self.names], self._kinds)
         write: Callable[[Any, bytes], bytes] = self._compile(source)["write"]
         return write

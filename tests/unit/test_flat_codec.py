@@ -159,9 +159,7 @@ def test_values_of_the_wrong_type_are_left_to_fastavro() -> None:
     flat = FlatRecord.compile(STATUS.parsed)
     assert flat is not None
     with pytest.raises(FlatError):
-        flat.encode(
-            [getattr(dataclasses.replace(good, seq=True), n) for n in flat.names], bytearray()
-        )
+        flat.writer()(dataclasses.replace(good, seq=True), b"")
 
 
 def test_non_flat_schemas_get_no_flat_codec() -> None:
@@ -256,4 +254,4 @@ def test_a_nested_reader_does_not_encode() -> None:
     reader = FlatRecord.compile_nested(COMMAND.parsed)
     assert reader is not None and FlatRecord.compile(COMMAND.parsed) is None
     with pytest.raises(FlatError):
-        reader.encode([], bytearray())
+        reader.writer()
