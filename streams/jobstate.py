@@ -125,7 +125,7 @@ class JobRecord:
     recent_commands: list[str] = field(default_factory=list)
     #: The spec's JSON document as last encoded, with the spec it was encoded from (not
     #: stored: see :func:`spec_json`).
-    encoded_spec: tuple[ScheduleJob, bytes] | None = field(default=None, compare=False, repr=False)
+    encoded_spec: tuple[ScheduleJob, str] | None = field(default=None, compare=False, repr=False)
 
     def remember(self, command_id: str) -> None:
         self.recent_commands.append(command_id)
@@ -213,17 +213,19 @@ def _header(timers: list[tuple[int, int, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def spec_json(job: JobRecord) -> bytes:
+def spec_json(job: JobRecord) -> str:
     """The job's spec as the JSON document a SCHEDULED event carries (one definition of its
     shape, :func:`~jobwheel.schemas.models.spec_document`). The spec never changes in place
     (it is frozen; a new schedule replaces it), and a record is encoded on every change: the
-    document is made once per spec, not once per write."""
+    document is made once per spec, not once per write. Kept as text: the bytes orjson
+    returns hold a 4 KiB buffer whatever their length, which the record cache held for every
+    record (16 MiB per 4,096)."""
     cached = job.encoded_spec
     if cached is not None and cached[0] is job.spec:
         return cached[1]
-    raw = orjson.dumps(spec_document(job.spec))
-    job.encoded_spec = (job.spec, raw)
-    return raw
+    text = orjson.dumps(spec_document(job.spec)).decode()
+    job.encoded_spec = (job.spec, text)
+    return text
 
 
 def encode_job(job: JobRecord, timers: list[tuple[int, int, bytes]] | None = None) -> bytes:

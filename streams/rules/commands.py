@@ -117,7 +117,7 @@ class CommandRules(ProcessorCore):
                 State.SCHEDULED,
                 now_ms,
                 event_id=f"{cmd.command_id}:SCHEDULED",
-                spec_json=spec_json(job).decode(),
+                spec_json=spec_json(job),
             )
         )
         self.save(job)
