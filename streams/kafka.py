@@ -349,7 +349,12 @@ class TransactionalProducer:
             # reader of the partitions it wrote (workers, a restoring scheduler) until the
             # broker aborts it. A transaction normally lasts milliseconds (one loop iteration).
             "transaction.timeout.ms": settings.scheduler_transaction_timeout_ms,
-            "linger.ms": 5,
+            # The engine produces a transaction's records right before committing it, and
+            # they are invisible to read_committed readers until the commit anyway, which
+            # flushes them: waiting for the commit sends them in one request per broker
+            # instead of one every 5 ms of the produce loop (each request is an append per
+            # partition on the broker).
+            "linger.ms": 1000,
             **settings.librdkafka(
                 **{
                     "transactional.id": transactional_id,
