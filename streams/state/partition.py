@@ -317,6 +317,7 @@ class PartitionState:
         self._jobs.put(key, encode_job(job, timers))
         self._timers[key] = timers
         records = self._records
+        records.pop(key, None)  # a record saved again is the newest, not where it first was
         records[key] = (job, timers)
         if len(records) > self._cache_size:
             del records[next(iter(records))]
