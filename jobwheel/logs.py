@@ -40,9 +40,24 @@ class _TextFormatter(logging.Formatter):
         return line
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (as the standard library's
+    own last-resort handler does), not to the stream of the moment it was installed: a command
+    run in-process by a test harness, which swaps ``sys.stderr`` per test, left a handler on a
+    closed stream, and a background thread that logged later printed a "Logging error"."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def configure(level: str = "INFO", fmt: str = "json") -> None:
     """Install the jobwheel formatter on the root logger (idempotent)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
