@@ -40,7 +40,7 @@ class _TextFormatter(logging.Formatter):
         return line
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class ServiceHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is when a record is emitted (as the standard library's
     own last-resort handler does), not to the stream of the moment it was installed: a command
     run in-process by a test harness, which swaps ``sys.stderr`` per test, left a handler on a
@@ -57,7 +57,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 def configure(level: str = "INFO", fmt: str = "json") -> None:
     """Install the jobwheel formatter on the root logger (idempotent)."""
-    handler = _StderrHandler()
+    handler = ServiceHandler()
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

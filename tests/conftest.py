@@ -15,6 +15,7 @@ factor :func:`tests.support.scaled` applies to the waits inside the tests.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -54,6 +55,24 @@ def _scale_timeout(config: pytest.Config, item: pytest.Item) -> None:
         nominal = config.getvalue("timeout") or config.getini("timeout")
     if nominal:
         item.add_marker(pytest.mark.timeout(scaled(float(nominal)), **kwargs), append=False)
+
+
+@pytest.fixture(autouse=True)
+def _service_log_handler_removed() -> Iterator[None]:
+    """A command a test runs in-process (``jobwheel.cli.main``) installs the service log
+    handler on the root logger, as a service does; take it away again with the test, so that
+    a background thread of a later test (an API's sink still starting) does not print through
+    it into the run's output."""
+    from jobwheel import logs
+
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    added = [h for h in root.handlers if h not in before and isinstance(h, logs.ServiceHandler)]
+    for handler in added:
+        root.removeHandler(handler)
+    if added:
+        root.setLevel(level)
 
 
 @pytest.fixture
