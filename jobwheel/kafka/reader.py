@@ -65,17 +65,18 @@ class TopicReader:
     def offsets_at(
         self, topic: str, partitions: list[int], ms: int, timeout_s: float
     ) -> dict[int, int]:
-        """Per partition, the first offset at or after ``ms`` (the end when there is none)."""
+        """Per partition, the first offset at or after ``ms``; where there is none, the end as
+        it was *before* the lookup. Asked after it, the end can already be past a record
+        appended in between (an answer to the command a caller has just sent: ``wait`` then
+        never saw the job's events, a race that a fast scheduler made likely)."""
+        ends = {p: self.end_offset(topic, p, timeout_s) for p in partitions}
         try:
             found = self._consumer.offsets_for_times(
                 [TopicPartition(topic, p, max(0, ms)) for p in partitions], timeout=timeout_s
             )
         except KafkaException as exc:
             raise BrokerError(f"cannot find where to read {topic}: {exc}") from exc
-        return {
-            tp.partition: tp.offset if tp.offset >= 0 else self.end_offset(topic, tp.partition)
-            for tp in found
-        }
+        return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
 
     def assign(self, offsets: dict[tuple[str, int], int]) -> None:
         """Read ``(topic, partition)`` from each offset (or :data:`BEGINNING`)."""
