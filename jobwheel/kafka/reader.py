@@ -56,11 +56,13 @@ class TopicReader:
 
     def end_offset(self, topic: str, partition: int, timeout_s: float = 10.0) -> int:
         """The offset the next record of the partition will get."""
-        return int(
-            self._consumer.get_watermark_offsets(
+        try:
+            _low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=timeout_s
-            )[1]
-        )
+            )
+        except KafkaException as exc:
+            raise BrokerError(f"cannot read the end of {topic}/{partition}: {exc}") from exc
+        return int(high)
 
     def offsets_at(
         self, topic: str, partitions: list[int], ms: int, timeout_s: float

@@ -9,10 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 
 from jobwheel.kafka.consumer import Record
 from jobwheel.kafka.reader import TopicReader
+from tests.support import kafka_call
 
 
 class _AppendAfterLookup:
@@ -44,6 +45,8 @@ class _AppendAfterLookup:
 def test_a_record_appended_during_the_start_lookup_is_read(settings: Any) -> None:
     topic = settings.topics.status
     reader = TopicReader(settings, "tests", "reader-race")
+    leader = TopicPartition(topic, 0)  # the topic is new: wait until its partition has a leader
+    kafka_call(lambda: reader._consumer.get_watermark_offsets(leader, timeout=5), "end offset")
     racing = _AppendAfterLookup(reader._consumer, settings, topic)
     reader._consumer = racing
     try:
