@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobwheel.errors import ValidationError
 from jobwheel.producers import validation as v
@@ -232,3 +235,65 @@ def test_schedule_many_mappings_refuse_unknown_keys() -> None:
     with pytest.raises(ValidationError) as info:
         _spec({"now": True})
     assert info.value.field == "task"
+
+
+# --- the scheduler's argument check (check_args_text) gives parse_args_text's verdicts ---------
+
+_ODD_JSON = [
+    "{}", "[]", '{"a":1}', "1e400", "-1e400", "NaN", "[Infinity]", "-Infinity",
+    "123456789012345678901234567890", '"\\ud800"', '"\\udc00\\ud800"', '"\\ud83d\\ude00"',
+    '"\ud800"', "\ufeff{}", '{"a":1,"a":2}', "[" * 65 + "]" * 65, "[" * 64 + "]" * 64,
+    "[" * 2000 + "]" * 2000, '{"a":' * 70 + "1" + "}" * 70, "", " ", "{", "[1,]", "{'a':1}",
+    '"\x00"', '"\\u0000"', "01", "1.", ".5", "-", "tru", "null", "true false",
+    '"' + "é" * 300 + '"',
+]  # fmt: skip
+
+
+def _verdict(check: object, text: object, limit: int) -> str:
+    try:
+        check(text, limit)  # type: ignore[operator]
+    except ValidationError as exc:
+        return f"refused: {exc}"
+    return "accepted"
+
+
+@pytest.mark.parametrize("text", _ODD_JSON)
+@pytest.mark.parametrize("limit", [LIMIT, 600, 4])
+def test_the_scheduler_check_refuses_exactly_what_parse_refuses(text: str, limit: int) -> None:
+    assert _verdict(rules.check_args_text, text, limit) == _verdict(
+        rules.parse_args_text, text, limit
+    )
+
+
+def test_the_scheduler_check_refuses_what_is_not_text() -> None:
+    for value in (None, b"{}", 1, ["{}"]):
+        assert _verdict(rules.check_args_text, value, LIMIT) == _verdict(
+            rules.parse_args_text, value, LIMIT
+        )
+        assert _verdict(rules.check_args_text, value, LIMIT).startswith("refused")
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    value=_json_values,
+    cut=st.integers(min_value=0, max_value=400),
+    noise=st.text(alphabet='{}[]",:\\u0123456789abcdefeE.+-dD8 \n', max_size=6),
+)
+def test_the_scheduler_check_agrees_on_random_and_broken_json(
+    value: object, cut: int, noise: str
+) -> None:
+    """Valid documents (NaN and infinities included, as ``json.dumps`` writes them), the same
+    cut short or with noise spliced in."""
+    text = json.dumps(value, ensure_ascii=bool(cut % 2))
+    for candidate in (text, text[:cut], text[:cut] + noise + text[cut:]):
+        for limit in (LIMIT, 64):
+            assert _verdict(rules.check_args_text, candidate, limit) == _verdict(
+                rules.parse_args_text, candidate, limit
+            ), candidate
