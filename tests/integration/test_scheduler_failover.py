@@ -48,6 +48,34 @@ def at_jobs(prefix: str, first_ms: int, count: int, spread_ms: int) -> list[JobS
     ]
 
 
+def test_a_restart_on_its_own_disk_reads_only_what_its_checkpoint_lacks(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """The checkpoint each transaction writes beside the state is the changelog's end: a
+    scheduler that stopped cleanly and starts again on the same disk reads no changelog
+    record, and still has every pending job (they fire). Were the checkpoint behind, the
+    restart would read the records again; were it ahead, the state would not fit the
+    changelog and be wiped, and rebuilt from all of it."""
+    data_dir = tmp_path / "own"
+    first = start_scheduler(procs, jobwheel_env, data_dir, log_name="first")
+    due = now_ms() + 12_000
+    with JobClient(settings) as client:
+        job_ids = client.schedule_many(at_jobs("warm", due, 60, 2000))
+        # Changed again in later transactions: a partition's checkpoint is its last record's.
+        client.schedule_many(at_jobs("warm", due, 30, 2000))
+    tail.wait(
+        lambda: len(tail.events(state=State.SCHEDULED)) >= 90, 30, "jobs were not all SCHEDULED"
+    )
+    assert stop(first, signal.SIGTERM, 30) == 0
+    assert tail.all_runs() == []
+
+    again = start_scheduler(procs, jobwheel_env, data_dir, log_name="again")
+    ready = wait_owns_all(again, settings.partitions)
+    assert sum(e["restored_records"] for e in ready.values()) == 0, ready
+    tail.wait(lambda: all(tail.runs_of(j) for j in job_ids), 60, "not every pending job fired")
+    assert tail.duplicate_dispatches() == {}
+
+
 def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
