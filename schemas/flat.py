@@ -78,11 +78,30 @@ def _kind(schema: Any, nested: bool = False) -> tuple[int, Any] | None:
     return None
 
 
+#: Varints of recent large values: the events of one scheduler iteration share their event
+#: time and most of their deadlines (now + the visibility timeout), so most timestamps come
+#: again within a few events. Emptied when full; a dict's get and set are atomic, so threads
+#: may share it.
+_RECENT: dict[int, bytes] = {}
+_RECENT_MAX = 256
+
+
 def _varint(n: int) -> bytes:
     """The varint of a non-negative ``n`` (the zigzag of a value), unrolled for the sizes of
     millisecond timestamps."""
     if n < 16384:
         return _SMALL[n]
+    known = _RECENT.get(n)
+    if known is not None:
+        return known
+    out = _varint_bytes(n)
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.clear()
+    _RECENT[n] = out
+    return out
+
+
+def _varint_bytes(n: int) -> bytes:
     if n < 1 << 21:
         return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14))
     if n < 1 << 28:

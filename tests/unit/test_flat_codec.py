@@ -110,6 +110,20 @@ def test_encodes_exactly_as_fastavro_and_round_trips(value: Run | StatusEvent) -
     assert CODEC.decode(data) == value
 
 
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(value=events, times=st.lists(longs, min_size=1, max_size=40))
+def test_timestamps_seen_before_encode_as_the_first_time(
+    value: StatusEvent, times: list[int]
+) -> None:
+    """The encoder keeps the varints of recent large values (see ``flat._RECENT``): an event
+    written again after others, and after that memory was emptied, gives the same bytes."""
+    first = CODEC.encode(value)
+    for t in times * 10:  # more distinct values than the memory holds: it is emptied
+        CODEC.encode(dataclasses.replace(value, event_time_ms=t, deadline_ms=t // 2))
+    assert CODEC.encode(value) == first
+    assert first == b"\xc3\x01" + STATUS.fingerprint + fastavro_body(value, STATUS.parsed)
+
+
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(body=st.binary(max_size=120), which=st.sampled_from([RUN_V1, STATUS, STATUS_V1]))
 def test_random_bodies_decode_as_fastavro_says_or_not_at_all(body: bytes, which: Any) -> None:
