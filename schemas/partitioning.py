@@ -1,12 +1,13 @@
 """Which partition a job lives in: the key bytes and Kafka's murmur2 partitioner.
 
-Every producer of the co-partitioned topics (the SDK via confluent-kafka, the scheduler via
-aiokafka, a service in another language) must put one job in the same partition number, or the
-scheduler that owns the job never sees its commands or acknowledgements. So the key is fixed to
-the job id as raw UTF-8 bytes and the partitioner to the Java client's default: murmur2 of the key
-bytes, made positive with ``& 0x7fffffff``, modulo the partition count. aiokafka's
-``DefaultPartitioner`` and librdkafka's ``murmur2_random`` compute the same thing for keyed
-records; librdkafka's default ``consistent_random`` (CRC32) does not.
+Every producer of the co-partitioned topics (the SDK and the workers via confluent-kafka, a
+service in another language) must put one job in the same partition number, or the scheduler
+that owns the job never sees its commands or acknowledgements. So the key is fixed to the job id
+as raw UTF-8 bytes and the partitioner to the Java client's default: murmur2 of the key bytes,
+made positive with ``& 0x7fffffff``, modulo the partition count. librdkafka's ``murmur2_random``
+and aiokafka's ``DefaultPartitioner`` compute the same thing for keyed records; librdkafka's
+default ``consistent_random`` (CRC32) does not. (The scheduler writes each output to the
+partition of its input, by number.)
 """
 
 from __future__ import annotations

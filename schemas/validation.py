@@ -25,7 +25,10 @@ import re
 from datetime import timedelta
 from typing import Any
 
-import orjson
+try:  # the scheduler's extra has it (check_args_text); a client install checks without it
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised by the client-install test
+    _orjson = None
 
 from jobwheel.errors import ValidationError, clip
 from jobwheel.schemas.cron import parse_cron, zone
@@ -230,12 +233,13 @@ def check_args_text(text: Any, max_bytes: int, field: str = "args") -> None:
     surrogate escape, a BOM, more than 1,024 levels). A text it refuses goes through
     :func:`parse_args_text`, so the verdict and its message are that function's; the depth rule
     applies on both paths. The value is not used because orjson reads integers beyond 64 bits
-    as floats where the standard parser keeps them exact.
+    as floats where the standard parser keeps them exact. Without orjson (a client install,
+    which has no scheduler extra) it is :func:`parse_args_text`.
     """
-    if type(text) is str and len(text) <= max_bytes // 4:  # n characters: <= 4n UTF-8 bytes
+    if _orjson is not None and type(text) is str and len(text) <= max_bytes // 4:  # <= 4n bytes
         try:
-            value = orjson.loads(text)
-        except orjson.JSONDecodeError:
+            value = _orjson.loads(text)
+        except _orjson.JSONDecodeError:
             pass
         else:
             _check_depth(value, text, field)

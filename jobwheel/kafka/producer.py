@@ -32,7 +32,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     # returned.
     "enable.idempotence": True,
     "acks": "all",
-    # The Java/aiokafka partitioner: the scheduler's partition for a job id is the same one.
+    # The Java client's partitioner: the scheduler's partition for a job id is the same one.
     "partitioner": "murmur2_random",
     # Small batching window: schedule() waits for the ack, so keep the added latency low.
     "linger.ms": 5,
