@@ -271,7 +271,7 @@ class SchedulerEngine:
     def _connect(self) -> None:
         client = f"{self.settings.scheduler_app_id}-{self._instance}"
         self.joined = False
-        self.producer = TransactionalProducer(self.settings, client, self.changelog_topic)
+        self.producer = TransactionalProducer(self.settings, client)
         while True:
             self.turned_at = time.monotonic()
             try:

@@ -335,13 +335,13 @@ class ChangelogReader(_AssignedConsumer):
 class TransactionalProducer:
     """One transactional producer; every call blocks the engine's thread (see the module doc).
 
-    ``changelog_offsets`` collects, per partition, the highest changelog offset delivered in the
-    current transaction: after a commit it is where the local state's checkpoint goes.
+    ``changelog_offsets`` collects, per partition, the highest offset of the records produced
+    with ``track`` (the changelog's) delivered in the current transaction: after a commit it is
+    where the local state's checkpoint goes.
     """
 
-    def __init__(self, settings: Settings, transactional_id: str, changelog_topic: str) -> None:
+    def __init__(self, settings: Settings, transactional_id: str) -> None:
         self.transactional_id = transactional_id
-        self.changelog_topic = changelog_topic
         config = {
             "acks": "all",
             "enable.idempotence": True,
