@@ -8,7 +8,17 @@ import argparse
 import pytest
 
 from jobwheel.settings import Settings
-from load.e2e import Fire, Start, _service_settings, parse_starts, percentiles, service_env, tally
+from load.e2e import (
+    Fire,
+    Start,
+    StartsTail,
+    _service_settings,
+    parse_starts,
+    percentiles,
+    read_starts,
+    service_env,
+    tally,
+)
 
 
 def test_a_lost_job_and_a_duplicate_execution_are_counted() -> None:
@@ -61,3 +71,25 @@ def test_service_settings_reach_every_service_and_nothing_else_does(tmp_path, mo
     assert "JOBWHEEL_WORKER_CONCURRENCY" not in env
     with pytest.raises(SystemExit):
         _service_settings(parser, ["COMMIT_INTERVAL=50"])
+
+
+def test_the_watch_loop_reads_each_start_once_and_waits_for_a_torn_line(tmp_path) -> None:
+    """The generator watches a run by reading only what was appended since its last look
+    (reading every file whole each time took a third of a core from the pipeline it
+    measures): every start is read once, a line still being written waits until it is whole,
+    and at the end the tail holds what reading the files whole gives."""
+    a, b = tmp_path / "starts-1.txt", tmp_path / "starts-2.txt"
+    tail = StartsTail(tmp_path)
+    assert tail.read() == []
+    a.write_text("e2e-0@1 1 1 1000000 1\ne2e-1@2 1 2 20")  # the second line is torn
+    assert [s.run_id for s in tail.read()] == ["e2e-0@1"]
+    with a.open("a") as f:
+        f.write("00000 1\n")  # ... and now whole
+    b.write_text("e2e-2@3 1 3 3000000 2\n")
+    new = tail.read()
+    assert sorted(s.run_id for s in new) == ["e2e-1@2", "e2e-2@3"]
+    assert next(s for s in new if s.run_id == "e2e-1@2").start_ms == 2.0
+    assert tail.read() == []
+    assert sorted(tail.starts, key=lambda s: s.run_id) == sorted(
+        read_starts(tmp_path), key=lambda s: s.run_id
+    )
