@@ -422,7 +422,7 @@ class RunsReader:
                     run = self._run(value)
                     if run is not None and run.job_id.startswith("e2e-") and run.attempt == 1:
                         self._duplicate -= 1
-                        self._produce_again(msg.key(), run)
+                        self._produce_again(key, run)
                         self.duplicated.append(run.run_id)
 
     def _run(self, value: bytes) -> Any:
@@ -469,13 +469,9 @@ class RunsReader:
 
 
 def read_starts(directory: Path) -> list[Start]:
-    """Every start noted in ``directory`` so far (read whole: for the end and the small waits;
-    the loop that watches a run uses :class:`StartsTail`)."""
-    starts: list[Start] = []
-    for path in sorted(directory.glob("starts-*.txt")):
-        with contextlib.suppress(OSError):
-            starts += parse_starts(path.read_text())
-    return starts
+    """Every start noted in ``directory`` so far, in one read (the loop that watches a run
+    keeps a :class:`StartsTail`)."""
+    return StartsTail(directory).read()
 
 
 class StartsTail:
@@ -727,7 +723,8 @@ def _drive(
         time.sleep(0.2)
     watch_cpu_s = time.process_time() - watch_cpu_start
     time.sleep(config.settle_s)  # late duplicates
-    starts = read_starts(starts_dir)
+    tail.read()
+    starts = tail.starts
     # The status path is not on the firing path (the sink may run behind during a burst and
     # catch up after it): wait for it, report how long it took, and count its CPU to the end.
     last_start_s = max((s.start_ms for s in starts), default=time.time() * 1000) / 1000
@@ -798,6 +795,11 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
     broker = next((s for s in services if s.role == "broker"), None)
     tail = StartsTail(out)
     warmed: set[str] = set()
+
+    def ran(total: int) -> bool:
+        warmed.update(s.job_id for s in tail.read())
+        return len(warmed) >= total
+
     for round_ in range(config.warmup_rounds):
         jit_before = None if broker is None else proc_jit_cpu_s(broker.pid)
         first_due_ms = int((time.time() + 3) * 1000)
@@ -815,7 +817,7 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
         with JobClient(settings) as client:
             client.schedule_many(specs)
         wait_for(
-            lambda total=n * (round_ + 1): len(_add_ids(warmed, tail.read())) >= total,
+            lambda total=n * (round_ + 1): ran(total),
             3 + n / config.warmup_rate + config.timeout_s,
             "the warm-up jobs to run",
             services,
@@ -835,11 +837,6 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
         )
         if jit is None or jit < WARM_JIT_S:
             break
-
-
-def _add_ids(ids: set[str], starts: Sequence[Start]) -> set[str]:
-    ids.update(s.job_id for s in starts)
-    return ids
 
 
 def _timeline(
