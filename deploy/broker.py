@@ -23,6 +23,7 @@ SCRAM credential is created when the storage is formatted. A data dir stays secu
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import ctypes
 import fcntl
@@ -199,6 +200,10 @@ def ephemeral_ports() -> tuple[int, int]:
         return 32_768, 60_999
 
 
+#: The ports :func:`free_port` handed out lately (the oldest leave first).
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def free_port(host: str = HOST) -> int:
     """A port a server could bind right now (another process may still take it), outside the
     kernel's ephemeral range.
@@ -209,12 +214,20 @@ def free_port(host: str = HOST) -> int:
     and connect to itself (TCP simultaneous open); the broker then cannot bind its port when
     it starts again. Random picks from :data:`FREE_PORT_RANGE` (minus the ephemeral range, if
     the host's overlaps it) avoid that, and processes picking at once rarely collide.
+
+    A port handed out lately by this process is not handed out again: callers ask for a
+    broker's listener and controller ports one after the other before either is bound, and
+    two random picks were once the same port (a fresh-clone test run failed on it).
     """
     low, high = FREE_PORT_RANGE
     eph_low, eph_high = ephemeral_ports()
-    candidates = [p for p in range(low, high + 1) if not eph_low <= p <= eph_high]
+    recent = set(_HANDED_OUT)
+    candidates = [
+        p for p in range(low, high + 1) if not eph_low <= p <= eph_high and p not in recent
+    ]
     for port in secrets.SystemRandom().sample(candidates, min(200, len(candidates))):
         if port_free(port, host):
+            _HANDED_OUT.append(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))  # the whole range is taken: the kernel's pick is better than none
