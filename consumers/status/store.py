@@ -74,6 +74,16 @@ TTL_TABLES: Mapping[str, str] = {
     "run_state": "toDateTime(intDiv(updated_ms, 1000))",
 }
 
+#: MergeTree settings of the data tables in the embedded engine (``chdb:``), set by
+#: :meth:`StatusStore.migrate` wherever they differ. Why: the embedded engine merges parts in
+#: the sink's own process, on the cores of the scheduler and the workers beside it, and under
+#: load its merges took a third of the sink's CPU. ``merge_selector_base`` 20 instead of 5 lets
+#: a table gather more parts of like size before merging them: fewer, wider merges, so each row
+#: is rewritten fewer times, for a few more parts to read (at most about twenty per table in
+#: ``load/RESULTS.md``'s runs). A ClickHouse server keeps its own defaults: its merges run on
+#: its own machine, and not every server version knows the setting.
+EMBEDDED_TABLE_SETTINGS: Mapping[str, str] = {"merge_selector_base": "20"}
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _TTL_DAYS = re.compile(r"toIntervalDay\((\d+)\)")
@@ -299,7 +309,11 @@ class StatusStore:
         )
         applied = self._applied()
         self._warn_changed(migrations, applied)
-        if all(m.version in applied for m in migrations) and self._ttl_current():
+        if (
+            all(m.version in applied for m in migrations)
+            and self._ttl_current()
+            and not self._table_settings_to_apply()
+        ):
             return []
         self._lock(lock_timeout_s, lock_stale_s)
         try:
@@ -321,6 +335,7 @@ class StatusStore:
                 )
                 done.append(migration.version)
             self._apply_ttl()
+            self._apply_table_settings()
             return done
         finally:
             self._unlock()
@@ -369,6 +384,38 @@ class StatusStore:
                     "status store TTL changed",
                     extra={"table": table, "from_days": days, "to_days": self.ttl_days},
                 )
+
+    def _table_settings_to_apply(self) -> dict[str, str]:
+        """``table -> "name = value, ..."`` of the :data:`EMBEDDED_TABLE_SETTINGS` a data table
+        does not have yet (none on a server)."""
+        if not self.embedded:
+            return {}
+        out = {}
+        for table in TTL_TABLES:  # the tables that hold data; every one has a TTL
+            rows = self.client.query(
+                "SELECT engine_full FROM system.tables "
+                "WHERE database = {db:String} AND name = {t:String}",
+                parameters={"db": self.database, "t": table},
+            ).result_rows
+            if not rows:
+                continue
+            engine = str(rows[0][0])
+            missing = [
+                f"{name} = {value}"
+                for name, value in EMBEDDED_TABLE_SETTINGS.items()
+                if not re.search(rf"\b{name} = {re.escape(value)}\b", engine)
+            ]
+            if missing:
+                out[table] = ", ".join(missing)
+        return out
+
+    def _apply_table_settings(self) -> None:
+        for table, assignments in self._table_settings_to_apply().items():
+            self._command(f"ALTER TABLE {table} MODIFY SETTING {assignments}")
+            log.info(
+                "status store table settings changed",
+                extra={"table": table, "settings": assignments},
+            )
 
     def _lock(self, timeout_s: float, stale_s: float) -> None:
         from clickhouse_connect.driver.exceptions import DatabaseError

@@ -13,6 +13,7 @@ import pytest
 
 from jobwheel.consumers.status import queries
 from jobwheel.consumers.status.store import (
+    EMBEDDED_TABLE_SETTINGS,
     LOCK_TABLE,
     MIGRATIONS_DIR,
     StatusStore,
@@ -112,6 +113,45 @@ def test_ttl_follows_the_setting(engine_dsn: str, store: StatusStore) -> None:
     reopened = StatusStore.open(engine_dsn, database=store.database, ttl_days=7)
     try:
         assert [ttl_days(t) for t in ("status_events", "job_state", "run_state")] == [7, 7, 7]
+    finally:
+        reopened.close()
+
+
+def test_embedded_tables_merge_with_the_embedded_settings(
+    engine_dsn: str, store: StatusStore
+) -> None:
+    """Every data table of an embedded store has EMBEDDED_TABLE_SETTINGS, a store made before
+    them gets them at its next open, and a server's tables are left to their operator."""
+
+    def settings_of(table: str) -> str:
+        (engine,) = store.query(
+            "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
+            "AND name = {t:String}",
+            {"t": table},
+        )[2][0]
+        return engine
+
+    tables = ("status_events", "job_state", "run_state")
+    wanted = [f"{name} = {value}" for name, value in EMBEDDED_TABLE_SETTINGS.items()]
+    assert wanted
+    for table in tables:
+        assert all(w in settings_of(table) for w in wanted), settings_of(table)
+
+    for table in tables:  # as a store made before the settings existed
+        store.client.command(
+            f"ALTER TABLE {table} RESET SETTING {', '.join(EMBEDDED_TABLE_SETTINGS)}"
+        )
+        assert not any(w in settings_of(table) for w in wanted)
+    as_server = StatusStore(
+        store.client, database=store.database, ttl_days=30, dsn="http://clickhouse:8123"
+    )
+    assert as_server.migrate() == []
+    assert not any(w in settings_of("status_events") for w in wanted)
+
+    reopened = StatusStore.open(engine_dsn, database=store.database, ttl_days=30)
+    try:
+        for table in tables:
+            assert all(w in settings_of(table) for w in wanted), settings_of(table)
     finally:
         reopened.close()
 
