@@ -186,9 +186,10 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
-def proc_jit_cpu_s(pid: int) -> float | None:
-    """CPU seconds of the JVM ``pid``'s JIT compiler threads (C1, C2) so far; None when gone."""
-    total = 0.0
+def proc_jit_cpu(pid: int) -> dict[str, float] | None:
+    """CPU seconds so far of each of the JVM ``pid``'s JIT compiler threads (C1, C2), by
+    thread id; None when the process is gone. Compare two samples with :func:`jit_cpu_s`."""
+    out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -199,8 +200,22 @@ def proc_jit_cpu_s(pid: int) -> float | None:
         except OSError:
             continue
         if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
-            total += _stat_cpu_s(stat)
-    return total
+            out[tid] = _stat_cpu_s(stat)
+    return out
+
+
+def jit_cpu_s(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
+    """JIT compiler CPU between two :func:`proc_jit_cpu` samples, thread by thread.
+
+    The JVM starts and stops compiler threads as the work comes and goes, and a thread that
+    ends takes its CPU time out of ``/proc``: a sum over the live threads fell between two
+    samples (the report printed -0.3 s), and a warm-up round that looked quiet that way
+    ended the warm-up early. Counted per thread, a thread started in between counts from
+    zero and one that ended counts nothing after ``before``: never negative, at worst short
+    by what ended threads did since ``before``."""
+    if before is None or after is None:
+        return None
+    return sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items())
 
 
 def proc_peak_rss_mib(pid: int) -> float | None:
@@ -682,7 +697,7 @@ def _drive(
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
     broker = next((s for s in services if s.role == "broker"), None)
-    jit_start = None if broker is None else proc_jit_cpu_s(broker.pid)
+    jit_start = None if broker is None else proc_jit_cpu(broker.pid)
 
     n = config.jobs
     first_due_ms = int((time.time() + config.lead_s) * 1000)
@@ -752,8 +767,8 @@ def _drive(
             cpu[s.role] = used
         rss.setdefault(s.role, []).append(proc_peak_rss_mib(s.pid))
     per_job = {role: None if v is None else v / n for role, v in cpu.items()}
-    jit_end = None if broker is None else proc_jit_cpu_s(broker.pid)
-    broker_jit_s = None if jit_start is None or jit_end is None else jit_end - jit_start
+    jit_end = None if broker is None else proc_jit_cpu(broker.pid)
+    broker_jit_s = jit_cpu_s(jit_start, jit_end)
     p99 = counted.start_lateness_ms["p99"]
     passed = not counted.lost and p99 is not None and p99 <= PASS_P99_MS
     return Result(
@@ -801,7 +816,7 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
         return len(warmed) >= total
 
     for round_ in range(config.warmup_rounds):
-        jit_before = None if broker is None else proc_jit_cpu_s(broker.pid)
+        jit_before = None if broker is None else proc_jit_cpu(broker.pid)
         first_due_ms = int((time.time() + 3) * 1000)
         specs = [
             JobSpec(
@@ -828,8 +843,8 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
             "the sink to store the warm-up's events",
             services,
         )
-        jit_after = None if broker is None else proc_jit_cpu_s(broker.pid)
-        jit = None if jit_before is None or jit_after is None else jit_after - jit_before
+        jit_after = None if broker is None else proc_jit_cpu(broker.pid)
+        jit = jit_cpu_s(jit_before, jit_after)
         print(
             f"warm-up {round_ + 1}: {n:,} jobs at {config.warmup_rate:,.0f}/s (not counted)"
             + ("" if jit is None else f", broker JIT compiler CPU {jit:.2f}s"),

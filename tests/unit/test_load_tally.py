@@ -13,6 +13,7 @@ from load.e2e import (
     Start,
     StartsTail,
     _service_settings,
+    jit_cpu_s,
     parse_starts,
     percentiles,
     read_starts,
@@ -93,3 +94,13 @@ def test_the_watch_loop_reads_each_start_once_and_waits_for_a_torn_line(tmp_path
     assert sorted(tail.starts, key=lambda s: s.run_id) == sorted(
         read_starts(tmp_path), key=lambda s: s.run_id
     )
+
+
+def test_jit_cpu_counts_each_compiler_thread_so_one_that_ended_takes_nothing_back() -> None:
+    # C2 thread 11 ran 4.0 s more, C1 thread 12 ended (its 3.0 s left /proc), 13 started.
+    before = {"11": 10.0, "12": 3.0}
+    after = {"11": 14.0, "13": 0.5}
+    assert jit_cpu_s(before, after) == pytest.approx(4.5)
+    assert jit_cpu_s(before, {}) == 0.0
+    assert jit_cpu_s(None, after) is None
+    assert jit_cpu_s(before, None) is None
