@@ -798,8 +798,10 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
     about half of the broker's CPU in a 30,000-job run on a fresh JVM, on the same two cores
     as the pipeline, which a broker that has been up for minutes (any real one) no longer
     pays; one round of 20,000 jobs left more than half of that compiling still to do. It
-    does not go quiet for good: eight rounds still left 0.8 to 1.2 s of compiling per round
-    (10,000 jobs), so three is the default and the report gives what was left. The
+    does not go quiet soon: counted thread by thread, three rounds still left 2.6 to 3.8 s of
+    compiling in a 4,500/s measured span, and a broker kept up through four whole runs is
+    quiet (``load/RESULTS.md``). So three is the default and the report gives what was left
+    (with ``--bootstrap`` the broker is not ours to watch: one round). The
     services warm up too (RocksDB, the embedded store's first parts, the codecs). The warm-up
     jobs use other ids and another output directory, so nothing here is counted.
     """
