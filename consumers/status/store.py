@@ -358,15 +358,18 @@ class StatusStore:
                     extra={"version": m.version, "migration": m.name},
                 )
 
-    def _ttl_days_of(self, table: str) -> int | None:
+    def _engine_of(self, table: str) -> str | None:
+        """The table's engine clause as ClickHouse prints it (TTL, SETTINGS); None: no table."""
         rows = self.client.query(
             "SELECT engine_full FROM system.tables "
             "WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": self.database, "t": table},
         ).result_rows
-        if not rows:
-            return None
-        match = _TTL_DAYS.search(str(rows[0][0]))
+        return str(rows[0][0]) if rows else None
+
+    def _ttl_days_of(self, table: str) -> int | None:
+        engine = self._engine_of(table)
+        match = None if engine is None else _TTL_DAYS.search(engine)
         return int(match[1]) if match else None
 
     def _ttl_current(self) -> bool:
@@ -392,14 +395,9 @@ class StatusStore:
             return {}
         out = {}
         for table in TTL_TABLES:  # the tables that hold data; every one has a TTL
-            rows = self.client.query(
-                "SELECT engine_full FROM system.tables "
-                "WHERE database = {db:String} AND name = {t:String}",
-                parameters={"db": self.database, "t": table},
-            ).result_rows
-            if not rows:
+            engine = self._engine_of(table)
+            if engine is None:
                 continue
-            engine = str(rows[0][0])
             missing = [
                 f"{name} = {value}"
                 for name, value in EMBEDDED_TABLE_SETTINGS.items()

@@ -100,14 +100,19 @@ def test_a_held_lock_times_out_with_advice(store: StatusStore) -> None:
         store.migrate(lock_timeout_s=0.3)
 
 
+def engine_of(store: StatusStore, table: str) -> str:
+    """The table's engine clause as ClickHouse prints it (its TTL and SETTINGS)."""
+    (engine,) = store.query(
+        "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
+        "AND name = {t:String}",
+        {"t": table},
+    )[2][0]
+    return str(engine)
+
+
 def test_ttl_follows_the_setting(engine_dsn: str, store: StatusStore) -> None:
     def ttl_days(table: str) -> int:
-        (engine,) = store.query(
-            "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-            "AND name = {t:String}",
-            {"t": table},
-        )[2][0]
-        return int(re.search(r"toIntervalDay\((\d+)\)", engine)[1])
+        return int(re.search(r"toIntervalDay\((\d+)\)", engine_of(store, table))[1])
 
     assert ttl_days("status_events") == 30
     reopened = StatusStore.open(engine_dsn, database=store.database, ttl_days=7)
@@ -124,12 +129,7 @@ def test_embedded_tables_merge_with_the_embedded_settings(
     them gets them at its next open, and a server's tables are left to their operator."""
 
     def settings_of(table: str) -> str:
-        (engine,) = store.query(
-            "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-            "AND name = {t:String}",
-            {"t": table},
-        )[2][0]
-        return engine
+        return engine_of(store, table)
 
     tables = ("status_events", "job_state", "run_state")
     wanted = [f"{name} = {value}" for name, value in EMBEDDED_TABLE_SETTINGS.items()]
