@@ -186,9 +186,9 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
-def proc_jit_cpu(pid: int) -> dict[str, float] | None:
-    """CPU seconds so far of each of the JVM ``pid``'s JIT compiler threads (C1, C2), by
-    thread id; None when the process is gone. Compare two samples with :func:`jit_cpu_s`."""
+def proc_thread_cpu(pid: int) -> dict[str, tuple[str, float]] | None:
+    """``thread id -> (thread name, CPU seconds so far)`` of every thread of ``pid`` (/proc),
+    None when it is gone; a thread that ends while this reads is left out."""
     out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -199,9 +199,17 @@ def proc_jit_cpu(pid: int) -> dict[str, float] | None:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        if "CompilerThre" in stat[stat.index("(") + 1 : stat.rindex(")")]:
-            out[tid] = _stat_cpu_s(stat)
+        out[tid] = (stat[stat.index("(") + 1 : stat.rindex(")")], _stat_cpu_s(stat))
     return out
+
+
+def proc_jit_cpu(pid: int) -> dict[str, float] | None:
+    """CPU seconds so far of each of the JVM ``pid``'s JIT compiler threads (C1, C2), by
+    thread id; None when the process is gone. Compare two samples with :func:`jit_cpu_s`."""
+    threads = proc_thread_cpu(pid)
+    if threads is None:
+        return None
+    return {tid: cpu for tid, (name, cpu) in threads.items() if "CompilerThre" in name}
 
 
 def jit_cpu_s(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:

@@ -25,29 +25,14 @@ from collections import Counter
 
 from jobwheel.consumers.status.store import TTL_TABLES, StatusStore, event_row
 from jobwheel.schemas.models import State
+from load.e2e import proc_thread_cpu
 from load.status_bench import job_events
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu() -> dict[str, tuple[str, float]]:
-    """``thread id -> (name, CPU seconds)`` of this process's threads, from ``/proc``."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[tid] = (name, (int(fields[11]) + int(fields[12])) / _TICK)
-    return out
 
 
 def by_name(before: dict[str, tuple[str, float]], after: dict[str, tuple[str, float]]) -> Counter:
-    """CPU seconds between two :func:`thread_cpu` samples, summed by thread name (digits
-    dropped: ``MergeMutate`` for every merge thread); this thread is ``main``."""
+    """CPU seconds between two :func:`~load.e2e.proc_thread_cpu` samples of this process,
+    summed by thread name (digits dropped: ``MergeMutate`` for every merge thread); this
+    thread is ``main``."""
     me = str(os.getpid())
     total: Counter = Counter()
     for tid, (name, cpu) in after.items():
@@ -89,12 +74,12 @@ def main() -> None:
             for b in range(batches)
         ]
         rows = sum(len(r) for r in rows_of)
-        before = thread_cpu()
+        before = proc_thread_cpu(os.getpid()) or {}
         started = time.monotonic()
         for n, batch in enumerate(rows_of):
             store.insert_events(batch)
             time.sleep(max(0.0, started + (n + 1) * args.batch_ms / 1000 - time.monotonic()))
-        cpu = by_name(before, thread_cpu())
+        cpu = by_name(before, proc_thread_cpu(os.getpid()) or {})
         parts = store.client.query(
             "SELECT table, count() FROM system.parts WHERE active AND database = currentDatabase() "
             "AND table IN {t:Array(String)} GROUP BY table ORDER BY table",
