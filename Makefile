@@ -1,6 +1,7 @@
 # jobwheel: `make run` starts the local stack, `make test` runs lint + the whole test suite.
 # Every target works on a fresh clone: `setup` is idempotent and re-runs a step only when its
-# input changed (stamp files: .venv/.installed <- pyproject.toml, deploy/lib/.fetched <- pom).
+# input changed (stamp files: .venv/.installed <- pyproject.toml, setup.py and the C source the
+# install compiles, deploy/lib/.fetched <- pom).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -16,7 +17,9 @@ MVN_FETCH := mvn -B -q -f $(CURDIR)/deploy/pom.xml \
 
 setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose $(VENV)/.chromium
 
-$(VENV)/.installed: pyproject.toml
+# The editable install also compiles schemas/_flat.c next to it (the flat codec's C half,
+# optional: without a compiler the install succeeds and the codec runs on its Python).
+$(VENV)/.installed: pyproject.toml setup.py schemas/_flat.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[all,dev]'
@@ -102,3 +105,4 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) $(LIB)
+	rm -f schemas/*.so

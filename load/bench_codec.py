@@ -4,10 +4,13 @@
     .venv/bin/python -m load.bench_codec --bootstrap 127.0.0.1:9092 [--jobs 20000]
 
 Without a broker: encode, decode and encode+decode per second for a ScheduleJob command and a
-StatusEvent (single-object framing). With ``--bootstrap``: the rate of ``JobClient.schedule``
-(one acknowledged round trip per job), ``schedule_many`` (one flush per batch) and
-``AsyncJobClient.schedule`` (many in flight) against that broker, on fresh topics with a unique
-prefix. Numbers, not assertions: run it on the target box.
+StatusEvent (single-object framing), with the default codec (its fast path on the C module
+``schemas/_flat.c`` where it is built); then the flat fast path alone, per call, on the C and on
+the generated Python side by side (the writer, ``FlatRecord.decode`` and ``Codec.decode_fields``
+of a Run and a StatusEvent, the nested reader of a command). With ``--bootstrap``: the rate of
+``JobClient.schedule`` (one acknowledged round trip per job), ``schedule_many`` (one flush per
+batch) and ``AsyncJobClient.schedule`` (many in flight) against that broker, on fresh topics with
+a unique prefix. Numbers, not assertions: run it on the target box.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+import timeit
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
-from jobwheel.schemas.codec import default_codec
-from jobwheel.schemas.models import After, JobCommand, ScheduleJob, State, StatusEvent
+from jobwheel.schemas import flat
+from jobwheel.schemas.codec import Codec, default_codec
+from jobwheel.schemas.models import After, JobCommand, Run, ScheduleJob, State, StatusEvent
 
 COMMAND = JobCommand(
     uuid.uuid4().hex,
@@ -41,6 +46,22 @@ EVENT = StatusEvent(
     worker="host:1234",
     duration_ms=5,
 )
+RUN = Run(
+    "job-1@1780000000000",
+    "job-1",
+    "demo.echo",
+    '{"x": 1}',
+    3,
+    1_780_000_000_000,
+    1_780_000_000_010,
+    1,
+    3,
+    None,
+    30_000,
+    1_780_000_030_010,
+    2,
+    7,
+)
 
 
 def rate(n: int, fn: Callable[[], object]) -> float:
@@ -52,6 +73,8 @@ def rate(n: int, fn: Callable[[], object]) -> float:
 
 def bench_codec(n: int) -> None:
     codec = default_codec()
+    built = "C (schemas/_flat.c)" if flat._flat is not None else "generated Python (C not built)"
+    print(f"codec fast path: {built}")
     for name, value in (("ScheduleJob command", COMMAND), ("StatusEvent", EVENT)):
         data = codec.encode(value)
         enc = rate(n, lambda v=value: codec.encode(v))
@@ -61,6 +84,42 @@ def bench_codec(n: int) -> None:
             f"{name:20} {len(data):4d} bytes  encode {enc:>9,.0f}/s  decode {dec:>9,.0f}/s  "
             f"encode+decode {both:>9,.0f}/s"
         )
+
+
+def per_call(n: int, statement: str, **names: object) -> float:
+    """Microseconds per run of ``statement``: the best of three rounds of ``n``."""
+    return min(timeit.repeat(statement, globals=names, number=n, repeat=3)) / n * 1e6
+
+
+def bench_flat(n: int) -> None:
+    """The fast path alone, C against the generated Python, on the same records."""
+    codecs = {"C": Codec(), "Python": Codec(native=False)}
+    if flat._flat is None:
+        del codecs["C"]
+    print(f"\nflat records alone, per call   {'   '.join(f'{k:>8}' for k in codecs)}   Python/C")
+    for name, value in (("Run", RUN), ("StatusEvent", EVENT), ("JobCommand", COMMAND)):
+        data = codecs["Python"].encode(value)
+        rows: dict[str, list[float]] = {}
+        for codec in codecs.values():
+            reader = codec._readers[data[2:10]]
+            write = codec._writers[type(value)].write
+            if write is not None:
+                head = data[:10]
+                rows.setdefault("write", []).append(
+                    per_call(n, "w(v, h)", w=write, v=value, h=head)
+                )
+            fast = reader.fast if reader.flat is None else reader.flat
+            if fast is not None:
+                label = "decode" if reader.flat is not None else "decode (nested)"
+                us = per_call(n, "d(b, 10)", d=fast.decode, b=data)
+                rows.setdefault(label, []).append(us)
+            if reader.flat is not None:
+                us = per_call(n, "f(b)", f=codec.decode_fields, b=data)
+                rows.setdefault("decode_fields", []).append(us)
+        for what, times in rows.items():
+            cells = "   ".join(f"{t:>5.2f} us" for t in times)
+            ratio = f"{times[1] / times[0]:>7.1f}x" if len(times) == 2 else ""
+            print(f"  {name:12} {what:16} {cells}   {ratio}")
 
 
 def bench_producer(bootstrap: str, jobs: int) -> None:
@@ -109,6 +168,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     args = parser.parse_args()
     bench_codec(args.n)
+    bench_flat(args.n)
     if args.bootstrap:
         bench_producer(args.bootstrap, args.jobs)
 

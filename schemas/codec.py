@@ -84,19 +84,23 @@ class _Reader:
     make: Callable[[list[Any]], Any] | None = None  # ... and its values -> model
 
 
-def _flat_writer(version: SchemaVersion, model: type) -> Callable[[Any, bytes], bytes] | None:
+def _flat_writer(
+    version: SchemaVersion, model: type, native: bool
+) -> Callable[[Any, bytes], bytes] | None:
     """A fast writer when every schema field is a model attribute of the same name."""
-    flat = FlatRecord.compile(version.parsed)
+    flat = FlatRecord.compile(version.parsed, native=native)
     if flat is None or not dataclasses.is_dataclass(model):
         return None
     attributes = {f.name for f in dataclasses.fields(model)}
     return flat.writer() if set(flat.names) <= attributes else None
 
 
-def _flat_reader(writer: dict[str, Any], current: SchemaVersion, model: type) -> FlatRecord | None:
+def _flat_reader(
+    writer: dict[str, Any], current: SchemaVersion, model: type, native: bool
+) -> FlatRecord | None:
     """A fast reader for ``writer`` when resolving it to ``current`` is only "fields the writer
     lacks take their defaults", and those defaults are the model's own."""
-    flat = FlatRecord.compile(writer)
+    flat = FlatRecord.compile(writer, native=native)
     if flat is None or not dataclasses.is_dataclass(model):
         return None
     reader_fields = {f["name"]: f for f in current.parsed["fields"]}
@@ -117,6 +121,9 @@ class Codec:
 
     Thread-safe for encode/decode (no shared mutable state besides the registry-id caches,
     whose races only cost a repeated registry call).
+
+    ``native=False`` keeps the fast path (:mod:`jobwheel.schemas.flat`) on its generated
+    Python where the C module is built: the tests and benchmarks compare the two.
     """
 
     def __init__(
@@ -125,8 +132,10 @@ class Codec:
         *,
         registry: SchemaRegistry | None = None,
         catalogue: SchemaCatalogue | None = None,
+        native: bool = True,
     ) -> None:
         self.catalogue = catalogue or SchemaCatalogue.load()
+        self._native = native
         if registry is None and registry_url:
             registry = ConfluentSchemaRegistry(registry_url)
         self.registry = registry
@@ -137,7 +146,7 @@ class Codec:
             current = self.catalogue.current(full_name)
             self._current[full_name] = current
             self._writers[kind.model] = _Writer(
-                current, kind.to_avro, _flat_writer(current, kind.model)
+                current, kind.to_avro, _flat_writer(current, kind.model, native)
             )
         for v in self.catalogue.versions:
             kind = KINDS.get(v.full_name)
@@ -154,10 +163,13 @@ class Codec:
         current = self._current[full_name]
         same = to_parsing_canonical_form(writer) == current.canonical
         kind = KINDS[full_name]
-        flat = _flat_reader(writer, current, kind.model)
+        flat = _flat_reader(writer, current, kind.model, self._native)
         # A record with records in it (a command: its body, its trigger) has a fast reader
         # when it was written with the current schema (nothing to resolve).
-        fast = flat if flat is not None or not same else FlatRecord.compile_nested(writer)
+        if flat is not None or not same:
+            fast = flat
+        else:
+            fast = FlatRecord.compile_nested(writer, native=self._native)
         return _Reader(
             writer=writer,
             reader=None if same else current.parsed,

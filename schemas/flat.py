@@ -1,5 +1,5 @@
-"""Avro binary for *flat* records, in plain Python, several times faster than fastavro's
-per-message calls.
+"""Avro binary for *flat* records, several times faster than fastavro's per-message calls:
+generated Python, and the same reader and writer in C.
 
 ``Run`` and ``StatusEvent`` are flat: every field is a string, int, long, boolean, enum or a
 ``["null", T]`` union of those. The scheduler encodes four of them per job and decodes one,
@@ -20,12 +20,27 @@ wrong type, bytes it refuses), so results and error messages stay fastavro's. It
 stricter of the two (int and long ranges, UTF-8, no trailing bytes);
 ``tests/unit/test_flat_codec.py`` holds it to byte-identical results with fastavro on valid records
 and random bytes.
+
+The same reader and writer exist in C (``schemas/_flat.c``, the module ``_flat``), several
+times faster again: these records are the per-record CPU of the scheduler, the workers and the
+status sink, and what is left of it in the generated Python is the interpreter stepping through
+varint bytes and range checks. A :class:`FlatRecord` uses the C when the module is built (a
+normal install compiles it; ``FlatRecord.native`` says which one it got) and the generated
+Python otherwise. The Python stays the reference: the tests run every check against both and
+hold the C to the same accepted and refused inputs, values and bytes as the Python
+(``compile(..., native=False)`` forces the Python for one record). Outside what the codec passes
+the C is stricter: its reader takes only ``bytes`` and a ``pos`` from 0 to ``len(data)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+try:
+    from jobwheel.schemas import _flat
+except ImportError:  # not compiled (no C compiler at install): the generated Python serves
+    _flat = None  # type: ignore[assignment]
 
 # Field kinds. A union with null adds _NULLABLE; the value's own kind is the low bits.
 # The first four start with a zigzag varint.
@@ -44,11 +59,12 @@ class FlatError(ValueError):
     """Bytes or values the fast path does not handle; the caller falls back to fastavro."""
 
 
-def _kind(schema: Any, nested: bool = False) -> tuple[int, Any] | None:
+def _kind(schema: Any, nested: bool = False, native: bool = False) -> tuple[int, Any] | None:
     """(kind, enum symbols) of a field type, or None when it is not flat. ``nested``: also a
-    record, or a union of records, as (kind, reader) and (kind, ((full name, reader), ...))."""
+    record, or a union of records, as (kind, reader) and (kind, ((full name, reader), ...)),
+    the readers ``native`` (C) or generated Python."""
     if nested and isinstance(schema, dict) and schema.get("type") == "record":
-        reader = _nested_body(schema)
+        reader = _nested_body(schema, native)
         return None if reader is None else (_RECORD, reader)
     records = isinstance(schema, list) and all(
         isinstance(branch, dict) and branch.get("type") == "record" for branch in schema
@@ -56,7 +72,7 @@ def _kind(schema: Any, nested: bool = False) -> tuple[int, Any] | None:
     if nested and records and 0 < len(schema) < 64:
         branches = []
         for branch in schema:
-            reader = _nested_body(branch)
+            reader = _nested_body(branch, native)
             if reader is None:
                 return None
             branches.append((branch["name"], reader))
@@ -306,14 +322,16 @@ def _run(lines: list[str], env: dict[str, Any], label: str) -> dict[str, Any]:
     return env
 
 
-def _fields(parsed: Any, nested: bool) -> tuple[list[str], list[int], list[Any]] | None:
+def _fields(
+    parsed: Any, nested: bool, native: bool = False
+) -> tuple[list[str], list[int], list[Any]] | None:
     """Names, kinds and symbols (or readers) of a record schema's fields; None when one of
     them has no fast path."""
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         return None
     names, kinds, symbols = [], [], []
     for f in parsed["fields"]:
-        kind = _kind(f["type"], nested)
+        kind = _kind(f["type"], nested, native)
         if kind is None:
             return None
         names.append(f["name"])
@@ -322,12 +340,20 @@ def _fields(parsed: Any, nested: bool) -> tuple[list[str], list[int], list[Any]]
     return names, kinds, symbols
 
 
-def _nested_body(parsed: dict[str, Any]) -> Callable[..., tuple[list[Any], int]] | None:
-    """The body reader of a record nested in another (see :func:`_decoder_source`)."""
-    fields = _fields(parsed, nested=True)
+def _nested_body(
+    parsed: dict[str, Any], native: bool = False
+) -> Callable[..., tuple[list[Any], int]] | None:
+    """The body reader of a record nested in another (see :func:`_decoder_source`); a C
+    ``_flat.Record`` (callable the same way) under a native parent, which reads it in C."""
+    fields = _fields(parsed, nested=True, native=native)
     if fields is None:
         return None
     names, kinds, symbols = fields
+    if native:
+        record: Callable[..., tuple[list[Any], int]] = _flat.Record(
+            tuple(names), tuple(kinds), tuple(symbols), None, FlatError
+        )
+        return record
     env = _run(_decoder_source(kinds, symbols, body=True), _environment(names, symbols), "body")
     body: Callable[..., tuple[list[Any], int]] = env["body"]
     return body
@@ -338,42 +364,59 @@ class FlatRecord:
 
     ``decode(data, pos=0)`` returns the field values in schema order from the Avro body at
     ``data[pos:]`` (enums as their symbol strings) and raises :class:`FlatError` for anything
-    it will not vouch for.
+    it will not vouch for. ``native``: whether they are the C ones (``_flat``) or the
+    generated Python.
     """
 
-    __slots__ = ("names", "_kinds", "_symbols", "_index", "decode")
+    __slots__ = ("names", "native", "_kinds", "_symbols", "_index", "_record", "decode")
 
     decode: Callable[..., list[Any]]
 
     def __init__(
-        self, names: tuple[str, ...], kinds: tuple[int, ...], symbols: tuple[Any, ...]
+        self,
+        names: tuple[str, ...],
+        kinds: tuple[int, ...],
+        symbols: tuple[Any, ...],
+        *,
+        native: bool = True,
     ) -> None:
+        """``native``: use the C module if it is built (nested readers in ``symbols`` must
+        then be C ones too: build with :meth:`compile_nested`); False: the generated Python."""
         self.names = names
         self._kinds = kinds
-        self._symbols = symbols  # per field: enum symbols or None
+        self._symbols = symbols  # per field: enum symbols, nested readers, or None
         # Per enum field: symbol -> the varint bytes of its index.
         self._index = tuple(
             {name: _SMALL[i << 1] for i, name in enumerate(s)} if kind == _ENUM else None
             for kind, s in ((k & 7, s) for k, s in zip(kinds, symbols, strict=True))
         )
-        self.decode = self._compile(_decoder_source(kinds, symbols))["decode"]
+        self.native = native and _flat is not None
+        if self.native:
+            self._record = _flat.Record(names, kinds, symbols, self._index, FlatError)
+            self.decode = self._record.decode
+        else:
+            self._record = None
+            self.decode = self._compile(_decoder_source(kinds, symbols))["decode"]
 
     def _compile(self, lines: list[str]) -> dict[str, Any]:
         env = _environment(self.names, self._symbols, self._index)
         return _run(lines, env, ",".join(self.names[:2]) + "...")
 
     @classmethod
-    def compile(cls, parsed: Any) -> FlatRecord | None:
-        """The codec for a (fastavro-parsed) record schema, or None when it is not flat."""
+    def compile(cls, parsed: Any, *, native: bool = True) -> FlatRecord | None:
+        """The codec for a (fastavro-parsed) record schema, or None when it is not flat.
+        ``native=False``: the generated Python even where the C module is built (the tests
+        compare the two)."""
         fields = _fields(parsed, nested=False)
-        return None if fields is None else cls(*map(tuple, fields))
+        return None if fields is None else cls(*map(tuple, fields), native=native)
 
     @classmethod
-    def compile_nested(cls, parsed: Any) -> FlatRecord | None:
+    def compile_nested(cls, parsed: Any, *, native: bool = True) -> FlatRecord | None:
         """A reader for a record schema whose fields may also be records or unions of records
         (it has no :meth:`writer`), or None when a field has no fast path."""
-        fields = _fields(parsed, nested=True)
-        return None if fields is None else cls(*map(tuple, fields))
+        native = native and _flat is not None
+        fields = _fields(parsed, nested=True, native=native)
+        return None if fields is None else cls(*map(tuple, fields), native=native)
 
     def writer(self) -> Callable[[Any, bytes], bytes]:
         """``write(obj, head)``: ``head`` + the Avro body of an object with an attribute per
@@ -382,6 +425,9 @@ class FlatRecord:
         type."""
         if any(k in (_RECORD, _UNION) for k in self._kinds):
             raise FlatError("a reader of nested records does not write")
+        if self._record is not None:
+            write: Callable[[Any, bytes], bytes] = self._record.write
+            return write
         source = _encoder_source("write", [f"o.{name}" for name in self.names], self._kinds)
-        write: Callable[[Any, bytes], bytes] = self._compile(source)["write"]
+        write = self._compile(source)["write"]
         return write

@@ -8,6 +8,9 @@ virtual environments, never the editable install of the repository.
 - ``pip install 'jobwheel[all]'``: every module imports, every subcommand answers ``--help``,
   and the package data the servers read (migrations, console files, the broker's pom) is there.
 
+The wheel carries the flat codec's C module (``schemas/_flat.c``), compiled by the build, so it
+is one platform's wheel; the client install checks that the codec runs on it.
+
 The dependencies come from a wheelhouse kept between runs (``JOBWHEEL_TEST_WHEELHOUSE``, by
 default ``~/.cache/jobwheel/test-wheelhouse``), filled from the configured package index the
 first time, so later runs install without the index. The wheel is built without build
@@ -22,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,9 +84,10 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def wheel(work: Path) -> Path:
     src = work / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "lib", "compose", "*.egg-info")
+    # *.so: the editable install's build of the C module; the wheel's must come from the build.
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "lib", "compose", "*.egg-info", "*.so")
     for folder in SOURCES:
         shutil.copytree(REPO / folder, src / folder, ignore=skip)
     dist = work / "dist"
@@ -129,11 +134,16 @@ def all_python(work: Path, wheel: Path) -> Iterator[Path]:
 
 def test_the_wheel_holds_one_top_level_package_and_no_benchmarks_or_tests(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {
-        "jobwheel",
-        wheel.name.split("-py3")[0] + ".dist-info",
-    }
+    name, version = wheel.name.split("-")[:2]
+    assert {n.split("/")[0] for n in names} == {"jobwheel", f"{name}-{version}.dist-info"}
     assert not [n for n in names if n.startswith(("jobwheel/load/", "jobwheel/tests/"))]
+
+
+def test_the_wheel_carries_the_compiled_flat_codec(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    assert f"jobwheel/schemas/_flat{suffix}" in names, sorted(n for n in names if "_flat" in n)
+    assert "jobwheel/schemas/_flat.c" not in names  # the source stays in the sdist
 
 
 def test_the_client_install_is_the_sdk_without_the_server_side(
@@ -149,13 +159,18 @@ def test_the_client_install_is_the_sdk_without_the_server_side(
         "from jobwheel import JobClient\n"
         "from jobwheel.producers import AsyncJobClient, JobSpec\n"
         "from jobwheel.schemas.codec import default_codec\n"
+        "from jobwheel.schemas.flat import FlatRecord\n"
         "versions = [v.label() for v in default_codec().catalogue.versions]\n"
         "tops = sorted({f.parts[0] for f in m.files('jobwheel') if f.parts[0] != '..'})\n"
-        "print(json.dumps({'client': JobClient.__module__, 'versions': versions, 'tops': tops}))\n"
+        "run = default_codec().catalogue.current('io.jobwheel.Run').parsed\n"
+        "native = FlatRecord.compile(run).native\n"
+        "print(json.dumps({'client': JobClient.__module__, 'versions': versions, 'tops': tops,\n"
+        "    'native': native}))\n"
     )
     out = _checked(_run([str(client_python), "-c", script], cwd=work, env=_env(work))).stdout
     found = json.loads(out)
     assert found["client"] == "jobwheel.producers.client"
+    assert found["native"]  # the flat codec runs on the C module the wheel carries
     assert len(found["versions"]) == len(list((REPO / "schemas" / "avro").glob("*.avsc")))
     assert [t for t in found["tops"] if not t.endswith(".dist-info")] == ["jobwheel"]
 

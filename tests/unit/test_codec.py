@@ -11,6 +11,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from jobwheel.errors import SchemaDecodeError, ValidationError
+from jobwheel.schemas import flat
 from jobwheel.schemas.codec import Codec, SchemaCatalogue, crc64_avro, default_codec
 from jobwheel.schemas.models import (
     After,
@@ -37,6 +38,30 @@ COMMAND = JobCommand(
         idempotency_key="k-1",
     ),
 )
+
+
+#: The default codec (the C fast path where it is built) and one on the generated Python.
+CODECS = {True: default_codec(), False: Codec(native=False)}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            True,
+            id="c",
+            marks=pytest.mark.skipif(flat._flat is None, reason="schemas/_flat.c is not built"),
+        ),
+        pytest.param(False, id="python"),
+    ]
+)
+def native(request: pytest.FixtureRequest) -> bool:
+    """Which implementation of the fast path (schemas/flat.py) a test's codecs use."""
+    return bool(request.param)
+
+
+@pytest.fixture
+def codec(native: bool) -> Codec:
+    return CODECS[native]
 
 
 class FakeRegistry:
@@ -68,8 +93,8 @@ def test_crc64_avro_matches_the_spec_and_fastavro() -> None:
         assert v.fingerprint.hex() == fingerprint(v.canonical, "CRC-64-AVRO")
 
 
-def test_single_object_framing_is_readable_with_plain_avro() -> None:
-    codec = Codec()
+def test_single_object_framing_is_readable_with_plain_avro(native: bool) -> None:
+    codec = Codec(native=native)
     data = codec.encode(COMMAND)
     current = codec.catalogue.current("io.jobwheel.JobCommand")  # what encode writes
     assert current.label() == "job_command.v3"
@@ -87,15 +112,17 @@ def test_single_object_framing_is_readable_with_plain_avro() -> None:
     assert codec.decode(data) == COMMAND
 
 
-def test_decode_accepts_bytearray_and_memoryview() -> None:
-    data = default_codec().encode(COMMAND)
-    assert default_codec().decode(bytearray(data)) == COMMAND
-    assert default_codec().decode(memoryview(data)) == COMMAND
+def test_decode_accepts_bytearray_and_memoryview(codec: Codec) -> None:
+    data = codec.encode(COMMAND)
+    assert codec.decode(bytearray(data)) == COMMAND
+    assert codec.decode(memoryview(data)) == COMMAND
+    run = _run_bytes(codec)
+    assert codec.decode(bytearray(run)) == codec.decode(memoryview(run)) == codec.decode(run)
 
 
-def _run_bytes() -> bytes:
+def _run_bytes(codec: Codec) -> bytes:
     run = Run("job-1@1", "job-1", "demo.echo", "{}", 1, 1, 2, 1, 3, None, 30_000, 30_002, 0, 7)
-    return default_codec().encode(run)
+    return codec.encode(run)
 
 
 @pytest.mark.parametrize(
@@ -109,51 +136,57 @@ def _run_bytes() -> bytes:
     ],
 )
 def test_undecodable_bytes_raise_schema_decode_error_keeping_the_bytes(
-    data: bytes, needle: str
+    codec: Codec, data: bytes, needle: str
 ) -> None:
     with pytest.raises(SchemaDecodeError, match=needle) as info:
-        default_codec().decode(data)
+        codec.decode(data)
     assert info.value.raw == data
 
 
-def test_truncated_body_keeps_bytes_and_cause() -> None:
-    data = _run_bytes()
+def test_truncated_body_keeps_bytes_and_cause(codec: Codec) -> None:
+    data = _run_bytes(codec)
     for cut in (11, len(data) // 2, len(data) - 1):
         with pytest.raises(SchemaDecodeError, match="does not decode as run.v1") as info:
-            default_codec().decode(data[:cut])
+            codec.decode(data[:cut])
         assert info.value.raw == data[:cut]
         assert info.value.__cause__ is not None
+        assert codec.decode_fields(data[:cut]) is None
 
 
-def test_trailing_bytes_are_rejected() -> None:
-    data = _run_bytes() + b"\x00"
+def test_trailing_bytes_are_rejected(codec: Codec) -> None:
+    data = _run_bytes(codec) + b"\x00"
     with pytest.raises(SchemaDecodeError, match="trailing"):
-        default_codec().decode(data)
+        codec.decode(data)
+    assert codec.decode_fields(data) is None
 
 
-def test_garbage_body_with_a_valid_header_is_a_decode_error() -> None:
-    header = _run_bytes()[:10]
+def test_garbage_body_with_a_valid_header_is_a_decode_error(codec: Codec) -> None:
+    header = _run_bytes(codec)[:10]
     with pytest.raises(SchemaDecodeError) as info:
-        default_codec().decode(header + b"\xff" * 40)
+        codec.decode(header + b"\xff" * 40)
     assert info.value.raw == header + b"\xff" * 40
 
 
-def test_non_bytes_is_a_decode_error() -> None:
+def test_non_bytes_is_a_decode_error(codec: Codec) -> None:
     with pytest.raises(SchemaDecodeError):
-        default_codec().decode("c301")  # type: ignore[arg-type]
+        codec.decode("c301")  # type: ignore[arg-type]
+    assert codec.decode_fields(bytearray(_run_bytes(codec))) is None  # type: ignore[arg-type]
 
 
-def test_encode_refuses_other_types_and_ill_typed_fields() -> None:
+def test_encode_refuses_other_types_and_ill_typed_fields(codec: Codec) -> None:
     with pytest.raises(ValidationError):
-        default_codec().encode(ScheduleJob("t", After(1)))  # type: ignore[arg-type]
+        codec.encode(ScheduleJob("t", After(1)))  # type: ignore[arg-type]
     bad = JobCommand("c", "j", "not-a-number", CancelJob())  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
-        default_codec().encode(bad)
+        codec.encode(bad)
+    run = Run("r", "j", "t", "{}", 1, 1, 2, None, 3, None, 30_000, 30_002, 0, 7)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        codec.encode(run)  # None for an int: the fast path leaves it to fastavro, which refuses
 
 
-def test_confluent_framing_with_a_registry() -> None:
+def test_confluent_framing_with_a_registry(native: bool) -> None:
     registry = FakeRegistry()
-    codec = Codec(registry=registry)
+    codec = Codec(registry=registry, native=native)
     first = codec.encode(COMMAND)
     codec.encode(COMMAND)
     assert registry.register_calls == 1  # the id is cached per model type
@@ -168,7 +201,7 @@ def test_confluent_framing_with_a_registry() -> None:
     assert codec.decode(first) == COMMAND
 
     # Another process with the same registry decodes it by looking the id up once.
-    reader = Codec(registry=registry)
+    reader = Codec(registry=registry, native=native)
     assert reader.decode(first) == COMMAND
     assert reader.decode(first) == COMMAND
     assert registry.lookup_calls == 1
@@ -177,7 +210,7 @@ def test_confluent_framing_with_a_registry() -> None:
     assert reader.decode(Codec().encode(COMMAND)) == COMMAND
 
 
-def test_registry_resolves_an_older_writer_version_to_the_current() -> None:
+def test_registry_resolves_an_older_writer_version_to_the_current(native: bool) -> None:
     registry = FakeRegistry()
     v1 = next(v for v in SchemaCatalogue.load().versions if v.label() == "job_command.v1")
     schema_id = registry.register("io.jobwheel.JobCommand", json.dumps(v1.source))
@@ -193,7 +226,7 @@ def test_registry_resolves_an_older_writer_version_to_the_current() -> None:
         },
     )
     data = struct.pack(">bI", 0, schema_id) + body.getvalue()
-    decoded = Codec(registry=registry).decode(data)
+    decoded = Codec(registry=registry, native=native).decode(data)
     assert isinstance(decoded.body, ScheduleJob)
     assert decoded.body.concurrency_policy is ConcurrencyPolicy.ALLOW
     assert decoded.body.starting_deadline_ms is None
@@ -222,9 +255,9 @@ def test_an_unreachable_registry_is_a_registry_error_not_a_bad_record() -> None:
         codec.encode(event)
 
 
-def test_status_event_state_is_an_enum_after_decode() -> None:
+def test_status_event_state_is_an_enum_after_decode(codec: Codec) -> None:
     event = StatusEvent("e-1", "job-1", State.SUCCEEDED, 10, "worker", duration_ms=5)
-    decoded = default_codec().decode(default_codec().encode(event))
+    decoded = codec.decode(codec.encode(event))
     assert decoded == event
     assert decoded.state is State.SUCCEEDED
 

@@ -1,6 +1,10 @@
 """The fast path for flat records (``schemas/flat.py``) must be fastavro, only quicker: the same
 bytes for every value it encodes, the same values for every body it decodes, and a fall back
-to fastavro (its result or its error) for everything else."""
+to fastavro (its result or its error) for everything else.
+
+Every test runs twice: on the C reader and writer (``schemas/_flat.c``, what a built install
+uses) and on the generated Python (the fallback and the reference). The two held to each other,
+input for input, are tests/unit/test_flat_native.py."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobwheel.errors import SchemaDecodeError, ValidationError
+from jobwheel.schemas import flat as flat_module
 from jobwheel.schemas.codec import Codec, SchemaCatalogue
 from jobwheel.schemas.conversions import KINDS
 from jobwheel.schemas.flat import FlatError, FlatRecord
@@ -36,7 +41,22 @@ from jobwheel.schemas.models import (
     TriggerJob,
 )
 
-CODEC = Codec()
+#: The codec on each implementation of the fast path; a test takes ``native`` (True: the C).
+CODECS = {True: Codec(), False: Codec(native=False)}
+implementations = pytest.mark.parametrize(
+    "native",
+    [
+        pytest.param(
+            True,
+            id="c",
+            marks=pytest.mark.skipif(
+                flat_module._flat is None,
+                reason="schemas/_flat.c is not built (test_flat_native.py: should it be?)",
+            ),
+        ),
+        pytest.param(False, id="python"),
+    ],
+)
 CATALOGUE = SchemaCatalogue.load()
 RUN_V1 = CATALOGUE.current("io.jobwheel.Run")
 STATUS = CATALOGUE.current("io.jobwheel.StatusEvent")
@@ -101,34 +121,53 @@ def fastavro_body(value: Run | StatusEvent, schema: dict[str, Any]) -> bytes:
     return out.getvalue()
 
 
+def test_each_codec_runs_on_its_implementation() -> None:
+    """So that the ``c`` tests do not run the Python twice without a word."""
+    for native, codec in CODECS.items():
+        expected = native and flat_module._flat is not None
+        for reader in codec._readers.values():
+            assert reader.fast is None or reader.fast.native is expected
+        writer = codec._writers[Run].write
+        assert writer is not None and (getattr(writer, "__self__", None) is not None) is expected
+
+
+@implementations
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(value=runs | events)
-def test_encodes_exactly_as_fastavro_and_round_trips(value: Run | StatusEvent) -> None:
+def test_encodes_exactly_as_fastavro_and_round_trips(
+    native: bool, value: Run | StatusEvent
+) -> None:
+    codec = CODECS[native]
     version = RUN_V1 if isinstance(value, Run) else STATUS
-    data = CODEC.encode(value)
+    data = codec.encode(value)
     assert data == b"\xc3\x01" + version.fingerprint + fastavro_body(value, version.parsed)
-    assert CODEC.decode(data) == value
+    assert codec.decode(data) == value
 
 
+@implementations
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 @given(value=events, times=st.lists(longs, min_size=1, max_size=40))
 def test_timestamps_seen_before_encode_as_the_first_time(
-    value: StatusEvent, times: list[int]
+    native: bool, value: StatusEvent, times: list[int]
 ) -> None:
-    """The encoder keeps the varints of recent large values (see ``flat._RECENT``): an event
-    written again after others, and after that memory was emptied, gives the same bytes."""
-    first = CODEC.encode(value)
+    """The Python encoder keeps the varints of recent large values (see ``flat._RECENT``): an
+    event written again after others, and after that memory was emptied, gives the same bytes."""
+    codec = CODECS[native]
+    first = codec.encode(value)
     for t in times * 10:  # more distinct values than the memory holds: it is emptied
-        CODEC.encode(dataclasses.replace(value, event_time_ms=t, deadline_ms=t // 2))
-    assert CODEC.encode(value) == first
+        codec.encode(dataclasses.replace(value, event_time_ms=t, deadline_ms=t // 2))
+    assert codec.encode(value) == first
     assert first == b"\xc3\x01" + STATUS.fingerprint + fastavro_body(value, STATUS.parsed)
 
 
+@implementations
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(body=st.binary(max_size=120), which=st.sampled_from([RUN_V1, STATUS, STATUS_V1]))
-def test_random_bodies_decode_as_fastavro_says_or_not_at_all(body: bytes, which: Any) -> None:
-    flat = FlatRecord.compile(which.parsed)
-    assert flat is not None
+def test_random_bodies_decode_as_fastavro_says_or_not_at_all(
+    native: bool, body: bytes, which: Any
+) -> None:
+    flat = FlatRecord.compile(which.parsed, native=native)
+    assert flat is not None and flat.native is native
     try:
         values = flat.decode(body)
     except FlatError:
@@ -141,44 +180,49 @@ def test_random_bodies_decode_as_fastavro_says_or_not_at_all(body: bytes, which:
     # And the codec never fails differently from fastavro's own verdict.
     data = b"\xc3\x01" + which.fingerprint + body
     try:
-        CODEC.decode(data)
+        CODECS[native].decode(data)
     except SchemaDecodeError:
         assert values is None
 
 
+@implementations
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(event=events)
-def test_a_v1_body_is_read_as_v2_by_both_paths(event: StatusEvent) -> None:
+def test_a_v1_body_is_read_as_v2_by_both_paths(native: bool, event: StatusEvent) -> None:
+    codec = CODECS[native]
     old = dataclasses.replace(event, started_ms=None)
     data = b"\xc3\x01" + STATUS_V1.fingerprint + fastavro_body(old, STATUS_V1.parsed)
-    assert CODEC.decode(data) == old
-    decoded = CODEC.decode_fields(data)
+    assert codec.decode(data) == old
+    decoded = codec.decode_fields(data)
     assert decoded is not None
     name, names, values = decoded
     assert name == "io.jobwheel.StatusEvent" and "started_ms" not in names
     assert values[names.index("event_id")] == old.event_id
 
 
-def test_values_of_the_wrong_type_are_left_to_fastavro() -> None:
+@implementations
+def test_values_of_the_wrong_type_are_left_to_fastavro(native: bool) -> None:
+    codec = CODECS[native]
     good = StatusEvent("e", "j", State.SCHEDULED, 1, "scheduler")
     with pytest.raises(ValidationError, match="does not fit"):
-        CODEC.encode(dataclasses.replace(good, seq="7"))  # type: ignore[arg-type]
+        codec.encode(dataclasses.replace(good, seq="7"))  # type: ignore[arg-type]
     # fastavro writes an "int" beyond 32 bits; the fast path leaves that to it, and reads it
     # back through fastavro as well.
     wide = dataclasses.replace(good, attempt=2**40)
-    assert CODEC.encode(wide)[10:] == fastavro_body(wide, STATUS.parsed)
-    assert CODEC.decode(CODEC.encode(wide)) == wide
-    assert CODEC.decode_fields(CODEC.encode(wide)) is None
+    assert codec.encode(wide)[10:] == fastavro_body(wide, STATUS.parsed)
+    assert codec.decode(codec.encode(wide)) == wide
+    assert codec.decode_fields(codec.encode(wide)) is None
     # A bool is an int to fastavro; whatever it writes, the fast path did not write it.
-    flat = FlatRecord.compile(STATUS.parsed)
+    flat = FlatRecord.compile(STATUS.parsed, native=native)
     assert flat is not None
     with pytest.raises(FlatError):
         flat.writer()(dataclasses.replace(good, seq=True), b"")
 
 
-def test_non_flat_schemas_get_no_flat_codec() -> None:
+@implementations
+def test_non_flat_schemas_get_no_flat_codec(native: bool) -> None:
     command = CATALOGUE.current("io.jobwheel.JobCommand")
-    assert FlatRecord.compile(command.parsed) is None
+    assert FlatRecord.compile(command.parsed, native=native) is None
 
 
 COMMAND = CATALOGUE.current("io.jobwheel.JobCommand")
@@ -231,23 +275,31 @@ def fastavro_command(data: bytes) -> JobCommand:
     return KINDS["io.jobwheel.JobCommand"].from_avro(record)
 
 
+@implementations
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(command=commands)
-def test_commands_decode_as_fastavro_reads_them(command: JobCommand) -> None:
+def test_commands_decode_as_fastavro_reads_them(native: bool, command: JobCommand) -> None:
     """A command (records nested in it: the body, the trigger) read by the fast path is the
     command fastavro reads, and the command that was written."""
-    data = CODEC.encode(command)
-    assert CODEC._readers[data[2:10]].make is not None  # the fast path is the one taken
-    decoded = CODEC.decode(data)
+    codec = CODECS[native]
+    data = codec.encode(command)
+    reader = codec._readers[data[2:10]]
+    assert reader.make is not None and reader.fast is not None  # the fast path is the one taken
+    assert reader.fast.native is native
+    decoded = codec.decode(data)
     assert decoded == fastavro_command(data) == command
     assert type(decoded.body) is type(command.body)
 
 
+@implementations
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(body=st.binary(max_size=120))
-def test_random_command_bodies_decode_as_fastavro_says_or_not_at_all(body: bytes) -> None:
-    reader = FlatRecord.compile_nested(COMMAND.parsed)
-    assert reader is not None
+def test_random_command_bodies_decode_as_fastavro_says_or_not_at_all(
+    native: bool, body: bytes
+) -> None:
+    codec = CODECS[native]
+    reader = FlatRecord.compile_nested(COMMAND.parsed, native=native)
+    assert reader is not None and reader.native is native
     data = b"\xc3\x01" + COMMAND.fingerprint + body
     try:
         values = reader.decode(body)
@@ -257,15 +309,16 @@ def test_random_command_bodies_decode_as_fastavro_says_or_not_at_all(body: bytes
         stream = io.BytesIO(body)
         schemaless_reader(stream, COMMAND.parsed, None)
         assert stream.tell() == len(body)
-        assert CODEC.decode(data) == fastavro_command(data)
+        assert codec.decode(data) == fastavro_command(data)
     try:
-        CODEC.decode(data)
+        codec.decode(data)
     except SchemaDecodeError:
         assert values is None
 
 
-def test_a_nested_reader_does_not_encode() -> None:
-    reader = FlatRecord.compile_nested(COMMAND.parsed)
-    assert reader is not None and FlatRecord.compile(COMMAND.parsed) is None
+@implementations
+def test_a_nested_reader_does_not_encode(native: bool) -> None:
+    reader = FlatRecord.compile_nested(COMMAND.parsed, native=native)
+    assert reader is not None and FlatRecord.compile(COMMAND.parsed, native=native) is None
     with pytest.raises(FlatError):
         reader.writer()
