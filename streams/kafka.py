@@ -349,12 +349,12 @@ class TransactionalProducer:
             # reader of the partitions it wrote (workers, a restoring scheduler) until the
             # broker aborts it. A transaction normally lasts milliseconds (one loop iteration).
             "transaction.timeout.ms": settings.scheduler_transaction_timeout_ms,
-            # The engine produces a transaction's records right before committing it, and
-            # they are invisible to read_committed readers until the commit anyway, which
-            # flushes them: waiting for the commit sends them in one request per broker
-            # instead of one every 5 ms of the produce loop (each request is an append per
-            # partition on the broker).
-            "linger.ms": 1000,
+            # The engine produces a transaction's records right before committing it. Sent
+            # while the produce loop goes on (a request every 5 ms), most of them are on the
+            # broker when the commit is asked for; held back until the commit flushes them
+            # (linger 1 s), the commit waited for all of them: 28 ms a commit instead of 9
+            # at 5,000 jobs/s, a tenth of the loop's time blocked, with the same broker CPU.
+            "linger.ms": 5,
             **settings.librdkafka(
                 **{
                     "transactional.id": transactional_id,
