@@ -59,6 +59,10 @@ EXPIRE = "expire"
 VISIBILITY = "vis"
 RETRY = "retry"
 
+#: A record's timers as its header stores them (:func:`timer_entries`, :func:`peek_timers`):
+#: ``(wheel, due_ms, tag bytes)``.
+Timers = list[tuple[int, int, bytes]]
+
 _HEAD = struct.Struct(">BH")
 _TIMER = struct.Struct(">BQH")
 
@@ -167,7 +171,7 @@ def timers_of(job: JobRecord) -> list[tuple[int, int, str]]:
     return out
 
 
-def peek_timers(data: bytes | None) -> list[tuple[int, int, bytes]]:
+def peek_timers(data: bytes | None) -> Timers:
     """The timers of an encoded record, from its header only: ``(wheel, due_ms, tag bytes)``.
 
     Cheap (no JSON), so restoring a million records does not parse a million documents. A
@@ -199,13 +203,13 @@ def _trigger_from_dict(data: dict[str, Any]) -> Trigger:
     return kind(**data)  # type: ignore[no-any-return]
 
 
-def timer_entries(job: JobRecord) -> list[tuple[int, int, bytes]]:
+def timer_entries(job: JobRecord) -> Timers:
     """:func:`timers_of` in the form the record's header stores (and :func:`peek_timers`
     reads): ``(wheel, due_ms, tag bytes)``."""
     return [(wheel, due, tag.encode()) for wheel, due, tag in timers_of(job)]
 
 
-def _header(timers: list[tuple[int, int, bytes]]) -> bytes:
+def _header(timers: Timers) -> bytes:
     parts = [_HEAD.pack(STATE_VERSION, len(timers))]
     for wheel, due, tag in timers:
         parts.append(_TIMER.pack(wheel, due, len(tag)))
@@ -228,7 +232,7 @@ def spec_json(job: JobRecord) -> str:
     return text
 
 
-def encode_job(job: JobRecord, timers: list[tuple[int, int, bytes]] | None = None) -> bytes:
+def encode_job(job: JobRecord, timers: Timers | None = None) -> bytes:
     """The record's bytes; ``timers`` are its :func:`timer_entries` when the caller has
     them already."""
     body = orjson.dumps(

@@ -31,6 +31,7 @@ from jobwheel.streams.jobstate import (
     DEADLINES,
     TIMERS,
     JobRecord,
+    Timers,
     decode_job,
     encode_job,
     peek_timers,
@@ -38,6 +39,7 @@ from jobwheel.streams.jobstate import (
 )
 from jobwheel.streams.state.base import KeyValueStore, WheelStore
 from jobwheel.streams.state.buffer import BufferedKeyValueStore, BufferedWheelStore
+from jobwheel.streams.state.cache import RecordCache
 from jobwheel.streams.state.memory import MemoryKeyValueStore, MemoryWheelStore
 from jobwheel.streams.state.rocksdb import RocksDBKeyValueStore, RocksDBResources, RocksDBWheelStore
 from jobwheel.streams.wheel import TimingWheel, entry_key
@@ -52,8 +54,6 @@ _OFFSET = struct.Struct(">q")
 
 #: ``{wheel: {key: value or None}}``: changes to the two wheels, as a batch.
 WheelChanges = dict[int, dict[bytes, bytes | None]]
-#: A record's timers as its header stores them: ``(wheel, due_ms, tag bytes)``.
-Timers = list[tuple[int, int, bytes]]
 #: In the timers of the stored records: the key has no record.
 _NO_RECORD: Timers = []
 
@@ -239,15 +239,13 @@ class PartitionState:
     changes. Every job write re-derives the record's wheel entries, so the wheels never
     disagree with the records.
 
-    **The record cache.** A one-off job's record is written when it is scheduled, read and
-    written when it fires, and again when its verdict comes; decoding it from RocksDB's bytes
-    each time was a tenth of the scheduler's CPU per job. So the last records saved are kept
-    decoded (up to ``cache_size``, the oldest saved leaving first), and :meth:`load_record`
-    hands a cached record *out*: it leaves the cache, the caller owns it and changes it in
-    place, and the cache has it again only once it is saved. A record loaded and changed but
-    never saved is therefore read from its bytes next time, exactly as without the cache; the
-    cache never holds anything but what the last save wrote. Discarding the transaction's
-    changes empties it (they may be what it holds).
+    **The record cache** (:class:`~jobwheel.streams.state.cache.RecordCache`): the records
+    saved are kept decoded, those that will be read again soon, up to ``cache_size``, and
+    :meth:`load_record` hands a cached record *out*: it leaves the cache, the caller owns it
+    and changes it in place, and the cache has it again only once it is saved. A record loaded
+    and changed but never saved is therefore read from its bytes next time, exactly as without
+    the cache; the cache never holds anything but what the last save wrote. Discarding the
+    transaction's changes empties it (they may be what it holds).
 
     Each write re-derives the record's wheel entries from the timers it had and has. The
     timers a record was saved with are kept beside it (in the cache, and for the records of
@@ -255,8 +253,7 @@ class PartitionState:
 
     def __init__(self, backend: StateBackend, cache_size: int = 4096) -> None:
         self.backend = backend
-        self._records: dict[bytes, tuple[JobRecord, Timers]] = {}
-        self._cache_size = cache_size
+        self._records = RecordCache(cache_size)
         #: The timers of the stored record under a key, for keys handled since the last
         #: commit (a key absent here: read them from the stored bytes).
         self._timers: dict[bytes, Timers] = {}
@@ -275,13 +272,13 @@ class PartitionState:
         return self._jobs.get(key)
 
     def put(self, key: bytes, value: bytes) -> None:
-        self._records.pop(key, None)
+        self._records.take(key)
         self._reindex(key, self.stored_timers(key) or [], peek_timers(value))
         self._timers.pop(key, None)
         self._jobs.put(key, value)
 
     def delete(self, key: bytes) -> None:
-        self._records.pop(key, None)
+        self._records.take(key)
         old = self.stored_timers(key)
         self._timers.pop(key, None)
         if old is None:
@@ -300,7 +297,7 @@ class PartitionState:
     def load_record(self, key: bytes) -> JobRecord | None:
         """The job record under ``key``, now the caller's to change (see the class doc);
         :class:`~jobwheel.errors.StateError` when its bytes cannot be read."""
-        cached = self._records.pop(key, None)
+        cached = self._records.take(key)
         if cached is not None:
             job, self._timers[key] = cached
             return job
@@ -308,6 +305,7 @@ class PartitionState:
         if raw is None:
             self._timers[key] = _NO_RECORD  # a new job's save need not look again
             return None
+        self._timers[key] = peek_timers(raw)  # nor the save of one read from its bytes
         return decode_job(raw)
 
     def save_record(self, key: bytes, job: JobRecord) -> None:
@@ -316,11 +314,7 @@ class PartitionState:
         self._reindex(key, self.stored_timers(key) or [], timers)
         self._jobs.put(key, encode_job(job, timers))
         self._timers[key] = timers
-        records = self._records
-        records.pop(key, None)  # a record saved again is the newest, not where it first was
-        records[key] = (job, timers)
-        if len(records) > self._cache_size:
-            del records[next(iter(records))]
+        self._records.keep(key, job, timers)
 
     def _reindex(self, key: bytes, before: Timers, after: Timers) -> None:
         """Move the wheel entries of ``key`` from the timers ``before`` to those ``after``."""

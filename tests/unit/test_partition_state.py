@@ -137,16 +137,18 @@ def test_a_discarded_transaction_empties_the_record_cache(backend: StateBackend)
     assert committed is not None and committed is not job and committed.last_error is None
 
 
-def test_the_record_cache_is_bounded(backend: StateBackend) -> None:
+def test_the_record_cache_is_bounded_and_lets_the_furthest_fire_go_first(
+    backend: StateBackend,
+) -> None:
     state = PartitionState(backend, cache_size=3)
     proc = SchedulerProcessor(0, state)
-    for i in range(5):
-        proc.on_command(cmd(f"j{i}", At(T0 + 100)), T0)
+    for i in range(5):  # saved soonest last: an order of saving says nothing
+        proc.on_command(cmd(f"j{i}", At(T0 + 500 - 100 * i)), T0)
     saved = {f"j{i}": proc.load(f"j{i}") for i in range(5)}
     for job in saved.values():
         assert job is not None
         proc.save(job)
-    # The last three saved stay cached; the first two leave it and are decoded again.
+    # The three due soonest stay cached; the two due last leave it and are decoded again.
     assert [proc.load(f"j{i}") is saved[f"j{i}"] for i in range(5)] == [
         False,
         False,
@@ -154,6 +156,61 @@ def test_the_record_cache_is_bounded(backend: StateBackend) -> None:
         True,
         True,
     ]
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The bytes of every record the state decodes from now on (a cache miss each)."""
+    from jobwheel.streams.state import partition
+
+    decoded: list[bytes] = []
+
+    def decode(data: bytes):  # type: ignore[no-untyped-def]
+        decoded.append(data)
+        return decode_job(data)
+
+    monkeypatch.setattr(partition, "decode_job", decode)
+    return decoded
+
+
+def test_a_burst_larger_than_the_cache_misses_it_only_beyond_the_bound(
+    backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs scheduled in a burst fire in the order they were scheduled. With a cache that let
+    the oldest saved go first, each miss's save pushed out the next job to fire, and every fire
+    of the burst missed; ordered by next fire, only the jobs beyond the bound do."""
+    state = PartitionState(backend, cache_size=40)
+    proc = SchedulerProcessor(0, state)
+    for i in range(50):
+        proc.on_command(cmd(f"j{i:02}", At(T0 + 100 + i)), T0)
+    state.commit(checkpoint=1)
+    decoded = counting_decodes(monkeypatch)
+    out, handled = proc.punctuate(T0 + 200, 1000)
+    assert handled == len(out.runs) == 50
+    assert sorted(decode_job(d).job_id for d in decoded) == [f"j{i}" for i in range(40, 50)]
+
+
+def test_a_finished_record_is_not_kept_and_one_in_flight_is(
+    backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record with a run in flight is read again when its verdict comes; a finished one
+    (kept on disk for the retention) only by a late command or its expiry, so it does not take
+    a place in the cache."""
+    state = PartitionState(backend)
+    proc = SchedulerProcessor(0, state)
+    for job_id in ("done", "running"):
+        proc.on_command(cmd(job_id, Now()), T0)
+    out, _ = proc.punctuate(T0, 100)
+    run = {r.job_id: r for r in out.runs}["done"]
+    verdict = StatusEvent(
+        f"{run.run_id}:1:SUCCEEDED", "done", State.SUCCEEDED, T0 + 5, "worker", run.run_id,
+        seq=run.seq + 1, attempt=1,
+    )  # fmt: skip
+    assert [e.state for e in proc.on_ack(verdict, T0 + 5).status] == [State.COMPLETED]
+    decoded = counting_decodes(monkeypatch)
+    running, done = proc.load("running"), proc.load("done")
+    assert running is not None and running.active  # from the cache
+    assert done is not None and not done.active and done.expires_at_ms is not None
+    assert [decode_job(d).job_id for d in decoded] == ["done"]
 
 
 def test_rocksdb_state_survives_reopen(tmp_path: Path) -> None:
