@@ -83,8 +83,9 @@ class Settings(BaseSettings):
     job_retention_ms: int = 24 * 3600 * 1000
     # Local state memory, per process (shared by every owned partition).
     rocksdb_block_cache_bytes: int = 64 * 1024 * 1024
-    # Job records kept decoded in memory per owned partition, the last saved (a one-off job is
-    # read back when it fires and when its verdict comes: about 1.5 KiB each).
+    # Job records kept decoded in memory per owned partition: those with a run in flight and
+    # those due to fire soonest (a one-off job is read back when it fires and when its verdict
+    # comes; about 1.5 KiB each). See jobwheel.streams.state.cache.
     scheduler_record_cache: int = Field(default=4096, ge=0)
     # Keep a warm copy of every partition this process does not own (standby replicas), so a
     # failover replays only the changelog's tail; costs reading the other processes' changelog.
