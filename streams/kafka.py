@@ -353,7 +353,8 @@ class TransactionalProducer:
             # while the produce loop goes on (a request every 5 ms), most of them are on the
             # broker when the commit is asked for; held back until the commit flushes them
             # (linger 1 s), the commit waited for all of them: 28 ms a commit instead of 9
-            # at 5,000 jobs/s, a tenth of the loop's time blocked, with the same broker CPU.
+            # at 5,000 jobs/s, a tenth of the loop's time blocked. End to end the two were
+            # within the noise of runs in turn (load/RESULTS.md), the broker's CPU included.
             "linger.ms": 5,
             **settings.librdkafka(
                 **{
