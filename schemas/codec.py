@@ -195,7 +195,7 @@ class Codec:
         if writer.write is not None:
             try:
                 return writer.write(value, header)
-            except FlatError:
+            except (FlatError, UnicodeEncodeError):  # a lone surrogate in a string field
                 pass  # fastavro decides: it encodes the value or says what is wrong with it
         out = io.BytesIO()
         out.write(header)

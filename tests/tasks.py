@@ -10,6 +10,7 @@ finishes (``finished``), so a test can wait for and count executions.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -72,3 +73,14 @@ def switch(fail_if: str, gate: str | None = None, started: str | None = None) ->
     if Path(fail_if).exists():
         raise RuntimeError(f"test.switch: {fail_if} exists")
     return "ok"
+
+
+@task("test.undecodable_name")
+def undecodable_name(fail: bool = False) -> dict[str, str]:
+    """A text that is not valid Unicode in the task's error (``fail``) or result: a file name
+    whose bytes are not UTF-8, as ``os.fsdecode`` and ``os.listdir`` give it (a lone surrogate
+    per undecodable byte)."""
+    name = os.fsdecode(b"report-\xff.txt")
+    if fail:
+        raise FileNotFoundError(f"no such file: {name}")
+    return {"name": name}

@@ -56,9 +56,32 @@ class Outcome:
         default=None, compare=False, repr=False
     )
 
+    def __post_init__(self) -> None:
+        # The texts come from the task's code (its exception, its result, its arguments) and
+        # go into a UTF-8 record, which cannot carry a lone surrogate: an undecodable byte of
+        # a file name, as os.fsdecode gives it, made the verdict's encoding fail and the run
+        # never finished, holding back its partition's offsets.
+        for name in ("result_json", "error", "reason"):
+            text = getattr(self, name)
+            if text is not None and not text.isascii():
+                object.__setattr__(self, name, utf8_text(text))
+
     @property
     def retryable(self) -> bool:
         return self.state is State.FAILED and self.retry_delay_ms is not None
+
+
+def utf8_text(text: str) -> str:
+    """``text`` with every character UTF-8 cannot encode (a lone surrogate) as its escape
+    (``\\udcff``): readable in an error, and in a JSON text the escape JSON itself uses, so
+    a result reads back as the same value."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def format_error(exc: BaseException, limit: int = ERROR_LIMIT_CHARS) -> str:
@@ -80,6 +103,7 @@ def result_to_json(result: Any, limit: int = RESULT_LIMIT_BYTES) -> str:
         text = json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError):  # e.g. a circular structure
         text = json.dumps(repr(result), ensure_ascii=False)
+    text = utf8_text(text)  # a lone surrogate in a string: its JSON escape (see Outcome)
     size = len(text.encode("utf-8"))
     if size <= limit:
         return text

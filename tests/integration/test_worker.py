@@ -269,6 +269,39 @@ def test_outcomes_become_status_events_in_the_jobs_partition(
     )
 
 
+def test_a_task_whose_error_or_result_is_not_valid_unicode_still_gets_its_verdict(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """A file name whose bytes are not UTF-8 reaches Python as a lone surrogate, which no
+    UTF-8 record can carry. A task that fails with such a name in its message, or returns
+    one, still gets its verdict (the text escaped), and the runs after it in the partition
+    run and are committed: one task's odd text must not stall its partition."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    fails = make_run(
+        settings, "test.undecodable_name", {"fail": True}, job_id=job, run_id=f"{job}@1"
+    )
+    returns = make_run(settings, "test.undecodable_name", job_id=job, run_id=f"{job}@2")
+    after = make_run(settings, "demo.echo", {"after": 1}, job_id=job, run_id=f"{job}@3")
+    produce_runs(settings, [fails, returns, after])
+    log_path = tmp_path / "worker.log"
+    proc = start_worker(procs, jobwheel_env, log_path)
+
+    failed = tail.wait_for(fails.run_id, State.FAILED)[0]
+    assert failed.error == "FileNotFoundError: no such file: report-\\udcff.txt"
+    done = tail.wait_for(returns.run_id, State.SUCCEEDED)[0]
+    assert json.loads(done.result_json) == {"name": "report-\udcff.txt"}  # JSON escapes it
+    tail.wait_for(after.run_id, State.SUCCEEDED)
+    partition = partition_for(job, settings.partitions)
+    end = end_offsets(settings)[partition] - 1  # the last offset is the commit marker
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, -1) >= end,
+        15,
+        interval_s=0.3,
+        message=f"offsets not committed: {committed_offsets(settings)} vs end {end}",
+    )
+    assert proc.poll() is None, log_tail(log_path)
+
+
 def test_long_runs_heartbeat_with_a_fresh_deadline(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:

@@ -184,6 +184,15 @@ def test_encode_refuses_other_types_and_ill_typed_fields(codec: Codec) -> None:
         codec.encode(run)  # None for an int: the fast path leaves it to fastavro, which refuses
 
 
+def test_a_string_utf8_cannot_encode_is_a_validation_error(codec: Codec) -> None:
+    """A lone surrogate (an undecodable byte of a file name, as os.fsdecode gives it) cannot
+    be UTF-8: a clear ValidationError naming the field's text, not a UnicodeEncodeError from
+    the fast path that a caller does not expect."""
+    event = StatusEvent("e", "j", State.FAILED, 1, "worker", "r", error="no file report-\udcff")
+    with pytest.raises(ValidationError, match="surrogates not allowed"):
+        codec.encode(event)
+
+
 def test_confluent_framing_with_a_registry(native: bool) -> None:
     registry = FakeRegistry()
     codec = Codec(registry=registry, native=native)

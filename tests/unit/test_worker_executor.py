@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -278,3 +279,28 @@ def test_long_errors_are_truncated(threads: ThreadPoolExecutor) -> None:
 
     out = run_task(reg, threads, RUN)
     assert out.error.startswith("RuntimeError: xxx") and len(out.error) <= 2048
+
+
+def test_texts_utf8_cannot_carry_are_escaped_in_the_outcome(threads: ThreadPoolExecutor) -> None:
+    """A file name whose bytes are not UTF-8 reaches Python as a lone surrogate; in a task's
+    error, reason or result it would make the verdict impossible to encode. It becomes its
+    escape: readable in the error, and the same value again when the result's JSON is read."""
+    name = os.fsdecode(b"report-\xff.txt")
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    def missing() -> None:
+        raise FileNotFoundError(name)
+
+    @reg.task("r")
+    def found() -> dict[str, str]:
+        return {"name": name}
+
+    failed = run_task(reg, threads, RUN)
+    assert failed.error == "FileNotFoundError: report-\\udcff.txt"
+    succeeded = run_task(reg, threads, replace(RUN, task="r"))
+    assert succeeded.result_json is not None and json.loads(succeeded.result_json) == {"name": name}
+    retry = Outcome(State.FAILED, 1, error="e", reason=f"asked: {name}", retry_delay_ms=5)
+    assert retry.reason == "asked: report-\\udcff.txt"
+    for text in (failed.error, succeeded.result_json, retry.reason):
+        text.encode("utf-8")  # what the verdict's record needs
