@@ -62,11 +62,11 @@ class RecordCache:
             self._in_flight[key] = None
         elif job.status is JobStatus.ACTIVE and job.next_fire_ms is not None:
             heapq.heappush(self._waiting, (-job.next_fire_ms, key))
-            if len(self._waiting) > 2 * len(self._records) + 64:
-                self._compact()
         else:
             return  # finished or paused: read again late, if at all
         self._records[key] = (job, timers)
+        if len(self._waiting) > 2 * len(self._records) + 64:
+            self._compact()
         if len(self._records) > self.size:
             self._evict()
 

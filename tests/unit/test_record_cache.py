@@ -69,3 +69,19 @@ def test_records_taken_and_kept_again_leave_no_growing_trail() -> None:
         cache.keep(key, job, [])
         assert len(cache._waiting) <= 2 * len(cache) + 64
     assert len(cache) == 100
+
+
+def test_the_record_kept_as_the_order_is_rebuilt_can_still_leave() -> None:
+    """The order is rebuilt from the records kept when its trail grows; the record being kept
+    at that moment is in it too, so it can still be the one to leave."""
+    cache = RecordCache(10)
+    for i in range(10):
+        cache.keep(f"j{i}".encode(), waiting(f"j{i}", T0 + i), [])
+    while True:  # until keeping j0 rebuilds the order
+        assert cache.take(b"j0") is not None
+        before = len(cache._waiting)
+        cache.keep(b"j0", waiting("j0", T0 + 1_000_000), [])  # now the furthest fire
+        if len(cache._waiting) <= before:
+            break
+    cache.keep(b"new", waiting("new", T0 + 5), [])  # one over the bound: j0 goes
+    assert cache.take(b"j0") is None and len(cache) == 10
