@@ -84,3 +84,40 @@ def undecodable_name(fail: bool = False) -> dict[str, str]:
     if fail:
         raise FileNotFoundError(f"no such file: {name}")
     return {"name": name}
+
+
+class _Unprintable(Exception):
+    """An exception whose ``str()`` raises: a task's own exception class with a broken
+    ``__str__`` (a lazy message that fails to format)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("the message cannot be formatted")
+
+
+class _Opaque:
+    """A value that neither ``str()`` nor ``repr()`` can turn into text."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@task("test.hostile_outcome")
+async def hostile_outcome(kind: str) -> object:
+    """An async task whose outcome the worker cannot simply print: ``unprintable`` raises an
+    exception whose ``str()`` raises, ``opaque`` returns a value neither ``str()`` nor ``repr()``
+    can print, ``huge`` returns an int with more digits than ``str()`` converts, ``cancelled``
+    raises ``CancelledError`` from an awaited future that something else cancelled."""
+    if kind == "unprintable":
+        raise _Unprintable()
+    if kind == "opaque":
+        return {"value": _Opaque()}
+    if kind == "huge":
+        return {"value": 10**5000}
+    if kind == "cancelled":
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+    raise ValueError(f"unknown kind {kind!r}")

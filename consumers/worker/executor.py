@@ -85,10 +85,22 @@ def utf8_text(text: str) -> str:
 
 
 def format_error(exc: BaseException, limit: int = ERROR_LIMIT_CHARS) -> str:
-    """``"Type: message"``, cut to ``limit`` characters (events are not log files)."""
-    message = str(exc)
+    """``"Type: message"``, cut to ``limit`` characters (events are not log files). An
+    exception whose ``str()`` itself raises still gets a text: the verdict must be sent."""
+    try:
+        message = str(exc)
+    except Exception as err:  # the task's own __str__: whatever it raises
+        message = f"<str() of this exception raised {type(err).__name__}>"
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _describe(result: Any) -> str:
+    """``repr(result)``, or the type's name when even that raises (the task's own code)."""
+    try:
+        return repr(result)
+    except Exception as err:
+        return f"<{type(result).__name__} object: repr() raised {type(err).__name__}>"
 
 
 def result_to_json(result: Any, limit: int = RESULT_LIMIT_BYTES) -> str:
@@ -101,8 +113,8 @@ def result_to_json(result: Any, limit: int = RESULT_LIMIT_BYTES) -> str:
         return "null"
     try:
         text = json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError):  # e.g. a circular structure
-        text = json.dumps(repr(result), ensure_ascii=False)
+    except Exception:  # a circular structure, an int past str()'s digits, a raising __str__
+        text = json.dumps(_describe(result), ensure_ascii=False)
     text = utf8_text(text)  # a lone surrogate in a string: its JSON escape (see Outcome)
     size = len(text.encode("utf-8"))
     if size <= limit:
@@ -276,7 +288,16 @@ class Executor:
             if timer is not None and timer.expired():
                 return self.timed_out(run, prepared, _elapsed_ms(started), None)
             return self._failed(run, spec, _elapsed_ms(started), error=format_error(exc))
-        except (Exception, SystemExit) as exc:  # a task's sys.exit() must not stop the worker
+        # A task's sys.exit() or KeyboardInterrupt must not stop the worker (its signals
+        # are handled by the loop, so neither comes from outside the task's code).
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            return self._from_exception(run, spec, _elapsed_ms(started), exc)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the worker cancelled it (hand-back, close): the pool decides
+            # The task's own code raised it (an awaited future someone else cancelled): a
+            # failure like any other, or the run would never get its verdict.
             return self._from_exception(run, spec, _elapsed_ms(started), exc)
         finally:
             reset_context(token)
@@ -288,7 +309,7 @@ class Executor:
         spec = prepared.spec
         try:
             result = spec.fn(*prepared.args, **prepared.kwargs)
-        except (Exception, SystemExit) as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return self._from_exception(run, spec, _elapsed_ms(started), exc)
         return self._succeeded(result, _elapsed_ms(started))
 

@@ -302,6 +302,49 @@ def test_a_task_whose_error_or_result_is_not_valid_unicode_still_gets_its_verdic
     assert proc.poll() is None, log_tail(log_path)
 
 
+def test_a_task_whose_outcome_cannot_be_printed_still_gets_its_verdict(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """Async tasks whose outcome the worker cannot simply print: an exception whose ``str()``
+    raises, a result neither ``str()`` nor ``repr()`` can print, an int past the digits
+    ``str()`` converts, a ``CancelledError`` from the task's own await. Each gets its verdict
+    (the failures retryable), and the run after them in the partition runs and is committed.
+    Before, each left its run without a verdict: the slot held and the partition's offsets
+    stopped there."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    kinds = ("unprintable", "opaque", "huge", "cancelled")
+    runs = {
+        kind: make_run(
+            settings, "test.hostile_outcome", {"kind": kind}, job_id=job, run_id=f"{job}@{i}"
+        )
+        for i, kind in enumerate(kinds)
+    }
+    after = make_run(settings, "demo.echo", {"after": 1}, job_id=job, run_id=f"{job}@9")
+    produce_runs(settings, [*runs.values(), after])
+    log_path = tmp_path / "worker.log"
+    proc = start_worker(procs, jobwheel_env, log_path)
+
+    unprintable = tail.wait_for(runs["unprintable"].run_id, State.FAILED)[0]
+    assert unprintable.error == "_Unprintable: <str() of this exception raised RuntimeError>"
+    assert unprintable.retry_delay_ms is not None
+    opaque = tail.wait_for(runs["opaque"].run_id, State.SUCCEEDED)[0]
+    assert json.loads(opaque.result_json) == "<dict object: repr() raised RuntimeError>"
+    huge = tail.wait_for(runs["huge"].run_id, State.SUCCEEDED)[0]
+    assert json.loads(huge.result_json) == "<dict object: repr() raised ValueError>"
+    cancelled = tail.wait_for(runs["cancelled"].run_id, State.FAILED)[0]
+    assert cancelled.error == "CancelledError" and cancelled.retry_delay_ms is not None
+    tail.wait_for(after.run_id, State.SUCCEEDED)
+    partition = partition_for(job, settings.partitions)
+    end = end_offsets(settings)[partition] - 1  # the last offset is the commit marker
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, -1) >= end,
+        15,
+        interval_s=0.3,
+        message=f"offsets not committed: {committed_offsets(settings)} vs end {end}",
+    )
+    assert proc.poll() is None, log_tail(log_path)
+
+
 def test_long_runs_heartbeat_with_a_fresh_deadline(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:

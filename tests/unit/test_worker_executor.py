@@ -257,8 +257,16 @@ def test_sys_exit_in_a_task_is_a_failure_not_a_worker_exit(threads: ThreadPoolEx
     def leave() -> None:
         raise SystemExit(3)
 
+    @reg.task("a")
+    async def interrupt() -> None:
+        raise KeyboardInterrupt("from the task")
+
     out = run_task(reg, threads, RUN)
     assert out.state is State.FAILED and out.error == "SystemExit: 3"
+    assert out.retry_delay_ms is not None  # the task's failure: its retry policy applies
+    out = run_task(reg, threads, replace(RUN, task="a"))
+    assert out.state is State.FAILED and out.error == "KeyboardInterrupt: from the task"
+    assert out.retry_delay_ms is not None
 
 
 def test_big_results_are_truncated_to_valid_json() -> None:
@@ -304,3 +312,102 @@ def test_texts_utf8_cannot_carry_are_escaped_in_the_outcome(threads: ThreadPoolE
     assert retry.reason == "asked: report-\\udcff.txt"
     for text in (failed.error, succeeded.result_json, retry.reason):
         text.encode("utf-8")  # what the verdict's record needs
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("the message cannot be formatted")
+
+
+class _Opaque:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_an_exception_whose_str_raises_is_still_a_retryable_failure(
+    threads: ThreadPoolExecutor,
+) -> None:
+    """The task's own ``__str__`` raising must not take the verdict with it: the failure is
+    named by its type and goes through the retry policy like any other."""
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    async def raises() -> None:
+        raise _Unprintable()
+
+    @reg.task("s")
+    def raises_sync() -> None:
+        raise _Unprintable()
+
+    for name in ("t", "s"):
+        out = run_task(reg, threads, replace(RUN, task=name))
+        assert out.state is State.FAILED
+        assert out.error == "_Unprintable: <str() of this exception raised RuntimeError>"
+        assert out.retry_delay_ms is not None
+        assert out.reason.startswith("task raised an exception")
+
+
+def test_a_result_no_text_can_describe_still_succeeds(threads: ThreadPoolExecutor) -> None:
+    """A value neither JSON, ``str()`` nor ``repr()`` can print (the task's own classes, an int
+    past the digits ``str()`` converts): the run succeeded, and its result says what it was."""
+    opaque = "<dict object: repr() raised RuntimeError>"
+    assert json.loads(result_to_json({"v": _Opaque()})) == opaque
+    assert json.loads(result_to_json(_Opaque())) == "<_Opaque object: repr() raised RuntimeError>"
+    assert json.loads(result_to_json({"v": 10**5000})) == "<dict object: repr() raised ValueError>"
+    loop: list[object] = []
+    loop.append(loop)
+    assert json.loads(result_to_json(loop)) == "[[...]]"
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    async def opaque() -> object:
+        return _Opaque()
+
+    out = run_task(reg, threads, RUN)
+    assert out.state is State.SUCCEEDED
+    assert json.loads(out.result_json) == "<_Opaque object: repr() raised RuntimeError>"
+
+
+def test_a_cancelled_error_from_the_task_itself_is_an_ordinary_failure(
+    threads: ThreadPoolExecutor,
+) -> None:
+    """An async task awaiting something another party cancelled gets ``CancelledError`` while
+    nobody cancelled the task: that is the task failing, retried by its policy, not the
+    worker stopping it (which would leave the run without a verdict)."""
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    async def awaits_a_cancelled_future() -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future
+
+    out = run_task(reg, threads, RUN)
+    assert out.state is State.FAILED
+    assert out.error == "CancelledError"
+    assert out.retry_delay_ms is not None
+
+
+def test_a_task_cancelled_by_its_caller_stays_cancelled(threads: ThreadPoolExecutor) -> None:
+    """The other side of the rule above: when the worker cancels the run (hand-back on
+    shutdown), the cancellation reaches the caller rather than becoming a verdict."""
+    reg = TaskRegistry()
+    started = asyncio.Event()
+
+    @reg.task("t")
+    async def waits() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    async def main() -> None:
+        executor = Executor(reg, threads, rng=FixedRandom())
+        task = asyncio.create_task(executor.execute(RUN, heartbeat=lambda: None))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())

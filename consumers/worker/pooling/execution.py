@@ -84,6 +84,8 @@ class Execution(PoolCore):
             if current is not None:
                 current.uncancel()
             outcome = self._hand_back_outcome(ex)
+        except Exception as exc:  # whatever escapes the executor is the run's failure
+            outcome = Outcome(State.FAILED, 0, error=format_error(exc), reason="worker error")
         self._finish(ex, outcome)
         self._start_ready()
 
