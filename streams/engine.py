@@ -544,13 +544,36 @@ class SchedulerEngine:
         task.acks_next = record.offset + 1
         task.acks_seen_ms = max(task.acks_seen_ms, record.timestamp_ms)
         touched.add(task.partition)
+        try:
+            self._apply_ack(task, record, now, out)
+        except Exception as exc:  # a bug must not stop the partition: dead-letter the record
+            log.exception(
+                "ack failed; dead-lettered",
+                extra={"partition": record.partition, "offset": record.offset},
+            )
+            self._dead_letter(task, record, f"scheduler error: {exc!r}", out)
+
+    def _apply_ack(self, task: PartitionTask, record: Record, now: int, out: list[_Out]) -> None:
+        """One ack, whatever its bytes: anything on the acks topic is input (a broken or
+        hostile producer can write there), so a header the workers never write is ignored
+        with a log line, and a record that is no ack is dead-lettered."""
         skip = False
         for name, value in record.headers or ():
             if name == STATE_HEADER and value in SKIPPED_ACKS:
                 skip = True
-            elif name == DISPATCHED_HEADER and value.isdigit() and len(value) < 20:
-                reached = int(value)
-                if task.reached_ms is None or reached > task.reached_ms:
+            elif name == DISPATCHED_HEADER:
+                reached = _dispatched_ms(value)
+                if reached is None:
+                    log.warning(
+                        "ack header ignored: not a dispatch time in ms",
+                        extra={
+                            "partition": record.partition,
+                            "offset": record.offset,
+                            "header": name,
+                            "value": None if value is None else _cut(repr(value)),
+                        },
+                    )
+                elif task.reached_ms is None or reached > task.reached_ms:
                     task.reached_ms = reached
         if skip:
             return
@@ -569,14 +592,19 @@ class SchedulerEngine:
             self._dead_letter(task, record, f"undecodable ack: {exc}", out)
             return
         self.stats.acks += 1
-        try:
-            self._emit(task, processor.on_ack(ev, now, record.timestamp_ms), out)
-        except Exception as exc:
-            log.exception(
-                "ack failed; dead-lettered",
-                extra={"partition": record.partition, "offset": record.offset},
+        result = processor.on_ack(ev, now, record.timestamp_ms)
+        self._emit(task, result, out)
+        if result.rejected is not None:
+            self.stats.rejected += 1
+            log.warning(
+                "invalid ack dead-lettered",
+                extra={
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "reason": _cut(result.rejected),
+                },
             )
-            self._dead_letter(task, record, f"scheduler error: {exc!r}", out)
+            self._dead_letter(task, record, f"invalid ack: {result.rejected}", out)
 
     @staticmethod
     def _acks_watermark(task: PartitionTask) -> int:
@@ -660,7 +688,8 @@ class SchedulerEngine:
         self.stats.dead_lettered += 1
         self.meters.dead_letter("request" if record.topic == self.topics.requests else "ack")
         headers = [
-            (ERROR_HEADER, _cut(reason, 2000).encode()),
+            # a reason quotes the record's own text: what UTF-8 cannot carry is escaped
+            (ERROR_HEADER, _cut(reason, 2000).encode("utf-8", "backslashreplace")),
             (SOURCE_TOPIC_HEADER, record.topic.encode()),
             (SOURCE_PARTITION_HEADER, str(record.partition).encode()),
             (SOURCE_OFFSET_HEADER, str(record.offset).encode()),
@@ -1039,6 +1068,15 @@ def _cut(text: str, limit: int = 200) -> str:
 
 def _fields(record: _Out) -> tuple[str, int, bytes | None, bytes | None, list | None]:
     return record.topic, record.partition, record.key, record.value, record.headers
+
+
+def _dispatched_ms(value: bytes | None) -> int | None:
+    """The dispatch time a worker's ack carries in its header (ASCII digits of an int64 ms),
+    or None for anything else: no value, other bytes, more digits than any time in ms has
+    (and an int64 holds)."""
+    if not isinstance(value, bytes) or not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)
 
 
 def _header(record: Record, name: str) -> str | None:

@@ -8,6 +8,7 @@ from jobwheel.schemas.models import (
     State,
     StatusEvent,
 )
+from jobwheel.schemas.validation import MAX_DURATION_MS
 from jobwheel.streams.jobstate import (
     ActiveRun,
     JobRecord,
@@ -18,6 +19,7 @@ from jobwheel.streams.rules.core import (
     MAX_HANDBACKS,
     Output,
     ProcessorCore,
+    clip_id,
 )
 
 
@@ -28,6 +30,16 @@ class AckRules(ProcessorCore):
         then, on the scheduler's side of the clock, not by what the worker claims."""
         out = Output()
         if ev.run_id is None:
+            return out
+        if ev.attempt < 1:
+            # Attempts count from 1 (the scheduler numbers them; a worker echoes the number
+            # of the run it was given). Attempt 0 or -7 is no attempt of any run: read as
+            # "an older attempt" it would complete a run still running (any attempt's
+            # SUCCEEDED up to the run's does). Not news of the run: refused, dead-lettered.
+            out.rejected = (
+                f"ack {ev.state.value} of run {clip_id(ev.run_id)!r} names attempt "
+                f"{ev.attempt}: attempts count from 1"
+            )
             return out
         job = self.load(ev.job_id)
         if job is None:
@@ -71,7 +83,10 @@ class AckRules(ProcessorCore):
         job.last_error = ev.error
         retryable = ev.retry_delay_ms is not None and job.status is not JobStatus.CANCELLED
         if retryable and run.attempt < job.spec.max_attempts + run.limit_extra:
-            delay = max(0, ev.retry_delay_ms or 0)
+            # At most the largest duration anything in jobwheel may name: a task's
+            # Retry(delay_ms=2**63 - 1) would put the retry past int64 (a timer that never
+            # fires, on a job that stays SCHEDULED).
+            delay = min(max(0, ev.retry_delay_ms or 0), MAX_DURATION_MS)
             run.phase = RunPhase.RETRY_WAIT
             run.due_ms = now_ms + delay
             out.status.append(

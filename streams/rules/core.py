@@ -50,7 +50,8 @@ class Output:
     runs: list[Run] = field(default_factory=list)
     status: list[StatusEvent] = field(default_factory=list)
     dead_runs: list[tuple[Run, str]] = field(default_factory=list)
-    #: Why the command was refused as invalid input (the engine dead-letters the record).
+    #: Why the command or ack was refused as invalid input (the engine dead-letters the
+    #: record).
     rejected: str | None = None
 
     def __bool__(self) -> bool:

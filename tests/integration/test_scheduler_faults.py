@@ -18,8 +18,11 @@ import pytest
 from confluent_kafka import Producer
 
 from jobwheel.producers.client import JobClient, JobSpec
-from jobwheel.schemas.models import State
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.deadletter import REPLAYED_FROM_HEADER
+from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for
+from jobwheel.schemas.topics import DISPATCHED_HEADER, STATE_HEADER
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,
@@ -29,6 +32,8 @@ from tests.integration.scheduler_support import (
     wait_owns_all,
 )
 from tests.support import wait_until
+
+CODEC = default_codec()
 
 
 @pytest.fixture
@@ -203,6 +208,75 @@ def test_poison_records_on_requests_and_acks_are_dead_lettered_and_the_partition
     rejected = tail.events(state=State.REJECTED)
     assert len(rejected) == 3 and all(e.reason for e in rejected)
     assert scheduler.poll() is None
+    assert not log_events(scheduler.log_path, "transaction aborted; processing the batch again")
+
+
+def test_hostile_acks_and_headers_are_dead_lettered_or_ignored_and_the_partition_works_on(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """Anything on the acks topic is input. An ack whose header has no value (None) crashed
+    the scheduler on ``None.isdigit()``, and again on every restart (nothing past it was ever
+    committed); a SUCCEEDED naming attempt -7 completed a run still running. Now: headers no
+    worker writes are ignored with a log line, a record that is no ack and an ack naming an
+    impossible attempt are dead-lettered, the run still running finishes on its own verdict,
+    and the partition goes on."""
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s")
+    t = settings.topics
+    victim = "hostile-acks"
+    p = partition_for(victim, settings.partitions)
+    neighbour = next(
+        j for i in range(10_000) if partition_for(j := f"neighbour-{i}", settings.partitions) == p
+    )
+    with JobClient(settings) as client:
+        client.schedule(victim, task="demo.sleep", args={"seconds": 6}, now=True)
+    tail.wait(lambda: tail.events(victim, State.STARTED), 60, "the victim's run did not start")
+    [run] = tail.runs_of(victim)
+
+    producer = Producer(settings.librdkafka(partitioner="murmur2_random"))
+    forged = StatusEvent(
+        event_id="forged",
+        job_id=victim,
+        state=State.SUCCEEDED,
+        event_time_ms=now_ms(),
+        source="worker",
+        seq=run.seq + 1,
+        run_id=run.run_id,
+        attempt=-7,
+    )
+    hostile = [
+        (t.acks, b"nulhdr", b"x", [(DISPATCHED_HEADER, None)]),
+        (t.acks, b"nulstate", b"x", [(STATE_HEADER, None), (DISPATCHED_HEADER, b"\xff\xfe")]),
+        (t.acks, key_for(victim), CODEC.encode(forged), [(DISPATCHED_HEADER, None)]),
+        (t.requests, b"nulreplay", b"junk", [(REPLAYED_FROM_HEADER, None)]),
+    ]
+    for topic, key, value, headers in hostile:
+        producer.produce(topic, key=key, value=value, headers=headers, partition=p)
+    assert producer.flush(30) == 0
+
+    dead = tail.wait(
+        lambda: len(tail.dead_letters()) >= 4 and tail.dead_letters(),
+        60,
+        "not every hostile record was dead-lettered",
+    )
+    assert scheduler.poll() is None, "the scheduler died on a hostile ack"
+    # The forged SUCCEEDED did not finish the run: it is still running (6 s of sleep).
+    assert not tail.events(victim, State.COMPLETED)
+    errors = {m.value(): dict(m.headers() or [])["jobwheel.error"].decode() for m in dead}
+    assert errors[b"x"].startswith("undecodable ack")
+    assert "attempt -7" in errors[CODEC.encode(forged)]
+    assert errors[b"junk"]
+    # The run ends on the worker's own verdict, and the partition keeps working.
+    with JobClient(settings) as client:
+        client.schedule(neighbour, task="demo.echo", now=True)
+    tail.wait(lambda: tail.events(victim, State.COMPLETED), 60, "the victim did not complete")
+    tail.wait(lambda: tail.events(neighbour, State.COMPLETED), 60, "the partition stopped")
+    [verdict] = [e for e in tail.events(victim, State.SUCCEEDED) if e.event_id != "forged"]
+    assert verdict.attempt == run.attempt == 1
+    assert scheduler.poll() is None
+    assert len(log_events(scheduler.log_path, "ack header ignored: not a dispatch time in ms")) >= 3
+    assert log_events(scheduler.log_path, "invalid ack dead-lettered")
+    assert not log_events(scheduler.log_path, "ack failed; dead-lettered")
     assert not log_events(scheduler.log_path, "transaction aborted; processing the batch again")
 
 

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobwheel.schemas.codec import SchemaCatalogue, default_codec
-from jobwheel.schemas.models import After, JobCommand, ScheduleJob, State
+from jobwheel.schemas.deadletter import REPLAYED_FROM_HEADER
+from jobwheel.schemas.models import After, JobCommand, Now, ScheduleJob, State, StatusEvent
 from jobwheel.schemas.partitioning import partition_for
-from jobwheel.schemas.topics import ERROR_HEADER
+from jobwheel.schemas.topics import DISPATCHED_HEADER, ERROR_HEADER, STATE_HEADER
 from jobwheel.settings import Settings
 from jobwheel.streams.engine import Phase, SchedulerEngine, _Out
 from jobwheel.streams.kafka import Record
@@ -99,6 +100,18 @@ def good_command(job_id: str) -> bytes:
 
 
 keys = st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=40).map(str.encode))
+#: Headers as the consumer hands them over: any name, and a value that may be None (a header
+#: without a value), any bytes, or what the engine reads there (digits, an ack state).
+header_values = st.one_of(
+    st.none(),
+    st.binary(max_size=30),
+    st.integers(-(10**25), 10**25).map(lambda n: str(n).encode()),
+    st.sampled_from([b"STALE", b"SUCCEEDED", b"", b"\xff", "١٢٣".encode()]),
+)
+header_names = st.sampled_from(
+    [STATE_HEADER, DISPATCHED_HEADER, REPLAYED_FROM_HEADER, ERROR_HEADER]
+) | st.text(max_size=12)
+headers = st.none() | st.lists(st.tuples(header_names, header_values), max_size=4)
 keyed = st.one_of(
     st.tuples(keys, st.none() | st.binary(max_size=120)),
     avro_keyed("io.jobwheel.JobCommand"),
@@ -109,14 +122,15 @@ keyed = st.one_of(
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(record=keyed, offset=st.integers(0, 10**6))
+@given(record=keyed, offset=st.integers(0, 10**6), headers=headers)
 def test_any_request_record_changes_a_job_or_is_rejected_and_dead_lettered(
-    record: tuple[bytes | None, bytes | None], offset: int
+    record: tuple[bytes | None, bytes | None], offset: int, headers: Any
 ) -> None:
     key, value = record
     engine = ready_engine()
     out: list[_Out] = []
-    engine._on_request(Record(TOPICS.requests, 0, offset, key, value, None, T0), T0, out, set())
+    request = Record(TOPICS.requests, 0, offset, key, value, headers, T0)
+    engine._on_request(request, T0, out, set())
     events = [CODEC.decode(r.value) for r in out if r.topic == TOPICS.status]
     dead = [r for r in out if r.topic == TOPICS.dead_letter]
     rejected = [e for e in events if e.state is State.REJECTED]
@@ -135,9 +149,9 @@ def test_any_request_record_changes_a_job_or_is_rejected_and_dead_lettered(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(record=keyed, state=st.sampled_from([b"STARTED", b"SUCCEEDED", b"x", None]))
+@given(record=keyed, headers=headers)
 def test_any_ack_record_is_applied_or_dead_lettered_and_never_escapes(
-    record: tuple[bytes | None, bytes | None], state: bytes | None
+    record: tuple[bytes | None, bytes | None], headers: Any
 ) -> None:
     key, value = record
     engine = ready_engine()
@@ -145,8 +159,82 @@ def test_any_ack_record_is_applied_or_dead_lettered_and_never_escapes(
         Record(TOPICS.requests, 0, 0, b"j", good_command("j"), None, T0), T0, [], set()
     )
     out: list[_Out] = []
-    headers = None if state is None else [("jobwheel.state", state)]
     engine._on_ack(Record(TOPICS.acks, 0, 1, key, value, headers, T0), T0, out, set())
     for r in out:
         if r.topic == TOPICS.dead_letter:
             assert dict(r.headers or [])[ERROR_HEADER]
+
+
+def ack_for(run: Any, state: State, **kw: Any) -> bytes:
+    return CODEC.encode(
+        StatusEvent(
+            event_id=f"{run.run_id}:{run.attempt}:{state.value}",
+            job_id=run.job_id,
+            state=state,
+            event_time_ms=T0 + 10,
+            source="worker",
+            run_id=run.run_id,
+            seq=run.seq + 1,
+            attempt=kw.pop("attempt", run.attempt),
+            **kw,
+        )
+    )
+
+
+def test_ack_headers_without_a_value_or_with_garbage_are_ignored_and_the_ack_applied():
+    """A header with no value (None, as the consumer hands it over) or bytes no worker writes
+    crashed the loop (``None.isdigit()``), and again on every restart: nothing past the record
+    ever committed. Now such a header is ignored with a log line and the ack is applied; a
+    record that is no ack is dead-lettered."""
+    engine = ready_engine()
+    now_job = CODEC.encode(JobCommand("c-n", "n", T0, ScheduleJob("demo.echo", Now())))
+    engine._on_request(Record(TOPICS.requests, 0, 0, b"n", now_job, None, T0), T0, [], set())
+    task = engine.tasks[0]
+    out: list[_Out] = []
+    engine._punctuate(task, T0, out, set())
+    [run] = [CODEC.decode(r.value) for r in out if r.topic == TOPICS.runs]
+
+    out = []
+    garbage = [
+        (DISPATCHED_HEADER, None),
+        (STATE_HEADER, None),
+        (DISPATCHED_HEADER, b"\xff\x00 not digits"),
+        (DISPATCHED_HEADER, b"9" * 30),  # more digits than an int64 holds
+    ]
+    engine._on_ack(Record(TOPICS.acks, 0, 0, b"nulhdr", b"x", garbage, T0), T0, out, set())
+    [dead] = out
+    assert dead.topic == TOPICS.dead_letter and dead.value == b"x"
+    assert b"undecodable ack" in dict(dead.headers or [])[ERROR_HEADER]
+    assert task.reached_ms is None and task.acks_next == 1
+
+    out = []
+    started = ack_for(run, State.STARTED)
+    engine._on_ack(Record(TOPICS.acks, 0, 1, b"n", started, garbage, T0 + 10), T0, out, set())
+    assert out == [] and task.acks_next == 2
+    assert task.processor.load("n").active[run.run_id].due_ms == T0 + 10 + 30_000
+
+    out = []
+    headers = [(DISPATCHED_HEADER, None), (DISPATCHED_HEADER, str(T0).encode())]
+    succeeded = ack_for(run, State.SUCCEEDED)
+    engine._on_ack(Record(TOPICS.acks, 0, 2, b"n", succeeded, headers, T0 + 20), T0, out, set())
+    events = [CODEC.decode(r.value) for r in out if r.topic == TOPICS.status]
+    assert [e.state for e in events] == [State.COMPLETED]
+    assert task.reached_ms == T0
+
+
+def test_an_ack_naming_an_impossible_attempt_is_dead_lettered_with_the_reason():
+    engine = ready_engine()
+    now_job = CODEC.encode(JobCommand("c-f", "forge", T0, ScheduleJob("demo.echo", Now())))
+    engine._on_request(Record(TOPICS.requests, 0, 0, b"forge", now_job, None, T0), T0, [], set())
+    task = engine.tasks[0]
+    out: list[_Out] = []
+    engine._punctuate(task, T0, out, set())
+    [run] = [CODEC.decode(r.value) for r in out if r.topic == TOPICS.runs]
+    out = []
+    forged = ack_for(run, State.SUCCEEDED, attempt=-7)
+    engine._on_ack(Record(TOPICS.acks, 0, 0, b"forge", forged, None, T0 + 5), T0, out, set())
+    [dead] = out
+    assert dead.topic == TOPICS.dead_letter and dead.value == forged
+    reason = dict(dead.headers or [])[ERROR_HEADER].decode()
+    assert reason.startswith("invalid ack:") and "attempt -7" in reason
+    assert run.run_id in task.processor.load("forge").active  # still running

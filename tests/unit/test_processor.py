@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
+from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import (
     At,
     CancelJob,
@@ -21,11 +23,13 @@ from jobwheel.schemas.models import (
     StatusEvent,
     TriggerJob,
 )
+from jobwheel.schemas.validation import MAX_DURATION_MS
 from jobwheel.streams.processor import SchedulerProcessor
 from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 
 T0 = 1_800_000_000_000  # 2027-01-15, an arbitrary fixed instant
 _ids = itertools.count()
+CODEC = default_codec()
 
 
 def cmd(job_id: str, body, at: int = T0) -> JobCommand:
@@ -258,6 +262,53 @@ def test_failed_without_retry_delay_is_dead_at_once(proc):
     [r1] = proc.punctuate(T0, 100)[0].runs
     out = proc.on_ack(ack(r1, State.FAILED, T0 + 5, error="unknown task"), T0 + 5)
     assert State.DEAD in states(out)
+
+
+@pytest.mark.parametrize("attempt", [0, -7, -(2**63)])
+@pytest.mark.parametrize("state", [State.SUCCEEDED, State.FAILED, State.STARTED, State.HEARTBEAT])
+def test_an_ack_naming_an_impossible_attempt_is_refused_and_the_run_goes_on(proc, attempt, state):
+    """Attempts count from 1. An ack naming attempt 0 or below is no attempt's news (a forged
+    or corrupt record): taken as an older attempt's SUCCEEDED, it completed a run still
+    running. It is refused (the engine dead-letters it) and changes nothing."""
+    proc.on_command(cmd("j", spec(Now(), visibility_timeout_ms=1000, max_attempts=3)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    before = proc.load("j")
+    forged = dataclasses.replace(
+        ack(run, state, T0 + 5, error="E: x", retry_delay_ms=0), attempt=attempt
+    )
+    out = proc.on_ack(forged, T0 + 5)
+    assert out.status == [] and out.runs == [] and out.dead_runs == []
+    assert out.rejected is not None
+    assert f"attempt {attempt}" in out.rejected and run.run_id in out.rejected
+    assert proc.load("j") == before  # still running, deadline unmoved
+    # The real attempt's verdict still counts.
+    out = proc.on_ack(ack(run, State.SUCCEEDED, T0 + 10), T0 + 10)
+    assert states(out) == [State.COMPLETED]
+
+
+def test_a_valid_ack_is_not_refused(proc):
+    proc.on_command(cmd("j", spec(Now())), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    assert proc.on_ack(ack(run, State.STARTED, T0 + 1), T0 + 1).rejected is None
+    assert proc.on_ack(ack(run, State.SUCCEEDED, T0 + 2), T0 + 2).rejected is None
+
+
+@pytest.mark.parametrize("delay", [MAX_DURATION_MS + 1, 2**63 - 1])
+def test_a_retry_delay_past_the_largest_duration_is_cut_to_it(proc, delay):
+    """A task's Retry(delay_ms=2**63 - 1) reaches the scheduler as the FAILED ack's
+    retry_delay_ms: the retry is due at most MAX_DURATION_MS after the failure, an instant
+    an int64 holds (the timer, the event and the changelog record all carry it)."""
+    proc.on_command(cmd("j", spec(Now(), max_attempts=3)), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    out = proc.on_ack(ack(run, State.FAILED, T0 + 10, error="E: x", retry_delay_ms=delay), T0 + 10)
+    [retrying] = out.status
+    assert retrying.state is State.RETRYING
+    assert retrying.retry_delay_ms == MAX_DURATION_MS
+    assert f"in {MAX_DURATION_MS} ms" in retrying.reason
+    waiting = proc.load("j").active[run.run_id]
+    assert waiting.due_ms == T0 + 10 + MAX_DURATION_MS < 2**63
+    assert proc.next_due_ms() == waiting.due_ms
+    assert CODEC.decode(CODEC.encode(retrying)) == retrying
 
 
 def test_trigger_runs_now_regardless_of_schedule(proc):
