@@ -127,6 +127,12 @@ class JobRecord:
     expires_at_ms: int | None = None
     active: dict[str, ActiveRun] = field(default_factory=dict)
     recent_commands: list[str] = field(default_factory=list)
+    #: The issue times of the job's latest manual triggers, and the latest one forgotten
+    #: since: a trigger's run is named by its issue time (``<job id>@trigger-<ms>``), so a
+    #: second trigger issued in the same millisecond must not run under the same run id
+    #: (its events would merge with the first run's).
+    recent_triggers: list[int] = field(default_factory=list)
+    trigger_floor: int | None = None
     #: The spec's JSON document as last encoded, with the spec it was encoded from (not
     #: stored: see :func:`spec_json`).
     encoded_spec: tuple[ScheduleJob, str] | None = field(default=None, compare=False, repr=False)
@@ -134,6 +140,13 @@ class JobRecord:
     def remember(self, command_id: str) -> None:
         self.recent_commands.append(command_id)
         del self.recent_commands[:-RECENT_COMMANDS]
+
+    def remember_trigger(self, issued_at_ms: int) -> None:
+        self.recent_triggers.append(issued_at_ms)
+        if len(self.recent_triggers) > RECENT_COMMANDS:
+            forgotten = self.recent_triggers.pop(0)
+            if self.trigger_floor is None or forgotten > self.trigger_floor:
+                self.trigger_floor = forgotten
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -261,6 +274,8 @@ def encode_job(job: JobRecord, timers: Timers | None = None) -> bytes:
                 for r in job.active.values()
             ],
             "recent": job.recent_commands,
+            "triggers": job.recent_triggers,
+            "trigger_floor": job.trigger_floor,
         }
     )
     return _header(timer_entries(job) if timers is None else timers) + body
@@ -308,6 +323,9 @@ def decode_job(data: bytes) -> JobRecord:
             expires_at_ms=raw["expires_at_ms"],
             active=active,
             recent_commands=list(raw["recent"]),
+            # absent in records written before them
+            recent_triggers=list(raw.get("triggers") or ()),
+            trigger_floor=raw.get("trigger_floor"),
         )
     except (
         orjson.JSONDecodeError,

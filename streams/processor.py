@@ -26,7 +26,10 @@ Rules, in the words of Kubernetes CronJob and SQS:
   paused follows the missed-run rule above (as with ``suspend`` on a CronJob).
 - Manual triggers always run (as ``kubectl create job --from=cronjob``), whatever the policy,
   and change nothing about the job: a paused job stays PAUSED, a finished one stays finished
-  until the triggered run ends (then its outcome decides COMPLETED or DEAD again).
+  until the triggered run ends (then its outcome decides COMPLETED or DEAD again). The run is
+  named by the trigger's issue time (``<job id>@trigger-<ms>``, the name the API and the CLI
+  give back): a second trigger issued in the same millisecond is REJECTED, not run under a
+  name taken (the job record keeps its latest triggers' issue times).
 - A dead-letter replay (``ReplayRun``) dispatches a DEAD run again like a manual trigger, but
   as the same run: same run id and scheduled time, the next attempt, and ``max_attempts``
   attempts of its own. Its DISPATCHED event says it is a replay (event id

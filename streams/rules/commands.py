@@ -166,10 +166,30 @@ class CommandRules(ProcessorCore):
         if job.status is JobStatus.CANCELLED:
             self._refuse(job, cmd, "cannot trigger: job is CANCELLED", now_ms, out)
             return
-        run_id = f"{job.job_id}@trigger-{cmd.issued_at_ms}"
+        # The run is named by the trigger's issue time: the name the API and the CLI give
+        # whoever sent it. Two triggers issued in the same millisecond would share it, and
+        # the second run's events (same event ids) would merge with the first's in the status
+        # store. So the second is refused, visibly, rather than run under a taken name.
+        issued = cmd.issued_at_ms
+        run_id = f"{job.job_id}@trigger-{issued}"
         if run_id in job.active:
+            taken = "is running"
+        elif issued in job.recent_triggers:
+            taken = "has run"
+        elif job.trigger_floor is not None and issued <= job.trigger_floor:
+            taken = "may have run (it is no later than a trigger the job no longer remembers)"
+        else:
+            taken = None
+        if taken is not None:
+            reason = (
+                f"cannot trigger: run {clip_id(run_id)!r} of a trigger issued at the same "
+                f"instant ({issued} ms) {taken}; a trigger's run is named by its issue time "
+                "and one name cannot stand for two runs: trigger again"
+            )
+            self._refuse(job, cmd, reason, now_ms, out)
             return
-        self._dispatch(job, run_id, cmd.issued_at_ms, 1, now_ms, out, reason=body.reason)
+        job.remember_trigger(issued)
+        self._dispatch(job, run_id, issued, 1, now_ms, out, reason=body.reason)
 
     def _replay(self, cmd: JobCommand, body: ReplayRun, now_ms: int) -> Output:
         out = Output()

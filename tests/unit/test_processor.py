@@ -318,6 +318,73 @@ def test_trigger_runs_now_regardless_of_schedule(proc):
     assert run.run_id == f"j@trigger-{T0 + 50}"
 
 
+def test_two_triggers_issued_in_the_same_ms_do_not_share_a_run(proc):
+    """A trigger's run is named by its issue time. A second trigger issued in the same
+    millisecond, while the first runs or after it finished, is refused with a REJECTED event
+    under its own command id: it never runs under the first one's run id (whose events it
+    would merge with)."""
+    proc.on_command(cmd("j", spec(Every(3_600_000))), T0)
+    at = T0 + 50
+    first = cmd("j", TriggerJob("first"), at=at)
+    [run] = proc.on_command(first, T0 + 60).runs
+    assert run.run_id == f"j@trigger-{at}"
+
+    second = cmd("j", TriggerJob("second, same ms"), at=at)
+    out = proc.on_command(second, T0 + 61)
+    assert out.runs == []
+    [refused] = out.status
+    assert refused.state is State.REJECTED and refused.event_id == f"{second.command_id}:REJECTED"
+    assert f"j@trigger-{at}" in refused.reason and "is running" in refused.reason
+
+    proc.on_ack(ack(run, State.SUCCEEDED, T0 + 70), T0 + 70)
+    assert proc.load("j").active == {}
+    third = cmd("j", TriggerJob("third, after the first finished"), at=at)
+    out = proc.on_command(third, T0 + 80)
+    assert out.runs == [] and states(out) == [State.REJECTED]
+    assert "has run" in out.status[0].reason
+
+    # The same command delivered again is still a repeat, not a second verdict ...
+    assert not proc.on_command(first, T0 + 90)
+    assert not proc.on_command(second, T0 + 90)
+    # ... and a trigger of another instant runs.
+    [other] = proc.on_command(cmd("j", TriggerJob(), at=at + 1), T0 + 91).runs
+    assert other.run_id == f"j@trigger-{at + 1}"
+
+
+def test_the_triggers_a_job_no_longer_remembers_still_refuse_their_instants(proc):
+    """The record keeps the issue times of its last triggers, and the latest one it forgot:
+    a trigger issued at or before that may share a run id with a forgotten run."""
+    from jobwheel.streams.jobstate import RECENT_COMMANDS, decode_job, encode_job
+
+    proc.on_command(cmd("j", spec(Every(3_600_000))), T0)
+    for i in range(RECENT_COMMANDS + 3):
+        [run] = proc.on_command(cmd("j", TriggerJob(), at=T0 + i), T0 + 100 + i).runs
+        proc.on_ack(ack(run, State.SUCCEEDED, T0 + 100 + i), T0 + 100 + i)
+    job = proc.load("j")
+    assert len(job.recent_triggers) == RECENT_COMMANDS and job.trigger_floor == T0 + 2
+    assert decode_job(encode_job(job)) == job  # kept across a restore
+    out = proc.on_command(cmd("j", TriggerJob(), at=T0), T0 + 200)
+    assert states(out) == [State.REJECTED] and "may have run" in out.status[0].reason
+    out = proc.on_command(cmd("j", TriggerJob(), at=T0 + RECENT_COMMANDS + 2), T0 + 200)
+    assert states(out) == [State.REJECTED] and "has run" in out.status[0].reason
+    assert proc.on_command(cmd("j", TriggerJob(), at=T0 + 1_000), T0 + 200).runs
+
+
+def test_a_job_record_written_before_trigger_memory_existed_still_loads():
+    import json
+
+    from jobwheel.streams.jobstate import decode_job, encode_job
+
+    proc = SchedulerProcessor(0, PartitionState(MemoryBackend()))
+    proc.on_command(cmd("j", spec(Every(60_000))), T0)
+    raw = encode_job(proc.load("j"))
+    at = raw.index(b'{"job_id"')
+    head, body = raw[:at], json.loads(raw[at:])
+    del body["triggers"], body["trigger_floor"]
+    old = decode_job(head + json.dumps(body).encode())
+    assert old.recent_triggers == [] and old.trigger_floor is None
+
+
 def test_discarded_batch_fires_again_with_the_same_run_id():
     state = PartitionState(MemoryBackend())
     proc = SchedulerProcessor(0, state)
