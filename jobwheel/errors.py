@@ -103,7 +103,16 @@ class QueryBusyError(StoreError):
 class Retry(JobwheelError):
     """Raised by a task to ask for a retry after ``delay_ms`` (None: the task's backoff)."""
 
-    def __init__(self, delay_ms: int | None = None, reason: str | None = None) -> None:
+    def __init__(self, delay_ms: float | None = None, reason: str | None = None) -> None:
+        # Checked here, in the task's code, so a wrong type fails the task with a message
+        # that says so (a number is cut to whole milliseconds in range by the worker).
+        if delay_ms is not None and (
+            isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float)
+        ):
+            raise TypeError(
+                f"Retry(delay_ms=...) takes a number of milliseconds or None, got "
+                f"{type(delay_ms).__name__} {clip(delay_ms)}"
+            )
         super().__init__(reason or "retry requested")
         self.delay_ms = delay_ms
 

@@ -5,6 +5,7 @@ log.info("run dispatched", extra={"job_id": j, "partition": p})
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -48,11 +49,23 @@ class ServiceHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     @property  # type: ignore[override]
     def stream(self) -> Any:
-        return sys.stderr
+        # Task code runs in the worker's process: one that closed or replaced sys.stderr made
+        # the next log line raise and the worker die ("lost sys.stderr"). The process's own
+        # stderr then.
+        stream = sys.stderr
+        if stream is None or getattr(stream, "closed", False):
+            stream = sys.__stderr__
+        return stream
 
     @stream.setter
     def stream(self, _value: Any) -> None:
         pass
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A line that cannot be written is lost, never an exception in the code that logged
+        (the standard handler lets a ValueError of a closed stream through)."""
+        with contextlib.suppress(Exception):
+            super().handleError(record)
 
 
 def configure(level: str = "INFO", fmt: str = "json") -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 
 from jobwheel.consumers.worker import current_run, heartbeat, task
+from jobwheel.errors import Retry
 
 POLL_S = 0.02
 
@@ -104,14 +106,36 @@ class _Opaque:
         raise RuntimeError("no repr")
 
 
+class _Abort(BaseException):
+    """A library's own BaseException (pytest's Failed, gevent's GreenletExit, trio's
+    Cancelled): not an Exception, so ``except Exception`` lets it through."""
+
+
 @task("test.hostile_outcome")
 async def hostile_outcome(kind: str) -> object:
     """An async task whose outcome the worker cannot simply print: ``unprintable`` raises an
     exception whose ``str()`` raises, ``opaque`` returns a value neither ``str()`` nor ``repr()``
     can print, ``huge`` returns an int with more digits than ``str()`` converts, ``cancelled``
-    raises ``CancelledError`` from an awaited future that something else cancelled."""
+    raises ``CancelledError`` from an awaited future that something else cancelled. Or one the
+    contract cannot carry as given: ``base`` raises a BaseException that is not an Exception,
+    ``float_retry`` asks for a retry in 1500.5 ms, ``far_retry`` in 10**20 ms, ``long_reason``
+    with a 2,000,000-character reason (past the broker's record size); ``self_cancel`` cancels
+    its own asyncio task."""
     if kind == "unprintable":
         raise _Unprintable()
+    if kind == "base":
+        raise _Abort("stop right here")
+    if kind == "float_retry":
+        raise Retry(delay_ms=1500.5)
+    if kind == "far_retry":
+        raise Retry(delay_ms=10**20)
+    if kind == "long_reason":
+        raise Retry(reason="x" * 2_000_000)
+    if kind == "self_cancel":
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()
+        await asyncio.sleep(1)
     if kind == "opaque":
         return {"value": _Opaque()}
     if kind == "huge":
@@ -121,3 +145,35 @@ async def hostile_outcome(kind: str) -> object:
         future.cancel()
         await future
     raise ValueError(f"unknown kind {kind!r}")
+
+
+async def _forgot_async() -> str:
+    return "never ran"
+
+
+@task("test.returns_coroutine")
+def returns_coroutine() -> object:
+    """A plain function that returns a coroutine (an async function behind a decorator that
+    lost its ``functools.wraps``): its body never runs, which must not read as a success."""
+    return _forgot_async()
+
+
+@task("test.stubborn", timeout=0.3)
+async def stubborn(started: str) -> None:
+    """Ignores every cancellation (its time limit, the worker's hand-back) and leaves a
+    non-daemon thread running: neither may keep the worker from its verdict or its exit."""
+    threading.Thread(target=time.sleep, args=(3600,), name="task-thread").start()
+    Path(started).touch()  # noqa: ASYNC240 (a test task: one small file)
+    while True:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            pass
+
+
+@task("test.stops_loop")
+async def stops_loop() -> str:
+    """Stops the worker's event loop from inside a task."""
+    asyncio.get_running_loop().stop()
+    await asyncio.sleep(0.1)
+    return "after the stop"

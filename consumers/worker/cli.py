@@ -13,6 +13,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 from jobwheel.errors import ConfigError
 
@@ -83,27 +85,85 @@ def _worker(args: argparse.Namespace) -> int:
     pool = WorkerPool(get_settings(), default_registry, concurrency=args.concurrency)
     uninstall = WorkerCollector(pool).install()  # served when JOBWHEEL_METRICS_PORT is set
     try:
-        asyncio.run(_serve(pool))
+        clean = _run(pool)
     finally:
         uninstall()
     # Verdicts or offsets the broker did not take before the worker gave up (the pool has said
     # which, in one line): a failure, as the CLI reports one, though nothing is lost (those
     # runs are delivered again to another worker).
     code = 1 if pool.left_undone else 0
-    if pool.busy_threads or pool.abandoned:
-        # Sync task functions still running cannot be stopped, and the interpreter would wait
-        # for them at exit; their runs were handed back already. A Kafka client call the pool
-        # gave up on (broker unreachable) may block for good, and so would destroying its
-        # client at exit. Leave without them.
-        if pool.busy_threads:
+    threads = _threads_left()
+    if pool.busy_threads or pool.abandoned or not clean or threads:
+        # Task code still running cannot be stopped, and the interpreter would wait for it at
+        # exit (sync task threads, async tasks that ignore their cancellation, threads a task
+        # started or asyncio.to_thread left behind); their runs were handed back already. A
+        # Kafka client call the pool gave up on (broker unreachable) may block for good, and
+        # so would destroying its client at exit. Leave without them.
+        if pool.busy_threads or not clean or threads:
             log.warning(
-                "exiting with task threads still running", extra={"threads": pool.busy_threads}
+                "exiting with task code still running",
+                extra={
+                    "threads": pool.busy_threads,
+                    "tasks": pool.stuck_tasks,
+                    "other_threads": threads,
+                },
             )
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _run(pool: object) -> bool:
+    """Run the pool on an event loop of its own until it stops; True if the loop also closed
+    cleanly. Not ``asyncio.run``: task code must not be able to stop the worker or keep it
+    from exiting. A task that calls ``loop.stop()`` made ``asyncio.run`` raise (the worker
+    died, its run unfinished, and the next worker to get the run died too); and at the end
+    ``asyncio.run`` waits for every task to finish its cancellation and for every thread of
+    the default executor, which an async task that swallows ``CancelledError`` or a blocked
+    ``asyncio.to_thread`` never do."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(_serve(pool))
+    while True:
+        try:
+            loop.run_until_complete(main)
+            break
+        except RuntimeError:
+            if main.done():
+                raise
+            log.warning("something stopped the worker's event loop (a task?); running it again")
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        loop.run_until_complete(asyncio.wait(left, timeout=1.0))
+    stuck = any(not t.done() for t in left)
+    if not stuck:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    # The default executor's threads (asyncio.to_thread, run_in_executor(None, ...)): not
+    # joined here; _threads_left() decides whether the process can exit normally.
+    asyncio.set_event_loop(None)
+    if stuck:
+        return False
+    loop.close()
+    return True
+
+
+def _threads_left() -> int:
+    """Threads other than this one that would keep the interpreter from exiting: non-daemon
+    threads still running (a task's own threads, asyncio.to_thread calls that never return)."""
+    me = threading.current_thread()
+    # Idle pool threads were told to end when their executors shut down: a moment to do so.
+    until = time.monotonic() + 1.0
+    left = 0
+    for thread in threading.enumerate():
+        if thread is me or thread.daemon:
+            continue
+        thread.join(max(0.0, until - time.monotonic()))
+        left += thread.is_alive()
+    return left
 
 
 async def _serve(pool: object) -> None:

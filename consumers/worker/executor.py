@@ -14,6 +14,7 @@ owns retries), whether a failure is worth another attempt and after how long:
 Sync functions run in a thread pool. Python cannot stop a thread, so a sync task over its limit
 is reported FAILED at the deadline while its thread runs on; :attr:`Outcome.lingering` hands the
 thread's future to the pool, which keeps the concurrency slot taken until it really returns.
+An async task that swallows its cancellation is treated the same way, a little after its limit.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextvars
 import inspect
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from jobwheel.consumers.worker.context import RunContext, reset_context, set_con
 from jobwheel.consumers.worker.registry import TaskRegistry, TaskSpec
 from jobwheel.errors import Retry, TaskError
 from jobwheel.schemas.models import Run, State
+from jobwheel.schemas.validation import MAX_DURATION_MS
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class Outcome:
     error: str | None = None
     reason: str | None = None
     retry_delay_ms: int | None = None
-    lingering: concurrent.futures.Future[Any] | None = field(
+    lingering: concurrent.futures.Future[Any] | asyncio.Future[Any] | None = field(
         default=None, compare=False, repr=False
     )
 
@@ -65,10 +68,31 @@ class Outcome:
             text = getattr(self, name)
             if text is not None and not text.isascii():
                 object.__setattr__(self, name, utf8_text(text))
+        # The error and reason carry the task's texts (a Retry's reason included): cut, so
+        # the verdict fits in a record. (result_json is cut as JSON by result_to_json.)
+        for name in ("error", "reason"):
+            text = getattr(self, name)
+            if text is not None and len(text) > ERROR_LIMIT_CHARS:
+                object.__setattr__(self, name, _cut(text))
+        # A Retry's delay comes from the task: a float (2.5 * 1000) or a number past the
+        # largest duration made the verdict impossible to encode, and the run never ended.
+        delay = self.retry_delay_ms
+        if delay is not None and (type(delay) is not int or not 0 <= delay <= MAX_DURATION_MS):
+            object.__setattr__(self, "retry_delay_ms", retry_delay(delay))
 
     @property
     def retryable(self) -> bool:
         return self.state is State.FAILED and self.retry_delay_ms is not None
+
+
+def retry_delay(delay: float) -> int:
+    """A retry delay the contract can carry: whole milliseconds (rounded up) within
+    ``0..MAX_DURATION_MS`` (the longest duration any schedule may name)."""
+    if delay != delay or delay <= 0:  # NaN or none: at once
+        return 0
+    if delay >= MAX_DURATION_MS:
+        return MAX_DURATION_MS
+    return math.ceil(delay)
 
 
 def utf8_text(text: str) -> str:
@@ -84,15 +108,25 @@ def utf8_text(text: str) -> str:
     return text
 
 
-def format_error(exc: BaseException, limit: int = ERROR_LIMIT_CHARS) -> str:
-    """``"Type: message"``, cut to ``limit`` characters (events are not log files). An
-    exception whose ``str()`` itself raises still gets a text: the verdict must be sent."""
+def _text(exc: BaseException) -> str:
+    """``str(exc)``; an exception whose ``str()`` itself raises still gets a text: the
+    verdict must be sent."""
     try:
-        message = str(exc)
+        return str(exc)
     except Exception as err:  # the task's own __str__: whatever it raises
-        message = f"<str() of this exception raised {type(err).__name__}>"
-    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        return f"<str() of this exception raised {type(err).__name__}>"
+
+
+def _cut(text: str, limit: int = ERROR_LIMIT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (events are not log files, and a record over the
+    broker's size limit could never be sent)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_error(exc: BaseException, limit: int = ERROR_LIMIT_CHARS) -> str:
+    """``"Type: message"``, cut to ``limit`` characters."""
+    message = _text(exc)
+    return _cut(f"{type(exc).__name__}: {message}" if message else type(exc).__name__, limit)
 
 
 def _describe(result: Any) -> str:
@@ -288,16 +322,17 @@ class Executor:
             if timer is not None and timer.expired():
                 return self.timed_out(run, prepared, _elapsed_ms(started), None)
             return self._failed(run, spec, _elapsed_ms(started), error=format_error(exc))
-        # A task's sys.exit() or KeyboardInterrupt must not stop the worker (its signals
-        # are handled by the loop, so neither comes from outside the task's code).
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            return self._from_exception(run, spec, _elapsed_ms(started), exc)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # the worker cancelled it (hand-back, close): the pool decides
             # The task's own code raised it (an awaited future someone else cancelled): a
             # failure like any other, or the run would never get its verdict.
+            return self._from_exception(run, spec, _elapsed_ms(started), exc)
+        # Whatever else the task raises is its failure: sys.exit(), KeyboardInterrupt (the
+        # worker's signals are handled by its loop, so neither comes from outside the task),
+        # BaseException subclasses of test runners and other frameworks, exception groups.
+        except BaseException as exc:
             return self._from_exception(run, spec, _elapsed_ms(started), exc)
         finally:
             reset_context(token)
@@ -309,8 +344,23 @@ class Executor:
         spec = prepared.spec
         try:
             result = spec.fn(*prepared.args, **prepared.kwargs)
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        except BaseException as exc:  # the task's failure, whatever it raised (see run_async)
             return self._from_exception(run, spec, _elapsed_ms(started), exc)
+        if inspect.isawaitable(result):
+            # An async function behind a plain decorator (or an object with an async
+            # __call__ the registry could not see): its body never ran. Not a success.
+            close = getattr(result, "close", None)
+            if callable(close):
+                close()  # no "coroutine was never awaited" warning: the verdict says it
+            return Outcome(
+                State.FAILED,
+                _elapsed_ms(started),
+                error=f"TaskError: task {spec.name!r} returned {type(result).__name__!s} "
+                "instead of running",
+                reason=f"task {spec.name!r} is a plain function that returned an awaitable: its "
+                "body did not run; declare it `async def` (or keep functools.wraps on its "
+                "decorator); not retried",
+            )
         return self._succeeded(result, _elapsed_ms(started))
 
     def timed_out(
@@ -318,13 +368,14 @@ class Executor:
         run: Run,
         prepared: Prepared,
         duration_ms: int,
-        thread: concurrent.futures.Future[Any] | None,
+        thread: concurrent.futures.Future[Any] | asyncio.Future[Any] | None,
     ) -> Outcome:
-        """FAILED for being over the time limit; ``thread``: a sync task's, still running."""
+        """FAILED for being over the time limit; ``thread``: a sync task's thread, or an async
+        task's asyncio task that ignored its cancellation, still running."""
         lingering = thread if thread is not None and not thread.done() else None
         if lingering is not None:
             log.warning(
-                "sync task over its timeout keeps its thread until it returns",
+                "task over its timeout keeps its slot until it returns",
                 extra={"run_id": run.run_id, "attempt": run.attempt, "task": run.task},
             )
         return self._failed(
@@ -351,10 +402,16 @@ class Executor:
                 spec,
                 duration_ms,
                 error=format_error(exc),
-                reason=f"task asked for a retry: {exc}",
+                reason=f"task asked for a retry: {_text(exc)}",
                 delay_ms=exc.delay_ms,
             )
         return self._failed(run, spec, duration_ms, error=format_error(exc))
+
+    def failure(
+        self, run: Run, prepared: Prepared, duration_ms: int, exc: BaseException
+    ) -> Outcome:
+        """The outcome of ``exc`` raised by the task's code (the retry policy applied)."""
+        return self._from_exception(run, prepared.spec, duration_ms, exc)
 
     def _signature(self, spec: TaskSpec) -> _Signature:
         """Cached: inspecting a function costs more than a fast task's whole execution."""
@@ -400,7 +457,7 @@ class Executor:
         error: str,
         reason: str = "task raised an exception",
         delay_ms: int | None = None,
-        lingering: concurrent.futures.Future[Any] | None = None,
+        lingering: concurrent.futures.Future[Any] | asyncio.Future[Any] | None = None,
     ) -> Outcome:
         limit = run.max_attempts
         if spec.max_attempts is not None:
@@ -410,7 +467,7 @@ class Executor:
             reason = f"{reason}; attempts exhausted ({run.attempt} of {limit})"
         else:
             retry = (
-                max(0, delay_ms)
+                retry_delay(delay_ms)
                 if delay_ms is not None
                 else spec.backoff.delay_ms(run.attempt, self._rng)
             )

@@ -13,7 +13,7 @@ import inspect
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -36,9 +36,19 @@ class TaskSpec:
     max_attempts: int | None = None
     backoff: Backoff = DEFAULT_BACKOFF
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+    #: Seen through decorators that keep ``functools.wraps`` and on objects with an
+    #: ``async def __call__``: called as sync, either would return a coroutine unrun.
+    #: Decided once here (the property it was cost every run an inspection).
+    is_async: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fn = self.fn
+        is_async = (
+            inspect.iscoroutinefunction(fn)
+            or inspect.iscoroutinefunction(inspect.unwrap(fn))
+            or (not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__))
+        )
+        object.__setattr__(self, "is_async", is_async)
 
 
 def _to_ms(value: timedelta | float | int | None, what: str) -> int | None:

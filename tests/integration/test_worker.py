@@ -25,6 +25,7 @@ from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for
+from jobwheel.schemas.validation import MAX_DURATION_MS
 from tests.support import (
     HarnessError,
     file_lines,
@@ -343,6 +344,79 @@ def test_a_task_whose_outcome_cannot_be_printed_still_gets_its_verdict(
         message=f"offsets not committed: {committed_offsets(settings)} vs end {end}",
     )
     assert proc.poll() is None, log_tail(log_path)
+
+
+def test_a_task_outcome_the_contract_cannot_carry_as_given_still_gets_its_verdict(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """What a task raises or returns reaches its verdict in a form the contract carries: a
+    BaseException that is not an Exception, a retry delay as a float or past the largest
+    duration, a retry reason past the broker's record size, a task cancelling itself, a plain
+    function returning a coroutine it never ran. Before, each left its run without a verdict
+    (or, for the coroutine, reported a success of a body that never ran), and the partition's
+    offsets stopped there."""
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    kinds = ("base", "float_retry", "far_retry", "long_reason", "self_cancel")
+    runs = {
+        kind: make_run(
+            settings, "test.hostile_outcome", {"kind": kind}, job_id=job, run_id=f"{job}@{i}"
+        )
+        for i, kind in enumerate(kinds)
+    }
+    runs["coroutine"] = make_run(settings, "test.returns_coroutine", job_id=job, run_id=f"{job}@7")
+    after = make_run(settings, "demo.echo", {"after": 1}, job_id=job, run_id=f"{job}@9")
+    produce_runs(settings, [*runs.values(), after])
+    log_path = tmp_path / "worker.log"
+    proc = start_worker(procs, jobwheel_env, log_path)
+
+    def failed(kind: str) -> StatusEvent:
+        return tail.wait_for(runs[kind].run_id, State.FAILED)[0]
+
+    base = failed("base")
+    assert base.error == "_Abort: stop right here" and base.retry_delay_ms is not None
+    assert failed("float_retry").retry_delay_ms == 1501  # whole ms, rounded up
+    assert failed("far_retry").retry_delay_ms == MAX_DURATION_MS
+    long_reason = failed("long_reason")
+    assert long_reason.reason.startswith("task asked for a retry: xxx")
+    assert len(long_reason.reason) <= 2048 and len(long_reason.error) <= 2048
+    cancelled = failed("self_cancel")
+    assert cancelled.error == "CancelledError" and cancelled.retry_delay_ms is not None
+    coroutine = failed("coroutine")
+    assert coroutine.retry_delay_ms is None and "declare it `async def`" in coroutine.reason
+    tail.wait_for(after.run_id, State.SUCCEEDED)
+    partition = partition_for(job, settings.partitions)
+    end = end_offsets(settings)[partition] - 1  # the last offset is the commit marker
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, -1) >= end,
+        15,
+        interval_s=0.3,
+        message=f"offsets not committed: {committed_offsets(settings)} vs end {end}",
+    )
+    assert proc.poll() is None, log_tail(log_path)
+
+
+def test_task_code_can_neither_stop_the_worker_nor_keep_it_from_exiting(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """A task that stops the worker's event loop; an async task that swallows every
+    cancellation (its time limit's too) and leaves a non-daemon thread behind. The first
+    run succeeds and the worker carries on (before, it died, and so would every worker the
+    run went to next); the second is reported timed out a moment after its limit (before:
+    never), and SIGTERM still ends the worker, exit code 0 (before: it hung until SIGKILL)."""
+    started = tmp_path / "stubborn-started"
+    stops = make_run(settings, "test.stops_loop")
+    stubborn = make_run(settings, "test.stubborn", {"started": str(started)})
+    produce_runs(settings, [stops, stubborn])
+    log_path = tmp_path / "worker.log"
+    proc = start_worker(procs, jobwheel_env, log_path)
+
+    done = tail.wait_for(stops.run_id, State.SUCCEEDED)[0]
+    assert json.loads(done.result_json) == "after the stop"
+    timed_out = tail.wait_for(stubborn.run_id, State.FAILED)[0]
+    assert timed_out.reason.startswith("timed out") and timed_out.retry_delay_ms is not None
+    assert started.exists() and proc.poll() is None, log_tail(log_path)
+    assert stop(proc, timeout_s=30) == 0, log_tail(log_path)
+    assert "exiting with task code still running" in log_path.read_text()
 
 
 def test_long_runs_heartbeat_with_a_fresh_deadline(

@@ -211,4 +211,4 @@ def test_time_limits_fail_the_run_and_a_stuck_thread_keeps_its_slot(
     done = tail.wait_for(after.run_id, State.SUCCEEDED)[0]
     stuck_started = stuck.started_ms or tail.of(stuck_sync.run_id, State.STARTED)[0].event_time_ms
     assert done.started_ms is not None and done.started_ms >= stuck_started + 2000
-    assert "keeps its thread until it returns" in log_path.read_text()
+    assert "keeps its slot until it returns" in log_path.read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import threading
@@ -18,6 +19,7 @@ from jobwheel.consumers.worker.executor import Executor, Outcome, decode_args, r
 from jobwheel.consumers.worker.registry import TaskRegistry
 from jobwheel.errors import Retry, TaskError
 from jobwheel.schemas.models import Run, State
+from jobwheel.schemas.validation import MAX_DURATION_MS
 
 RUN = Run(
     run_id="job-1@1000",
@@ -411,3 +413,138 @@ def test_a_task_cancelled_by_its_caller_stays_cancelled(threads: ThreadPoolExecu
             await task
 
     asyncio.run(main())
+
+
+class _Abort(BaseException):
+    """A library's own BaseException (pytest's Failed, gevent's GreenletExit)."""
+
+
+def test_a_base_exception_from_a_task_is_its_failure(threads: ThreadPoolExecutor) -> None:
+    """Not only Exception: whatever a task raises is its failure, retried by its policy, in
+    async and sync tasks alike (before, an async one left its run without a verdict)."""
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    async def aborts() -> None:
+        raise _Abort("stop")
+
+    @reg.task("s")
+    def aborts_sync() -> None:
+        raise _Abort("stop")
+
+    for name in ("t", "s"):
+        out = run_task(reg, threads, replace(RUN, task=name))
+        assert out.state is State.FAILED and out.error == "_Abort: stop"
+        assert out.retry_delay_ms is not None
+
+
+def test_a_retry_delay_is_whole_milliseconds_within_the_largest_duration(
+    threads: ThreadPoolExecutor,
+) -> None:
+    """A float (2.5 * 1000) or a number past the largest duration could not be encoded: the
+    verdict was lost and the partition stalled. A delay that is not a number fails the task
+    with a message naming it."""
+    reg = TaskRegistry()
+    delays: list[object] = []
+
+    @reg.task("t")
+    def retries() -> None:
+        raise Retry(delay_ms=delays[-1])  # type: ignore[arg-type]
+
+    for given, carried in (
+        (1500.5, 1501),
+        (10**20, MAX_DURATION_MS),
+        (float("inf"), MAX_DURATION_MS),
+        (-3, 0),
+    ):
+        delays.append(given)
+        out = run_task(reg, threads, RUN)
+        assert out.retry_delay_ms == carried, given
+        assert f"retry in {carried} ms" in out.reason
+    delays.append("5s")
+    out = run_task(reg, threads, RUN)
+    assert out.error.startswith("TypeError: Retry(delay_ms=...) takes a number of milliseconds")
+    assert Outcome(State.FAILED, 0, retry_delay_ms=float("nan")).retry_delay_ms == 0  # type: ignore[arg-type]
+
+
+def test_a_retry_reason_past_the_record_size_is_cut(threads: ThreadPoolExecutor) -> None:
+    reg = TaskRegistry()
+
+    @reg.task("t")
+    def retries() -> None:
+        raise Retry(reason="x" * 2_000_000)
+
+    out = run_task(reg, threads, RUN)
+    assert out.reason.startswith("task asked for a retry: xxx") and len(out.reason) <= 2048
+
+
+def test_a_plain_function_returning_a_coroutine_is_not_a_success(
+    threads: ThreadPoolExecutor,
+) -> None:
+    """An async function behind a decorator that kept ``functools.wraps`` runs as async; one
+    that did not, or a plain function returning a coroutine, fails without retry and says why
+    (before: SUCCEEDED, its result the coroutine's repr, its body never run)."""
+    ran: list[str] = []
+
+    async def body() -> str:
+        ran.append("body")
+        return "done"
+
+    def kept(fn):  # type: ignore[no-untyped-def]
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    class Callable_:
+        async def __call__(self) -> str:
+            ran.append("call")
+            return "called"
+
+    reg = TaskRegistry()
+    reg.task("kept")(kept(body))
+    reg.task("object")(Callable_())
+    reg.task("lost")(lambda: body())
+    assert reg.get("kept").is_async and reg.get("object").is_async and not reg.get("lost").is_async
+    assert run_task(reg, threads, replace(RUN, task="kept")).result_json == '"done"'
+    assert run_task(reg, threads, replace(RUN, task="object")).result_json == '"called"'
+    lost = run_task(reg, threads, replace(RUN, task="lost"))
+    assert lost.state is State.FAILED and lost.retry_delay_ms is None
+    assert "declare it `async def`" in lost.reason
+    assert ran == ["body", "call"]
+
+
+def test_logging_survives_a_task_that_closed_or_replaced_stderr(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Tasks run in the worker's process: one that closed sys.stderr made the worker's next
+    log line raise (ValueError: I/O operation on closed file) and the worker died. The line
+    goes to the process's own stderr instead."""
+    import io
+    import logging
+
+    from jobwheel.logs import ServiceHandler
+
+    handler = ServiceHandler()
+    logger = logging.getLogger("test.closed_stderr")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        closed = io.StringIO()
+        closed.close()
+        monkeypatch.setattr("sys.stderr", closed)
+        logger.warning("still written")
+        monkeypatch.setattr("sys.stderr", None)
+        logger.warning("written again")
+
+        class Broken(io.StringIO):
+            def write(self, _text: str) -> int:
+                raise ValueError("this stream refuses")
+
+        monkeypatch.setattr("sys.stderr", Broken())
+        logger.warning("lost, not raised")  # the handler's own error report fails too
+    finally:
+        logger.removeHandler(handler)
+    err = capfd.readouterr().err
+    assert "still written" in err and "written again" in err

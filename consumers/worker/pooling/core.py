@@ -182,6 +182,8 @@ class PoolCore:
         #: worker gave up on it (in a daemon thread); exit without the interpreter's teardown,
         #: which could wait for it or destroy its client under it.
         self.abandoned = False
+        #: Async runs that ignored their cancellation at shutdown (the process must not wait).
+        self.stuck_tasks = 0
         self._sweeper: asyncio.TimerHandle | None = None
         self._consumer: RunsConsumer | None = None
         self._producer: StatusProducer | None = None
@@ -301,7 +303,7 @@ class PoolCore:
             idle.cancel()
             hurry.cancel()
         # Hand back what is still executing: FAILED with retry 0, so it is re-dispatched at once.
-        tasks: list[asyncio.Task[None]] = []
+        tasks: dict[asyncio.Task[None], _Execution] = {}
         for ex in list(self._active):
             log.warning(
                 "run handed back",
@@ -310,13 +312,17 @@ class PoolCore:
             if ex.task is not None and not ex.task.done():
                 ex.handing_back = True
                 ex.task.cancel()
-                tasks.append(ex.task)
+                tasks[ex.task] = ex
             else:  # a sync task: its thread cannot be stopped, the run is given up here
                 self._finish(ex, self._hand_back_outcome(ex))
         if tasks:
             _done, still = await asyncio.wait(tasks, timeout=HAND_BACK_TIMEOUT_S)
             for task in still:
+                # It swallows its cancellation: given up like a sync task's thread (its run
+                # handed back now), and the process leaves without waiting for it.
                 task.cancel()
+                self._finish(tasks[task], self._hand_back_outcome(tasks[task]))
+                self.stuck_tasks += 1
         # The runs are done; what is left needs the broker, which gets CLOSE_TIMEOUT_S. The
         # fetch loop keeps polling meanwhile (the group membership stays alive, and offsets the
         # acknowledgements complete are committed as usual).

@@ -14,8 +14,13 @@ from jobwheel.consumers.worker.pooling.core import (
     SWEEP_INTERVAL_S,
     PoolCore,
     _Execution,
+    log,
 )
 from jobwheel.schemas.models import HANDBACK_REASON, State
+
+#: How long past its time limit an async task that swallowed its cancellation (``except
+#: CancelledError: pass`` in a loop) may run before it is reported FAILED as timed out anyway.
+ASYNC_TIMEOUT_GRACE_S = 1.0
 
 
 class Execution(PoolCore):
@@ -60,6 +65,8 @@ class Execution(PoolCore):
         if self._started_event_s == 0:
             self._send_started(ex)
         if prepared.spec.is_async:
+            if prepared.timeout_ms:  # asyncio.timeout's; this one is for a task ignoring it
+                ex.deadline = ex.started + prepared.timeout_ms / 1000 + ASYNC_TIMEOUT_GRACE_S
             ex.task = loop.create_task(self._run_async(ex, prepared))
             return
         if prepared.timeout_ms:
@@ -77,15 +84,27 @@ class Execution(PoolCore):
             outcome = await self._executor.run_async(
                 ex.run, prepared, functools.partial(self._beat, ex), ex.started
             )
-        except asyncio.CancelledError:
-            if not ex.handing_back:
-                raise
+        except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()
-            outcome = self._hand_back_outcome(ex)
-        except Exception as exc:  # whatever escapes the executor is the run's failure
+            if ex.handing_back:
+                outcome = self._hand_back_outcome(ex)
+            elif ex.outcome is not None:  # has its verdict (timed out): the worker is closing
+                raise
+            else:
+                # The worker cancels a run only to hand it back: this came from the task's
+                # own code (asyncio.current_task().cancel()). Its failure; before, the run
+                # waited without a verdict until the worker stopped.
+                duration_ms = int((time.monotonic() - ex.started) * 1000)
+                outcome = self._executor.failure(ex.run, prepared, duration_ms, exc)
+        except BaseException as exc:  # whatever escapes the executor is the run's failure
             outcome = Outcome(State.FAILED, 0, error=format_error(exc), reason="worker error")
+        if ex.outcome is not None and ex.holds_slot:
+            # It was given its verdict while it still ran (over its time limit, or handed
+            # back while ignoring its cancellation): its slot is free only now.
+            ex.holds_slot = False
+            self._running -= 1
         self._finish(ex, outcome)
         self._start_ready()
 
@@ -130,17 +149,41 @@ class Execution(PoolCore):
             ex.holds_slot = False
             self._running -= 1
         started_ms = ex.started_ms if not ex.started_sent else None
-        event = self._event(
-            ex.run,
-            outcome.state,
-            duration_ms=outcome.duration_ms,
-            result_json=outcome.result_json,
-            error=outcome.error,
-            reason=outcome.reason,
-            retry_delay_ms=outcome.retry_delay_ms,
-            started_ms=started_ms,
-        )
-        self._send_verdict(ex, self._record(event, ex.run))
+        try:
+            record = self._record(
+                self._event(
+                    ex.run,
+                    outcome.state,
+                    duration_ms=outcome.duration_ms,
+                    result_json=outcome.result_json,
+                    error=outcome.error,
+                    reason=outcome.reason,
+                    retry_delay_ms=outcome.retry_delay_ms,
+                    started_ms=started_ms,
+                ),
+                ex.run,
+            )
+        except Exception as exc:
+            # The last resort for an outcome the contract cannot carry (the known ones are
+            # cleaned in Outcome): without a verdict the run would hold its partition's
+            # offsets for good. FAILED with the reason, no task texts, not retried.
+            log.exception(
+                "verdict could not be encoded; sending a plain FAILED",
+                extra={"run_id": ex.run.run_id, "attempt": ex.run.attempt},
+            )
+            record = self._record(
+                self._event(
+                    ex.run,
+                    State.FAILED,
+                    duration_ms=max(0, outcome.duration_ms),
+                    error=f"WorkerError: the outcome could not be encoded ({type(exc).__name__})",
+                    reason=f"worker error: its {outcome.state.value} verdict could not be encoded "
+                    "(see the worker's log); not retried",
+                    started_ms=started_ms,
+                ),
+                ex.run,
+            )
+        self._send_verdict(ex, record)
         if self._draining and not self._active:
             self._idle.set()
 
@@ -160,8 +203,9 @@ class Execution(PoolCore):
                 self._heartbeat(ex, explicit=False)
             if ex.deadline is not None and now >= ex.deadline and ex.prepared is not None:
                 duration_ms = int((now - ex.started) * 1000)
+                running = ex.thread if ex.thread is not None else ex.task
                 self._finish(
-                    ex, self._executor.timed_out(ex.run, ex.prepared, duration_ms, ex.thread)
+                    ex, self._executor.timed_out(ex.run, ex.prepared, duration_ms, running)
                 )
         if not self._closing and self._loop is not None:
             self._sweeper = self._loop.call_later(SWEEP_INTERVAL_S, self._sweep)
