@@ -88,7 +88,7 @@ def undecodable_name(fail: bool = False) -> dict[str, str]:
     return {"name": name}
 
 
-class _Unprintable(Exception):
+class Unprintable(Exception):
     """An exception whose ``str()`` raises: a task's own exception class with a broken
     ``__str__`` (a lazy message that fails to format)."""
 
@@ -96,7 +96,7 @@ class _Unprintable(Exception):
         raise RuntimeError("the message cannot be formatted")
 
 
-class _Opaque:
+class Opaque:
     """A value that neither ``str()`` nor ``repr()`` can turn into text."""
 
     def __str__(self) -> str:
@@ -106,7 +106,7 @@ class _Opaque:
         raise RuntimeError("no repr")
 
 
-class _Abort(BaseException):
+class Abort(BaseException):
     """A library's own BaseException (pytest's Failed, gevent's GreenletExit, trio's
     Cancelled): not an Exception, so ``except Exception`` lets it through."""
 
@@ -122,9 +122,9 @@ async def hostile_outcome(kind: str) -> object:
     with a 2,000,000-character reason (past the broker's record size); ``self_cancel`` cancels
     its own asyncio task."""
     if kind == "unprintable":
-        raise _Unprintable()
+        raise Unprintable()
     if kind == "base":
-        raise _Abort("stop right here")
+        raise Abort("stop right here")
     if kind == "float_retry":
         raise Retry(delay_ms=1500.5)
     if kind == "far_retry":
@@ -137,7 +137,7 @@ async def hostile_outcome(kind: str) -> object:
         current.cancel()
         await asyncio.sleep(1)
     if kind == "opaque":
-        return {"value": _Opaque()}
+        return {"value": Opaque()}
     if kind == "huge":
         return {"value": 10**5000}
     if kind == "cancelled":

@@ -20,6 +20,7 @@ from jobwheel.consumers.worker.registry import TaskRegistry
 from jobwheel.errors import Retry, TaskError
 from jobwheel.schemas.models import Run, State
 from jobwheel.schemas.validation import MAX_DURATION_MS
+from tests.tasks import Abort, Opaque, Unprintable
 
 RUN = Run(
     run_id="job-1@1000",
@@ -316,19 +317,6 @@ def test_texts_utf8_cannot_carry_are_escaped_in_the_outcome(threads: ThreadPoolE
         text.encode("utf-8")  # what the verdict's record needs
 
 
-class _Unprintable(Exception):
-    def __str__(self) -> str:
-        raise RuntimeError("the message cannot be formatted")
-
-
-class _Opaque:
-    def __str__(self) -> str:
-        raise RuntimeError("no str")
-
-    def __repr__(self) -> str:
-        raise RuntimeError("no repr")
-
-
 def test_an_exception_whose_str_raises_is_still_a_retryable_failure(
     threads: ThreadPoolExecutor,
 ) -> None:
@@ -338,16 +326,16 @@ def test_an_exception_whose_str_raises_is_still_a_retryable_failure(
 
     @reg.task("t")
     async def raises() -> None:
-        raise _Unprintable()
+        raise Unprintable()
 
     @reg.task("s")
     def raises_sync() -> None:
-        raise _Unprintable()
+        raise Unprintable()
 
     for name in ("t", "s"):
         out = run_task(reg, threads, replace(RUN, task=name))
         assert out.state is State.FAILED
-        assert out.error == "_Unprintable: <str() of this exception raised RuntimeError>"
+        assert out.error == "Unprintable: <str() of this exception raised RuntimeError>"
         assert out.retry_delay_ms is not None
         assert out.reason.startswith("task raised an exception")
 
@@ -356,8 +344,8 @@ def test_a_result_no_text_can_describe_still_succeeds(threads: ThreadPoolExecuto
     """A value neither JSON, ``str()`` nor ``repr()`` can print (the task's own classes, an int
     past the digits ``str()`` converts): the run succeeded, and its result says what it was."""
     opaque = "<dict object: repr() raised RuntimeError>"
-    assert json.loads(result_to_json({"v": _Opaque()})) == opaque
-    assert json.loads(result_to_json(_Opaque())) == "<_Opaque object: repr() raised RuntimeError>"
+    assert json.loads(result_to_json({"v": Opaque()})) == opaque
+    assert json.loads(result_to_json(Opaque())) == "<Opaque object: repr() raised RuntimeError>"
     assert json.loads(result_to_json({"v": 10**5000})) == "<dict object: repr() raised ValueError>"
     loop: list[object] = []
     loop.append(loop)
@@ -366,11 +354,11 @@ def test_a_result_no_text_can_describe_still_succeeds(threads: ThreadPoolExecuto
 
     @reg.task("t")
     async def opaque() -> object:
-        return _Opaque()
+        return Opaque()
 
     out = run_task(reg, threads, RUN)
     assert out.state is State.SUCCEEDED
-    assert json.loads(out.result_json) == "<_Opaque object: repr() raised RuntimeError>"
+    assert json.loads(out.result_json) == "<Opaque object: repr() raised RuntimeError>"
 
 
 def test_a_cancelled_error_from_the_task_itself_is_an_ordinary_failure(
@@ -415,10 +403,6 @@ def test_a_task_cancelled_by_its_caller_stays_cancelled(threads: ThreadPoolExecu
     asyncio.run(main())
 
 
-class _Abort(BaseException):
-    """A library's own BaseException (pytest's Failed, gevent's GreenletExit)."""
-
-
 def test_a_base_exception_from_a_task_is_its_failure(threads: ThreadPoolExecutor) -> None:
     """Not only Exception: whatever a task raises is its failure, retried by its policy, in
     async and sync tasks alike (before, an async one left its run without a verdict)."""
@@ -426,15 +410,15 @@ def test_a_base_exception_from_a_task_is_its_failure(threads: ThreadPoolExecutor
 
     @reg.task("t")
     async def aborts() -> None:
-        raise _Abort("stop")
+        raise Abort("stop")
 
     @reg.task("s")
     def aborts_sync() -> None:
-        raise _Abort("stop")
+        raise Abort("stop")
 
     for name in ("t", "s"):
         out = run_task(reg, threads, replace(RUN, task=name))
-        assert out.state is State.FAILED and out.error == "_Abort: stop"
+        assert out.state is State.FAILED and out.error == "Abort: stop"
         assert out.retry_delay_ms is not None
 
 
