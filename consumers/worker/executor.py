@@ -64,16 +64,21 @@ class Outcome:
         # go into a UTF-8 record, which cannot carry a lone surrogate: an undecodable byte of
         # a file name, as os.fsdecode gives it, made the verdict's encoding fail and the run
         # never finished, holding back its partition's offsets.
-        for name in ("result_json", "error", "reason"):
+        # The error and reason (a Retry's reason included) are also cut, so the verdict fits
+        # in a record; result_json is cut as JSON by result_to_json.
+        for name, limit in (
+            ("result_json", None),
+            ("error", ERROR_LIMIT_CHARS),
+            ("reason", ERROR_LIMIT_CHARS),
+        ):
             text = getattr(self, name)
-            if text is not None and not text.isascii():
-                object.__setattr__(self, name, utf8_text(text))
-        # The error and reason carry the task's texts (a Retry's reason included): cut, so
-        # the verdict fits in a record. (result_json is cut as JSON by result_to_json.)
-        for name in ("error", "reason"):
-            text = getattr(self, name)
-            if text is not None and len(text) > ERROR_LIMIT_CHARS:
-                object.__setattr__(self, name, _cut(text))
+            if text is None:
+                continue
+            clean = text if text.isascii() else utf8_text(text)
+            if limit is not None and len(clean) > limit:
+                clean = _cut(clean, limit)
+            if clean is not text:
+                object.__setattr__(self, name, clean)
         # A Retry's delay comes from the task: a float (2.5 * 1000) or a number past the
         # largest duration made the verdict impossible to encode, and the run never ended.
         delay = self.retry_delay_ms
