@@ -223,6 +223,103 @@ def read_all(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list
         consumer.close()
 
 
+class Tail:
+    """The one reader of the tests for topics that grow while a test runs: reads ``topics``
+    from the beginning (read_committed, assigned, no group) in the caller's thread.
+
+    It never hides a failure: a consumer error is a :class:`HarnessError` at once, except the
+    answers a broker gives while it is briefly unavailable (:data:`TRANSIENT_KAFKA_ERRORS`),
+    which are kept and named if the reader then cannot catch up. A negative check ("nothing
+    else arrived") first waits for a fact the reader must see (a positive), then calls
+    :meth:`read_to_end`, which reads up to the end offsets taken *after* that fact: so "not
+    seen" means "not on the topic", never "not read yet" or "the reader broke".
+    """
+
+    def __init__(self, settings: Settings, topics: list[str]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.topics = list(topics)
+        self.errors: list[str] = []
+        self._consumer = Consumer(
+            settings.librdkafka(
+                **{
+                    "group.id": f"test-tail-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
+        deadline = time.monotonic() + scaled(30)
+        self._assigned = [
+            TopicPartition(topic, p)
+            for topic in self.topics
+            for p in _partitions(self._consumer, topic, deadline)
+        ]
+        self._consumer.assign(
+            [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in self._assigned]
+        )
+
+    def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[Message]:
+        """The records that arrived since the last call (possibly none)."""
+        out = []
+        for msg in self._consumer.consume(max_records, timeout_s):
+            error = msg.error()
+            if error is None:
+                out.append(msg)
+            elif error.name() in TRANSIENT_KAFKA_ERRORS and not error.fatal():
+                self.errors.append(f"{error.name()}: {error.str()}")
+            else:
+                raise HarnessError(
+                    f"reading {msg.topic()!r} [{msg.partition()}] failed: {error.str()} "
+                    f"({error.name()}); the test's records on it cannot be trusted as complete"
+                )
+        return out
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        """Each partition's end (high watermark) as the broker says now."""
+        return {
+            (tp.topic, tp.partition): kafka_call(
+                lambda tp=tp: self._consumer.get_watermark_offsets(tp, timeout=10, cached=False),
+                f"asking the end offset of {tp.topic!r} [{tp.partition}]",
+            )[1]
+            for tp in self._assigned
+        }
+
+    def behind(self, ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Partitions whose read position is short of ``ends``: (position, end)."""
+        positions = {
+            (tp.topic, tp.partition): tp.offset for tp in self._consumer.position(self._assigned)
+        }
+        return {
+            key: (positions.get(key, -1), end)
+            for key, end in ends.items()
+            if end > 0 and positions.get(key, -1) < end
+        }
+
+    def read_to_end(self, on_record: Callable[[Message], None], timeout_s: float = 30.0) -> None:
+        """Read (handing each record to ``on_record``) until every partition's position has
+        reached its end offset as taken at this call. Raises :class:`HarnessError` if it
+        cannot (an open transaction that never ends, a broker that does not answer)."""
+        ends = self.end_offsets()
+        deadline = time.monotonic() + scaled(timeout_s)
+        while True:
+            for msg in self.poll():
+                on_record(msg)
+            short = self.behind(ends)
+            if not short:
+                return
+            if time.monotonic() >= deadline:
+                raise HarnessError(
+                    f"could not read {self.topics} up to their end offsets within "
+                    f"{scaled(timeout_s):.0f}s: (position, end) {short}; consumer errors: "
+                    f"{self.errors[-5:]}"
+                )
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 #: Answers a broker gives while a new topic's leaders or a group's coordinator are being
 #: set up: worth asking again, unlike any other error.
 TRANSIENT_KAFKA_ERRORS = frozenset(

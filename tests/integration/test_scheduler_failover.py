@@ -67,6 +67,7 @@ def test_a_restart_on_its_own_disk_reads_only_what_its_checkpoint_lacks(
         lambda: len(tail.events(state=State.SCHEDULED)) >= 90, 30, "jobs were not all SCHEDULED"
     )
     assert stop(first, signal.SIGTERM, 30) == 0
+    tail.read_to_end()  # after the SCHEDULED events it saw: everything the first one wrote
     assert tail.all_runs() == []
 
     again = start_scheduler(procs, jobwheel_env, data_dir, log_name="again")
@@ -88,6 +89,7 @@ def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
     )
     assert stop(first, signal.SIGTERM, 30) == 0
     # The first scheduler fired nothing: whatever fires now was restored by the second.
+    tail.read_to_end()  # after the SCHEDULED events it saw: everything the first one wrote
     assert tail.all_runs() == []
 
     second = start_scheduler(procs, jobwheel_env, tmp_path / "s2")  # an empty data dir
@@ -193,6 +195,7 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
     # Nothing the stale owner did after the takeover is visible: it had fired nothing before
     # it was stopped, so no run with its fencing token (1) may exist at all, and every job
     # fired exactly once, with one DISPATCHED event.
+    tail.read_to_end()  # after every job's run: up to the ends as of now
     assert [r for r in tail.all_runs() if r.fencing_token == 1] == []
     assert tail.duplicate_dispatches() == {}
     for job in job_ids:
