@@ -546,6 +546,23 @@ class Procs:
                 print(log_tail(log_path))
 
 
+def metric(base: str, name: str, **labels: str) -> float:
+    """The sample ``name{labels}`` of the /metrics a service serves at ``base``; one that is
+    not exposed is an AssertionError naming it (never read as 0, which a renamed metric would
+    pass as)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        body = resp.read().decode()
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"{base}/metrics exposes no {name}{labels}: renamed, or never created?")
+
+
 def docker_engine() -> bool:
     """Does a Docker engine answer? (``docker --version`` answers even without one.)"""
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import (
@@ -21,7 +22,7 @@ from tests.integration.scheduler_support import (
     start_scheduler,
     wait_owns_all,
 )
-from tests.support import log_tail, stop, wait_until
+from tests.support import log_tail, metric, stop, wait_until
 
 #: Long enough that no run is re-dispatched by its visibility timeout during a test (there are
 #: no workers): every second dispatch seen is then a duplicate, not a retry.
@@ -163,11 +164,15 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
     # the due jobs and commits before it polls again, so it cannot have learnt of the takeover
     # from its consumer, and only the broker's fence (the group generation sent with the
     # offsets in the transaction) can refuse it.
+    stale_metrics = free_port()
     stale = start_scheduler(
         procs,
         jobwheel_env,
         tmp_path / "stale",
-        extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "1500"},
+        extra_env={
+            "JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "1500",
+            "JOBWHEEL_METRICS_PORT": str(stale_metrics),
+        },
     )
     due = now_ms() + 8000
     with JobClient(settings) as client:
@@ -191,6 +196,14 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
         0.5,
         f"the stale owner's commit was never refused:\n{log_tail(stale.log_path)}",
     )
+    # ... and its metrics say so: the counters the resets alert and the dashboards read.
+    base = f"http://127.0.0.1:{stale_metrics}"
+    # (Read after the log lines: a counter is raised before its line is written.)
+    aborted = log_events(stale.log_path, "transaction aborted; processing the batch again")
+    reset = log_events(stale.log_path, "dropping all partitions and rejoining the group")
+    aborts = metric(base, "jobwheel_scheduler_transaction_aborts_total")
+    resets = metric(base, "jobwheel_scheduler_resets_total")
+    assert aborts >= len(aborted) and resets >= len(reset) and aborts + resets >= 1
 
     # Nothing the stale owner did after the takeover is visible: it had fired nothing before
     # it was stopped, so no run with its fencing token (1) may exist at all, and every job
