@@ -49,8 +49,10 @@ def test_migrations_apply_once_and_are_safe_to_rerun(store: StatusStore) -> None
 
 
 def test_concurrent_starters_apply_each_migration_once(engine_dsn: str) -> None:
-    """Four processes starting at once against one server: each file is recorded exactly once
-    and nobody fails (the migration lock makes the others wait, then find nothing to do)."""
+    """Four starters (threads) at once against one embedded engine: each file is recorded
+    exactly once and nobody fails (the migration lock makes the others wait, then find nothing
+    to do). Threads, not processes: chdb serves one engine directory to one process only, so
+    separate processes would test the engine's file lock, not the migration lock."""
     database = f"t_{uuid.uuid4().hex[:12]}"
     results: list[object] = []
 
