@@ -563,6 +563,52 @@ def metric(base: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{base}/metrics exposes no {name}{labels}: renamed, or never created?")
 
 
+#: The Kafka the suite is built for (deploy/pom.xml's kafka_2.13, the container's image).
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+REQUIRED_KAFKA = "4.1"
+#: A broker config that exists from Kafka 4.1 on (KIP-1071's streams groups, early access in
+#: 4.1): a broker without it is older. A client cannot ask a broker for its version, but it
+#: can ask for its configs.
+KAFKA_41_CONFIG = "group.streams.heartbeat.interval.ms"
+#: Removed in Kafka 4.0: a broker that still has it is a 3.x one (ZooKeeper-era versioning).
+KAFKA_3_CONFIG = "inter.broker.protocol.version"
+
+
+def kafka_version_shortfall(config_names: set[str]) -> str | None:
+    """Why a broker with these config names is older than :data:`REQUIRED_KAFKA`, or None."""
+    if KAFKA_3_CONFIG in config_names:
+        return f"it has {KAFKA_3_CONFIG}, which Kafka 4.0 removed: a Kafka 3.x broker"
+    if KAFKA_41_CONFIG not in config_names:
+        return f"it lacks {KAFKA_41_CONFIG}, which every Kafka {REQUIRED_KAFKA} broker has"
+    return None
+
+
+def require_kafka_version(bootstrap: str) -> None:
+    """Fail the session at once, loudly, on a broker older than the suite needs (the KIP-848
+    consumer groups, transactions and configs of Kafka 4.1): a test run against another Kafka
+    says nothing about the one jobwheel runs on."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    brokers = kafka_call(
+        lambda: admin.list_topics(timeout=10).brokers, f"listing the brokers at {bootstrap}"
+    )
+    for broker_id in brokers:
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+        configs = kafka_call(
+            lambda r=resource: admin.describe_configs([r])[r].result(30),
+            f"describing broker {broker_id}'s configs at {bootstrap}",
+        )
+        shortfall = kafka_version_shortfall(set(configs))
+        if shortfall is not None:
+            raise HarnessError(
+                f"the broker {broker_id} at {bootstrap} is older than Kafka {REQUIRED_KAFKA} "
+                f"({shortfall}); the suite needs Kafka {REQUIRED_KAFKA}+ ({KAFKA_IMAGE} in a "
+                "container, or the local broker of deploy/lib): point JOBWHEEL_TEST_BOOTSTRAP "
+                "at one, or unset it"
+            )
+
+
 def docker_engine() -> bool:
     """Does a Docker engine answer? (``docker --version`` answers even without one.)"""
     try:
