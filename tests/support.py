@@ -228,7 +228,7 @@ class Tail:
     from the beginning (read_committed, assigned, no group) in the caller's thread.
 
     It never hides a failure: a consumer error is a :class:`HarnessError` at once, except the
-    answers a broker gives while it is briefly unavailable (:data:`TRANSIENT_KAFKA_ERRORS`),
+    answers a broker gives while it is briefly unavailable (:data:`UNAVAILABLE_KAFKA_ERRORS`),
     which are kept and named if the reader then cannot catch up. A negative check ("nothing
     else arrived") first waits for a fact the reader must see (a positive), then calls
     :meth:`read_to_end`, which reads up to the end offsets taken *after* that fact: so "not
@@ -267,7 +267,7 @@ class Tail:
             error = msg.error()
             if error is None:
                 out.append(msg)
-            elif error.name() in TRANSIENT_KAFKA_ERRORS and not error.fatal():
+            elif error.name() in UNAVAILABLE_KAFKA_ERRORS and not error.fatal():
                 self.errors.append(f"{error.name()}: {error.str()}")
             else:
                 raise HarnessError(
@@ -335,6 +335,16 @@ TRANSIENT_KAFKA_ERRORS = frozenset(
         "_TRANSPORT",
     }
 )
+
+
+#: What a reader is told while the broker is down or restarting (an outage test stops it on
+#: purpose): kept and named if the reader then cannot catch up, not raised at once.
+UNAVAILABLE_KAFKA_ERRORS = TRANSIENT_KAFKA_ERRORS | {
+    "_ALL_BROKERS_DOWN",
+    "_RESOLVE",
+    "_MSG_TIMED_OUT",
+    "BROKER_NOT_AVAILABLE",
+}
 
 
 def kafka_call(fn: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
