@@ -22,7 +22,7 @@ from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import log_events, start_scheduler, wait_owns_all
-from tests.support import Procs, stop, wait_until
+from tests.support import Procs, scaled, stop, wait_until
 
 
 class Samples(dict[tuple[str, tuple[tuple[str, str], ...]], float]):
@@ -338,7 +338,7 @@ def test_health_names_the_stuck_partition_from_the_schedulers_readiness(
             env={**env, "JOBWHEEL_HEALTH_URLS": f"scheduler={base}"},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
         )
         return {c["check"]: c for c in json.loads(out.stdout)["checks"]}
 

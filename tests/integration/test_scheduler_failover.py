@@ -22,7 +22,7 @@ from tests.integration.scheduler_support import (
     start_scheduler,
     wait_owns_all,
 )
-from tests.support import log_tail, metric, stop, wait_until
+from tests.support import log_tail, metric, scaled, stop, wait_until
 
 #: Long enough that no run is re-dispatched by its visibility timeout during a test (there are
 #: no workers): every second dispatch seen is then a duplicate, not a retry.
@@ -121,7 +121,7 @@ def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
     wait_until(lambda: len(tail.all_runs()) >= 100, 30, 0.2, "nothing fired")
     killed_at = now_ms()
     os.kill(b.pid, signal.SIGKILL)
-    b.wait(10)
+    b.wait(scaled(10))
 
     tail.wait(
         lambda: all(tail.runs_of(j) for j in job_ids),
