@@ -59,7 +59,7 @@ def test_a_restart_on_its_own_disk_reads_only_what_its_checkpoint_lacks(
     changelog and be wiped, and rebuilt from all of it."""
     data_dir = tmp_path / "own"
     first = start_scheduler(procs, jobwheel_env, data_dir, log_name="first")
-    due = now_ms() + 12_000
+    due = now_ms() + int(scaled(12_000))  # the stop must come first: on the time scale
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("warm", due, 60, 2000))
         # Changed again in later transactions: a partition's checkpoint is its last record's.
@@ -82,7 +82,7 @@ def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
     first = start_scheduler(procs, jobwheel_env, tmp_path / "s1")
-    due = now_ms() + 15_000
+    due = now_ms() + int(scaled(15_000))  # the stop must come first: on the time scale
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("restore", due, 20, 3000))
     tail.wait(
@@ -174,7 +174,7 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
             "JOBWHEEL_METRICS_PORT": str(stale_metrics),
         },
     )
-    due = now_ms() + 8000
+    due = now_ms() + int(scaled(8000))  # after the takeover: on the time scale
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("fence", due, 60, 30_000))
     tail.wait(lambda: len(tail.events(state=State.SCHEDULED)) >= 60, 30, "jobs not SCHEDULED")
