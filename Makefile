@@ -82,10 +82,15 @@ format: $(VENV)/.installed
 
 # Two test processes by default (TEST_PROCESSES=1 for one): each starts its own broker; the
 # figures the fault tests measure are printed at the end ("figures measured by the tests").
+# The 25 slowest tests are printed too, and every test's outcome and time is kept in
+# $(TEST_RESULTS)/junit.xml, so a slow or growing test is on record run after run.
 TEST_PROCESSES ?= 2
+TEST_RESULTS := build/test-results
 
 test: setup lint
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile
+	mkdir -p $(TEST_RESULTS)
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 \
+	  --junitxml=$(TEST_RESULTS)/junit.xml
 
 # Logs for a person at a terminal (JSON lines stay the default for services).
 run: setup

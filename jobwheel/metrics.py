@@ -70,6 +70,23 @@ class Health:
         self._lock = threading.Lock()
         self._live: dict[str, Check] = {}
         self._ready: dict[str, Check] = {}
+        self._components = 0
+
+    def component(self) -> Callable[[], None]:
+        """Note a running component (its collector installed); returns the function that
+        notes it stopped. Until one runs the process is not ready, whatever else passes:
+        the server is up before the component it serves (and its checks) exists."""
+        with self._lock:
+            self._components += 1
+        done = threading.Event()
+
+        def stopped() -> None:
+            if not done.is_set():
+                done.set()
+                with self._lock:
+                    self._components -= 1
+
+        return stopped
 
     def add(
         self, name: str, *, live: Check | None = None, ready: Check | None = None
@@ -97,7 +114,11 @@ class Health:
             checks = list(self._live.items())
             if kind == "ready":
                 checks += list(self._ready.items())
+            starting = kind == "ready" and self._components == 0
         results = []
+        if starting:
+            detail = "starting: the service's component is not running yet"
+            results.append({"check": "service", "ok": False, "detail": detail})
         for name, check in checks:
             try:
                 ok, detail = check()
@@ -268,6 +289,7 @@ class Collector:
     ) -> Callable[[], None]:
         registry.register(self)
         removers = [health.add(n, live=lv, ready=rd) for n, (lv, rd) in self.checks().items()]
+        removers.append(health.component())
 
         def uninstall() -> None:
             for remove in removers:

@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 
-from tests.support import TIME_SCALE, Procs, docker_engine, scaled
+from tests.support import (
+    KAFKA_IMAGE,
+    TIME_SCALE,
+    Procs,
+    docker_engine,
+    require_kafka_version,
+    scaled,
+)
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +114,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``"host:port"`` of a real Kafka broker for the whole session (started on first use)."""
     external = os.environ.get("JOBWHEEL_TEST_BOOTSTRAP")
     if external:
+        require_kafka_version(external)
         yield external
         return
     if docker_engine():
@@ -115,19 +123,45 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _local_broker(tmp_path_factory.mktemp("kafka"))
 
 
-def _container_broker() -> Iterator[str]:
-    from testcontainers.community.kafka import KafkaContainer
+def container_env(host_port: int) -> dict[str, str]:
+    """The apache/kafka image's environment for the local broker's own server.properties
+    (deploy/broker.py: one KRaft config for both), each key as ``KAFKA_<KEY>``. Inside the
+    container the broker listens on 9092 (clients, published on ``host_port`` and advertised
+    there) and 9093 (its controller), and keeps its log in the image's data directory."""
+    from jobwheel.deploy.broker import server_properties
 
-    container = KafkaContainer()
-    for key, value in {
-        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS": "4",
-        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
-    }.items():
+    text = server_properties(port=host_port, controller_port=9093, log_dirs=Path("/x"))
+    props = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line[0] == "#"
+    )
+    props.update(
+        {
+            "listeners": "PLAINTEXT://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{host_port}",
+            "controller.quorum.voters": "1@localhost:9093",
+            "log.dirs": "/tmp/kraft-combined-logs",  # the image's own, writable by its user
+        }
+    )
+    return {"KAFKA_" + key.upper().replace(".", "_"): value for key, value in props.items()}
+
+
+def _container_broker() -> Iterator[str]:
+    """Apache Kafka 4.1.1 (the official image, not testcontainers' default Confluent 7.6 =
+    Kafka 3.6) with the local broker's KRaft settings, its client port published as is."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
+
+    from jobwheel.deploy.broker import free_port, new_cluster_id
+
+    host_port = free_port()
+    container = DockerContainer(KAFKA_IMAGE).with_bind_ports(9092, host_port)
+    for key, value in {**container_env(host_port), "CLUSTER_ID": new_cluster_id()}.items():
         container.with_env(key, value)
     with container:
-        yield container.get_bootstrap_server()
+        wait_for_logs(container, "Kafka Server started", timeout=scaled(120))
+        bootstrap = f"127.0.0.1:{host_port}"
+        require_kafka_version(bootstrap)
+        yield bootstrap
 
 
 def _local_broker(data_dir: Path) -> Iterator[str]:
@@ -152,6 +186,7 @@ def _local_broker(data_dir: Path) -> Iterator[str]:
             last = exc
             continue
         try:
+            require_kafka_version(broker.bootstrap)
             yield broker.bootstrap
         finally:
             broker.stop()

@@ -223,6 +223,103 @@ def read_all(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list
         consumer.close()
 
 
+class Tail:
+    """The one reader of the tests for topics that grow while a test runs: reads ``topics``
+    from the beginning (read_committed, assigned, no group) in the caller's thread.
+
+    It never hides a failure: a consumer error is a :class:`HarnessError` at once, except the
+    answers a broker gives while it is briefly unavailable (:data:`UNAVAILABLE_KAFKA_ERRORS`),
+    which are kept and named if the reader then cannot catch up. A negative check ("nothing
+    else arrived") first waits for a fact the reader must see (a positive), then calls
+    :meth:`read_to_end`, which reads up to the end offsets taken *after* that fact: so "not
+    seen" means "not on the topic", never "not read yet" or "the reader broke".
+    """
+
+    def __init__(self, settings: Settings, topics: list[str]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.topics = list(topics)
+        self.errors: list[str] = []
+        self._consumer = Consumer(
+            settings.librdkafka(
+                **{
+                    "group.id": f"test-tail-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
+        deadline = time.monotonic() + scaled(30)
+        self._assigned = [
+            TopicPartition(topic, p)
+            for topic in self.topics
+            for p in _partitions(self._consumer, topic, deadline)
+        ]
+        self._consumer.assign(
+            [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in self._assigned]
+        )
+
+    def poll(self, max_records: int = 500, timeout_s: float = 0.2) -> list[Message]:
+        """The records that arrived since the last call (possibly none)."""
+        out = []
+        for msg in self._consumer.consume(max_records, timeout_s):
+            error = msg.error()
+            if error is None:
+                out.append(msg)
+            elif error.name() in UNAVAILABLE_KAFKA_ERRORS and not error.fatal():
+                self.errors.append(f"{error.name()}: {error.str()}")
+            else:
+                raise HarnessError(
+                    f"reading {msg.topic()!r} [{msg.partition()}] failed: {error.str()} "
+                    f"({error.name()}); the test's records on it cannot be trusted as complete"
+                )
+        return out
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        """Each partition's end (high watermark) as the broker says now."""
+        return {
+            (tp.topic, tp.partition): kafka_call(
+                lambda tp=tp: self._consumer.get_watermark_offsets(tp, timeout=10, cached=False),
+                f"asking the end offset of {tp.topic!r} [{tp.partition}]",
+            )[1]
+            for tp in self._assigned
+        }
+
+    def behind(self, ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Partitions whose read position is short of ``ends``: (position, end)."""
+        positions = {
+            (tp.topic, tp.partition): tp.offset for tp in self._consumer.position(self._assigned)
+        }
+        return {
+            key: (positions.get(key, -1), end)
+            for key, end in ends.items()
+            if end > 0 and positions.get(key, -1) < end
+        }
+
+    def read_to_end(self, on_record: Callable[[Message], None], timeout_s: float = 30.0) -> None:
+        """Read (handing each record to ``on_record``) until every partition's position has
+        reached its end offset as taken at this call. Raises :class:`HarnessError` if it
+        cannot (an open transaction that never ends, a broker that does not answer)."""
+        ends = self.end_offsets()
+        deadline = time.monotonic() + scaled(timeout_s)
+        while True:
+            for msg in self.poll():
+                on_record(msg)
+            short = self.behind(ends)
+            if not short:
+                return
+            if time.monotonic() >= deadline:
+                raise HarnessError(
+                    f"could not read {self.topics} up to their end offsets within "
+                    f"{scaled(timeout_s):.0f}s: (position, end) {short}; consumer errors: "
+                    f"{self.errors[-5:]}"
+                )
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 #: Answers a broker gives while a new topic's leaders or a group's coordinator are being
 #: set up: worth asking again, unlike any other error.
 TRANSIENT_KAFKA_ERRORS = frozenset(
@@ -238,6 +335,16 @@ TRANSIENT_KAFKA_ERRORS = frozenset(
         "_TRANSPORT",
     }
 )
+
+
+#: What a reader is told while the broker is down or restarting (an outage test stops it on
+#: purpose): kept and named if the reader then cannot catch up, not raised at once.
+UNAVAILABLE_KAFKA_ERRORS = TRANSIENT_KAFKA_ERRORS | {
+    "_ALL_BROKERS_DOWN",
+    "_RESOLVE",
+    "_MSG_TIMED_OUT",
+    "BROKER_NOT_AVAILABLE",
+}
 
 
 def kafka_call(fn: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
@@ -447,6 +554,69 @@ class Procs:
                 # Shown by pytest only when the test failed (captured teardown output).
                 print(f"--- {' '.join(map(str, proc.args))} (exit {proc.returncode}); {log_path}")
                 print(log_tail(log_path))
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    """The sample ``name{labels}`` of the /metrics a service serves at ``base``; one that is
+    not exposed is an AssertionError naming it (never read as 0, which a renamed metric would
+    pass as)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        body = resp.read().decode()
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"{base}/metrics exposes no {name}{labels}: renamed, or never created?")
+
+
+#: The Kafka the suite is built for (deploy/pom.xml's kafka_2.13, the container's image).
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+REQUIRED_KAFKA = "4.1"
+#: A broker config that exists from Kafka 4.1 on (KIP-1071's streams groups, early access in
+#: 4.1): a broker without it is older. A client cannot ask a broker for its version, but it
+#: can ask for its configs.
+KAFKA_41_CONFIG = "group.streams.heartbeat.interval.ms"
+#: Removed in Kafka 4.0: a broker that still has it is a 3.x one (ZooKeeper-era versioning).
+KAFKA_3_CONFIG = "inter.broker.protocol.version"
+
+
+def kafka_version_shortfall(config_names: set[str]) -> str | None:
+    """Why a broker with these config names is older than :data:`REQUIRED_KAFKA`, or None."""
+    if KAFKA_3_CONFIG in config_names:
+        return f"it has {KAFKA_3_CONFIG}, which Kafka 4.0 removed: a Kafka 3.x broker"
+    if KAFKA_41_CONFIG not in config_names:
+        return f"it lacks {KAFKA_41_CONFIG}, which every Kafka {REQUIRED_KAFKA} broker has"
+    return None
+
+
+def require_kafka_version(bootstrap: str) -> None:
+    """Fail the session at once, loudly, on a broker older than the suite needs (the KIP-848
+    consumer groups, transactions and configs of Kafka 4.1): a test run against another Kafka
+    says nothing about the one jobwheel runs on."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    brokers = kafka_call(
+        lambda: admin.list_topics(timeout=10).brokers, f"listing the brokers at {bootstrap}"
+    )
+    for broker_id in brokers:
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+        configs = kafka_call(
+            lambda r=resource: admin.describe_configs([r])[r].result(30),
+            f"describing broker {broker_id}'s configs at {bootstrap}",
+        )
+        shortfall = kafka_version_shortfall(set(configs))
+        if shortfall is not None:
+            raise HarnessError(
+                f"the broker {broker_id} at {bootstrap} is older than Kafka {REQUIRED_KAFKA} "
+                f"({shortfall}); the suite needs Kafka {REQUIRED_KAFKA}+ ({KAFKA_IMAGE} in a "
+                "container, or the local broker of deploy/lib): point JOBWHEEL_TEST_BOOTSTRAP "
+                "at one, or unset it"
+            )
 
 
 def docker_engine() -> bool:

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from typing import Any, TypeVar
 
 from jobwheel.errors import SchemaDecodeError
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.settings import Settings
-from tests.support import Procs, log_tail, wait_until
+from tests.support import HarnessError, Procs, Tail, log_tail, scaled, wait_until
+
+T = TypeVar("T")
 
 
 class TopicTail:
@@ -25,8 +25,11 @@ class TopicTail:
     thread; ``status`` holds the events of both the scheduler (status) and workers (acks).
 
     Everything a pipeline test asserts on is what a real consumer would see. Records that do
-    not decode (a test's own garbage) are kept in ``garbage``; a failure of the reader itself
-    is raised by every accessor, so a dead reader cannot pass for "nothing was seen".
+    not decode (a test's own garbage) are kept in ``garbage``. The reading is
+    :class:`tests.support.Tail`'s: a consumer error is not skipped but makes every accessor
+    raise, so a dead reader cannot pass for "nothing was seen". A negative check waits for a
+    positive fact first and then reads to the end offsets taken after it
+    (:meth:`settled`, :meth:`read_to_end`); :meth:`duplicate_dispatches` does so itself.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -40,56 +43,78 @@ class TopicTail:
         self._stop = threading.Event()
         self._codec = default_codec()
         t = settings.topics
-        self._consumer = Consumer(
-            settings.librdkafka(
-                **{
-                    "group.id": f"tail-{uuid.uuid4().hex[:8]}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                }
-            )
+        # Asked of the reader's thread, which alone touches the consumer: (done, failure).
+        self._to_end: queue.Queue[tuple[threading.Event, list[BaseException], float]] = (
+            queue.Queue()
         )
-        self._consumer.assign(
-            [
-                TopicPartition(topic, p, OFFSET_BEGINNING)
-                for topic in (t.runs, t.status, t.acks, t.dead_letter)
-                for p in range(settings.partitions)
-            ]
-        )
+        self._reader = Tail(settings, [t.runs, t.status, t.acks, t.dead_letter])
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
+    def _keep(self, msg: Any) -> None:
         t = self.settings.topics
+        with self._lock:
+            if msg.topic() == t.dead_letter:
+                self.dead.append(msg)
+                return
+            try:
+                value = self._codec.decode(msg.value() or b"")
+            except SchemaDecodeError:
+                self.garbage.append(msg)
+                return
+            if msg.topic() == t.runs:
+                self.runs.append((value, msg.timestamp()[1]))
+            else:
+                self.status.append(value)
+
+    def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                for msg in self._consumer.consume(500, 0.2):
-                    if msg.error():
-                        continue
-                    with self._lock:
-                        if msg.topic() == t.dead_letter:
-                            self.dead.append(msg)
-                            continue
-                        try:
-                            value = self._codec.decode(msg.value() or b"")
-                        except SchemaDecodeError:
-                            self.garbage.append(msg)
-                            continue
-                        if msg.topic() == t.runs:
-                            self.runs.append((value, msg.timestamp()[1]))
-                        else:
-                            self.status.append(value)
+                try:
+                    done, failure, timeout_s = self._to_end.get_nowait()
+                except queue.Empty:
+                    for msg in self._reader.poll():
+                        self._keep(msg)
+                    continue
+                try:
+                    self._reader.read_to_end(self._keep, timeout_s)
+                except BaseException as exc:
+                    failure.append(exc)
+                    raise
+                finally:
+                    done.set()
         except BaseException as exc:  # surfaced by the accessors
             self.error = exc
 
     def _check(self) -> None:
         if self.error is not None:
-            raise AssertionError(f"the topic reader failed: {self.error!r}")
+            raise HarnessError(f"the topic reader failed: {self.error!r}") from self.error
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._consumer.close()
+        self._reader.close()
+
+    def read_to_end(self, timeout_s: float = 30.0) -> None:
+        """Return once everything on the four topics up to their end offsets as of this call
+        has been read. Call it after waiting for a fact (see :meth:`settled`)."""
+        self._check()
+        done, failure = threading.Event(), []  # type: ignore[var-annotated]
+        self._to_end.put((done, failure, timeout_s))
+        if not done.wait(scaled(timeout_s) + scaled(15)):
+            self._check()
+            raise HarnessError("the topic reader did not answer a read to the end offsets")
+        if failure:
+            raise HarnessError(f"the topic reader could not read to the end: {failure[0]}")
+        self._check()
+
+    def settled(self, positive: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
+        """Wait until the reader sees ``positive`` (a fact the test knows is on the topics:
+        the run that did fire, the event that did arrive), then read to the end offsets taken
+        after it, and return the fact. A negative check after it is about the whole topics."""
+        seen = self.wait(positive, timeout_s, f"the reader never saw {what}")
+        self.read_to_end(timeout_s)
+        return seen
 
     def all_runs(self) -> list[Run]:
         self._check()
@@ -115,8 +140,16 @@ class TopicTail:
 
     def duplicate_dispatches(self) -> dict[tuple[str, int], int]:
         """Committed run records that appear more than once with the same run id and attempt
-        (exactly-once dispatch says: none)."""
-        counts = Counter((r.run_id, r.attempt) for r in self.all_runs())
+        (exactly-once dispatch says: none). Reads to the end offsets first, and refuses to
+        answer over no runs at all: "no duplicates among nothing" proves nothing."""
+        self.read_to_end()
+        runs = self.all_runs()
+        if not runs:
+            raise HarnessError(
+                "no run was read at all, so 'no duplicate dispatches' would prove nothing; "
+                "wait for the runs the test expects before asking"
+            )
+        counts = Counter((r.run_id, r.attempt) for r in runs)
         return {key: n for key, n in counts.items() if n > 1}
 
     def wait(self, predicate: Callable[[], Any], timeout_s: float, message: str = "") -> Any:

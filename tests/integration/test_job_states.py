@@ -72,7 +72,8 @@ class Walk:
 
     def get(self, path: str) -> Any:
         try:
-            with urllib.request.urlopen(f"{self.settings.status_api_url}{path}", timeout=30) as r:
+            url = f"{self.settings.status_api_url}{path}"
+            with urllib.request.urlopen(url, timeout=scaled(30)) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:

@@ -23,7 +23,7 @@ from jobwheel.deploy.broker import LocalBroker, free_port
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests.support import Procs, jobwheel_argv, wait_until
+from tests.support import Procs, jobwheel_argv, scaled, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def _jobwheel(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         stdin=subprocess.DEVNULL,
         check=False,
     )

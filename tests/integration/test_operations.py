@@ -22,9 +22,14 @@ from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import log_events, start_scheduler, wait_owns_all
-from tests.support import Procs, stop, wait_until
+from tests.support import Procs, scaled, stop, wait_until
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+class Samples(dict[tuple[str, tuple[tuple[str, str], ...]], float]):
+    """Every sample of one scrape by (name, labels), and the metric families it declared (a
+    labelled counter is declared before its first increment, with no sample yet)."""
+
+    families: frozenset[str] = frozenset()
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -39,15 +44,52 @@ def scrape(base: str) -> Samples:
     """Every sample of a process's /metrics, by name and labels."""
     code, body = _get(base + "/metrics")
     assert code == 200, body
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-    }
+    families = list(text_string_to_metric_families(body.decode()))
+    samples = Samples(
+        {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in families
+            for s in family.samples
+        }
+    )
+    samples.families = frozenset(f.name for f in families)
+    return samples
+
+
+def _key(name: str, labels: dict[str, str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return name, tuple(sorted(labels.items()))
+
+
+def _declared(samples: Samples, name: str) -> bool:
+    return any(name == f or name.startswith(f + "_") for f in samples.families)
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    """The sample ``name{labels}``; a missing one fails, naming what is there instead (a
+    renamed metric, or one never created, must not read as 0 and pass an ``== 0``)."""
+    key = _key(name, labels)
+    if key not in samples:
+        there = sorted(f"{n}{dict(lb)}" for n, lb in samples if n.startswith(name))
+        prefix = "_".join(name.split("_")[:2])
+        raise AssertionError(
+            f"metric {name}{labels} is not exposed (samples of that name: {there or 'none'}; "
+            f"{prefix}_* families: {sorted(f for f in samples.families if f.startswith(prefix))})"
+            "; was it renamed, or never created?"
+        )
+    return samples[key]
+
+
+def untouched(samples: Samples, name: str, **labels: str) -> float:
+    """Like :func:`value`, but a labelled child that was never incremented (its family is
+    declared, the child has no sample yet) is 0; a family that is not declared fails."""
+    if _key(name, labels) not in samples and _declared(samples, name):
+        return 0.0
+    return value(samples, name, **labels)
+
+
+def polled(samples: Samples, name: str, **labels: str) -> float | None:
+    """For a wait: the sample, or None while it does not exist yet (never a made-up 0)."""
+    return samples.get(_key(name, labels))
 
 
 def health(base: str, kind: str = "ready") -> tuple[int, dict[str, Any]]:
@@ -109,8 +151,8 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     # The group may hand partitions over in more than one step (KIP-848 is incremental).
     wait_until(
         lambda: (
-            value(scrape(scheduler), "jobwheel_scheduler_partitions", phase="ready") == 4
-            and value(scrape(worker), "jobwheel_worker_partitions") == 4
+            polled(scrape(scheduler), "jobwheel_scheduler_partitions", phase="ready") == 4
+            and polled(scrape(worker), "jobwheel_worker_partitions") == 4
         ),
         60,
         0.2,
@@ -118,7 +160,7 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     )
     before = {base: scrape(base) for base in (scheduler, worker, api)}
     assert value(before[scheduler], "jobwheel_scheduler_commands_total") == 0
-    assert value(before[worker], "jobwheel_worker_runs_total", task="demo.echo") == 0
+    assert untouched(before[worker], "jobwheel_worker_runs_total", task="demo.echo") == 0
 
     with JobClient(settings) as client:
         client.schedule_many(
@@ -129,8 +171,8 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
 
     def settled() -> Samples | None:
         s = scrape(scheduler)
-        done = value(s, "jobwheel_scheduler_job_events_total", state="COMPLETED") == 21
-        dead = value(s, "jobwheel_scheduler_dead_letters_total", kind="dead-run") == 1
+        done = polled(s, "jobwheel_scheduler_job_events_total", state="COMPLETED") == 21
+        dead = polled(s, "jobwheel_scheduler_dead_letters_total", kind="dead-run") == 1
         return s if done and dead else None
 
     s = wait_until(settled, 120, 0.5, "the workload never settled")
@@ -224,7 +266,7 @@ def test_readiness_is_false_while_a_scheduler_restores_and_true_after(
         )
     wait_until(
         lambda: (
-            value(scrape(first), "jobwheel_scheduler_job_events_total", state="SCHEDULED") == 300
+            polled(scrape(first), "jobwheel_scheduler_job_events_total", state="SCHEDULED") == 300
         ),
         60,
         0.5,
@@ -296,7 +338,7 @@ def test_health_names_the_stuck_partition_from_the_schedulers_readiness(
             env={**env, "JOBWHEEL_HEALTH_URLS": f"scheduler={base}"},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=scaled(60),
         )
         return {c["check"]: c for c in json.loads(out.stdout)["checks"]}
 
@@ -308,6 +350,70 @@ def test_health_names_the_stuck_partition_from_the_schedulers_readiness(
     )
     assert f"partitions: partition {p}: " in stuck["detail"], stuck
     assert "unread input records and no commit for" in stuck["detail"]
+    # The alert's metric (JobwheelPartitionStuck) says so too, and clears with it.
+    wait_until(
+        lambda: polled(scrape(base), "jobwheel_scheduler_stuck_partitions") == 1,
+        30,
+        0.5,
+        "the stuck partition never showed in jobwheel_scheduler_stuck_partitions",
+    )
     assert health(base, "live")[0] == 200  # stuck, not dead: a restart is not the answer
     wait_until(lambda: health(base)[0] == 200, 60, 0.5, "stayed not ready after committing")
     wait_until(lambda: cli_health()["ready:scheduler"]["ok"], 60, 1.0, "health stayed failing")
+    assert value(scrape(base), "jobwheel_scheduler_stuck_partitions") == 0
+
+
+# Waits: three services up (90 + 60 + 60), the run in flight and done (60 + 60), the garbage
+# counted (30), margins.
+@pytest.mark.timeout(90 + 60 + 60 + 60 + 60 + 30 + 60)
+def test_the_gauges_and_counters_checked_at_zero_move_when_their_cause_happens(
+    settings, jobwheel_env, procs: Procs, tmp_path: Path
+):
+    """``inflight_runs == 0`` and ``undecodable_total == 0`` above prove something only if
+    these samples can be anything else: a run blocked on its gate is in flight (1, then 0 once
+    it finishes), and a record on the status topic that no schema decodes is counted by the
+    sink (and the sink goes on: the next run's events are still inserted)."""
+    from confluent_kafka import Producer
+
+    base_env = {**jobwheel_env, "JOBWHEEL_LOG_FORMAT": "json"}
+    env_s, scheduler = served(base_env)
+    env_w, worker = served(base_env)
+    env_a, api = served(base_env)
+    start_scheduler(procs, env_s, tmp_path / "sched")
+    procs.spawn(
+        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"],
+        env_w,
+        tmp_path / "w.log",
+    )
+    procs.spawn(["jobwheel", "serve"], env_a, tmp_path / "api.log")
+    for base in (scheduler, worker, api):
+        wait_until(lambda b=base: is_ready(b), 60, 0.2, f"{base} never ready")
+    assert value(scrape(worker), "jobwheel_worker_inflight_runs") == 0
+    assert value(scrape(api), "jobwheel_sink_undecodable_total") == 0
+
+    gate = tmp_path / "gate"
+    with JobClient(settings) as client:
+        client.schedule("gated", task="test.gate", args={"gate": str(gate)}, now=True)
+    wait_until(
+        lambda: polled(scrape(worker), "jobwheel_worker_inflight_runs") == 1,
+        60,
+        0.2,
+        "the gated run never showed in jobwheel_worker_inflight_runs",
+    )
+    gate.touch()
+    wait_until(
+        lambda: polled(scrape(worker), "jobwheel_worker_inflight_runs") == 0,
+        60,
+        0.2,
+        "jobwheel_worker_inflight_runs stayed up after the run finished",
+    )
+
+    producer = Producer(settings.librdkafka())
+    producer.produce(settings.topics.status, key=b"garbage", value=b"\x00no schema at all")
+    assert producer.flush(30) == 0
+    wait_until(
+        lambda: polled(scrape(api), "jobwheel_sink_undecodable_total") == 1,
+        30,
+        0.5,
+        "the sink never counted the undecodable record",
+    )

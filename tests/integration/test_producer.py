@@ -35,7 +35,8 @@ from jobwheel.schemas.models import (
 from jobwheel.schemas.partitioning import partition_for
 from tests.support import consume, read_all
 
-NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+# Every client here runs on ManualClock(NOW_MS), and no scheduler reads these commands.
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)  # fixed date: a ManualClock's
 NOW_MS = int(NOW.timestamp() * 1000)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import (
@@ -21,7 +22,7 @@ from tests.integration.scheduler_support import (
     start_scheduler,
     wait_owns_all,
 )
-from tests.support import log_tail, stop, wait_until
+from tests.support import log_tail, metric, scaled, stop, wait_until
 
 #: Long enough that no run is re-dispatched by its visibility timeout during a test (there are
 #: no workers): every second dispatch seen is then a duplicate, not a retry.
@@ -58,7 +59,7 @@ def test_a_restart_on_its_own_disk_reads_only_what_its_checkpoint_lacks(
     changelog and be wiped, and rebuilt from all of it."""
     data_dir = tmp_path / "own"
     first = start_scheduler(procs, jobwheel_env, data_dir, log_name="first")
-    due = now_ms() + 12_000
+    due = now_ms() + int(scaled(12_000))  # the stop must come first: on the time scale
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("warm", due, 60, 2000))
         # Changed again in later transactions: a partition's checkpoint is its last record's.
@@ -67,6 +68,7 @@ def test_a_restart_on_its_own_disk_reads_only_what_its_checkpoint_lacks(
         lambda: len(tail.events(state=State.SCHEDULED)) >= 90, 30, "jobs were not all SCHEDULED"
     )
     assert stop(first, signal.SIGTERM, 30) == 0
+    tail.read_to_end()  # after the SCHEDULED events it saw: everything the first one wrote
     assert tail.all_runs() == []
 
     again = start_scheduler(procs, jobwheel_env, data_dir, log_name="again")
@@ -80,7 +82,7 @@ def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
     first = start_scheduler(procs, jobwheel_env, tmp_path / "s1")
-    due = now_ms() + 15_000
+    due = now_ms() + int(scaled(15_000))  # the stop must come first: on the time scale
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("restore", due, 20, 3000))
     tail.wait(
@@ -88,6 +90,7 @@ def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
     )
     assert stop(first, signal.SIGTERM, 30) == 0
     # The first scheduler fired nothing: whatever fires now was restored by the second.
+    tail.read_to_end()  # after the SCHEDULED events it saw: everything the first one wrote
     assert tail.all_runs() == []
 
     second = start_scheduler(procs, jobwheel_env, tmp_path / "s2")  # an empty data dir
@@ -118,7 +121,7 @@ def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
     wait_until(lambda: len(tail.all_runs()) >= 100, 30, 0.2, "nothing fired")
     killed_at = now_ms()
     os.kill(b.pid, signal.SIGKILL)
-    b.wait(10)
+    b.wait(scaled(10))
 
     tail.wait(
         lambda: all(tail.runs_of(j) for j in job_ids),
@@ -161,13 +164,17 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
     # the due jobs and commits before it polls again, so it cannot have learnt of the takeover
     # from its consumer, and only the broker's fence (the group generation sent with the
     # offsets in the transaction) can refuse it.
+    stale_metrics = free_port()
     stale = start_scheduler(
         procs,
         jobwheel_env,
         tmp_path / "stale",
-        extra_env={"JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "1500"},
+        extra_env={
+            "JOBWHEEL_SCHEDULER_FAULT_DELAY_MS": "1500",
+            "JOBWHEEL_METRICS_PORT": str(stale_metrics),
+        },
     )
-    due = now_ms() + 8000
+    due = now_ms() + int(scaled(8000))  # after the takeover: on the time scale
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("fence", due, 60, 30_000))
     tail.wait(lambda: len(tail.events(state=State.SCHEDULED)) >= 60, 30, "jobs not SCHEDULED")
@@ -189,10 +196,19 @@ def test_a_sigstopped_owner_that_wakes_up_after_a_takeover_changes_nothing(
         0.5,
         f"the stale owner's commit was never refused:\n{log_tail(stale.log_path)}",
     )
+    # ... and its metrics say so: the counters the resets alert and the dashboards read.
+    base = f"http://127.0.0.1:{stale_metrics}"
+    # (Read after the log lines: a counter is raised before its line is written.)
+    aborted = log_events(stale.log_path, "transaction aborted; processing the batch again")
+    reset = log_events(stale.log_path, "dropping all partitions and rejoining the group")
+    aborts = metric(base, "jobwheel_scheduler_transaction_aborts_total")
+    resets = metric(base, "jobwheel_scheduler_resets_total")
+    assert aborts >= len(aborted) and resets >= len(reset) and aborts + resets >= 1
 
     # Nothing the stale owner did after the takeover is visible: it had fired nothing before
     # it was stopped, so no run with its fencing token (1) may exist at all, and every job
     # fired exactly once, with one DISPATCHED event.
+    tail.read_to_end()  # after every job's run: up to the ends as of now
     assert [r for r in tail.all_runs() if r.fencing_token == 1] == []
     assert tail.duplicate_dispatches() == {}
     for job in job_ids:

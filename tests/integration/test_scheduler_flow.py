@@ -128,9 +128,11 @@ def test_each_trigger_kind_fires_at_its_time(settings, jobwheel_env, procs, tmp_
     assert issued[at_job] == int(at_time.timestamp() * 1000)
     every = [r.scheduled_time_ms for r in tail.runs_of(every_job)]
     assert every[:4] == [issued[every_job] + i * 1000 for i in range(4)]
-    # One-shots fire exactly once.
+    # One-shots fire exactly once: one run record each (not one run id: a second record of
+    # the same run id is a double dispatch), and no run record twice anywhere.
+    assert tail.duplicate_dispatches() == {}  # reads to the end offsets first
     for job in (now_job, in_job, at_job):
-        assert len({r.run_id for r in tail.runs_of(job)}) == 1
+        assert len(tail.runs_of(job)) == 1
     # Each run is announced by a DISPATCHED status event with the same run id.
     dispatched = {e.run_id for e in tail.events(state=State.DISPATCHED)}
     assert {r.run_id for r, _ in tail.runs} <= dispatched
@@ -140,16 +142,23 @@ def test_cancel_pause_resume_are_ordered_with_the_schedule(
     settings, jobwheel_env, procs, tmp_path, tail, client
 ):
     start_scheduler(procs, jobwheel_env, tmp_path / "s1")
+    doomed_due = now_ms() + 2000
     doomed = client.schedule("doomed", task="demo.echo", in_=timedelta(seconds=2))
     client.cancel(doomed, reason="changed my mind")
     ticking = client.schedule("ticking", task="demo.echo", every=timedelta(seconds=1))
+    # A job that keeps firing through the pause: its fires show the scheduler's clock went on
+    # (the time a paused job would have fired in), read by the same reader.
+    witness = client.schedule("witness", task="demo.echo", every=timedelta(seconds=1))
     tail.wait(lambda: len(tail.runs_of(ticking)) >= 2, 20, "interval job did not fire")
     client.pause(ticking)
     paused = tail.wait(lambda: tail.events(ticking, State.PAUSED), 10, "no PAUSED event")[0]
     fired_while_running = len(tail.runs_of(ticking))
-    import time
-
-    time.sleep(3.5)
+    tail.settled(
+        lambda: [
+            r for r in tail.runs_of(witness) if r.scheduled_time_ms > paused.event_time_ms + 2000
+        ],
+        "the witness job firing 3 s into the pause",
+    )
     during_pause = [r for r in tail.runs_of(ticking) if r.dispatched_at_ms > paused.event_time_ms]
     assert during_pause == [], "a paused job fired"
     client.resume(ticking)
@@ -162,6 +171,8 @@ def test_cancel_pause_resume_are_ordered_with_the_schedule(
 
     cancelled = tail.wait(lambda: tail.events(doomed, State.CANCELLED), 10, "no CANCELLED event")
     assert cancelled[0].reason == "changed my mind"
+    assert doomed_due < now_ms() - 2000  # its time is long past, so it had its chance to fire
+    tail.read_to_end()  # after its CANCELLED and the fires since: a run would be read by now
     assert tail.runs_of(doomed) == [], "a cancelled job fired"
 
 

@@ -46,7 +46,7 @@ INVALID = [
     (["--task", "demo.echo", "--every=-1m"], "every"),
     (["--task", "demo.echo", "--every", "-1m"], "argument --every"),
     (["--task", "demo.echo", "--now", "--bogus"], "unrecognized arguments"),
-    (["--task", "demo.echo", "--at", "2030-01-01T10:00:00"], "at"),
+    (["--task", "demo.echo", "--at", "2030-01-01T10:00:00"], "at"),  # fixed date: no offset
     (["--task", "demo.echo", "--at", "2001-01-01T10:00:00Z"], "at"),
     (["--task", "demo.echo", "--at", "next tuesday"], "at"),
     (["--task", "demo.echo", "--cron", "61 * * * *"], "cron"),

@@ -28,6 +28,7 @@ from jobwheel.schemas.partitioning import key_for, partition_for
 from jobwheel.schemas.validation import MAX_DURATION_MS
 from tests.support import (
     HarnessError,
+    Tail,
     file_lines,
     kafka_call,
     log_tail,
@@ -92,54 +93,32 @@ def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw")
 
 
 class StatusTail:
-    """Reads the whole acks topic as it grows (no group), decoding every event."""
+    """Reads the whole acks topic as it grows (no group), decoding every event: a
+    :class:`tests.support.Tail`, so a consumer error raises instead of reading as "nothing"."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
-        self.consumer = Consumer(
-            settings.librdkafka(
-                **{
-                    "group.id": f"test-tail-{uuid.uuid4().hex[:8]}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                }
-            )
-        )
-        topic = settings.topics.acks
-        self.consumer.assign(
-            [TopicPartition(topic, p, 0) for p in range(settings.partitions)]  # 0: beginning
-        )
+        self.reader = Tail(settings, [settings.topics.acks])
         self.events: list[StatusEvent] = []
         self.partitions: dict[str, set[int]] = defaultdict(set)  # job id -> partitions seen
         self.keys: dict[str, set[bytes]] = defaultdict(set)
 
+    def _keep(self, msg: Any) -> None:
+        event = CODEC.decode(msg.value())
+        assert isinstance(event, StatusEvent)
+        self.events.append(event)
+        self.partitions[event.job_id].add(msg.partition())
+        self.keys[event.job_id].add(msg.key())
+
     def poll(self) -> None:
-        for msg in self.consumer.consume(500, 0.2):
-            if msg.error():
-                continue
-            event = CODEC.decode(msg.value())
-            assert isinstance(event, StatusEvent)
-            self.events.append(event)
-            self.partitions[event.job_id].add(msg.partition())
-            self.keys[event.job_id].add(msg.key())
+        for msg in self.reader.poll():
+            self._keep(msg)
 
     def poll_to_end(self, timeout_s: float = 30.0) -> None:
-        """Read every event on the topic as of now (up to each partition's end offset), so an
-        assertion that something is *not* there looks at everything that is."""
-        topic = self.settings.topics.acks
-        ends = {
-            p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(self.settings.partitions)
-        }
-
-        def caught_up() -> bool:
-            self.poll()
-            positions = self.consumer.position(
-                [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
-            )
-            return all(tp.offset >= ends[tp.partition] for tp in positions)
-
-        wait_until(caught_up, timeout_s, interval_s=0.0, message=f"acks not read up to {ends}")
+        """Read every event on the topic up to each partition's end offset as of this call,
+        so an assertion that something is *not* there looks at everything that is. Call it
+        after waiting for a fact the test knows is there (a positive)."""
+        self.reader.read_to_end(self._keep, timeout_s)
 
     def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
         return [
@@ -157,7 +136,7 @@ class StatusTail:
         return wait_until(found, timeout_s, interval_s=0.0, message=f"no {state} for {run_id}")
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 @pytest.fixture
@@ -246,6 +225,7 @@ def test_outcomes_become_status_events_in_the_jobs_partition(
     assert failed.retry_delay_ms is None
     assert "unknown task 'no.such.task'" in failed.reason
     assert failed.error.startswith("TaskError: ")
+    tail.poll_to_end()  # after its FAILED: a STARTED would be among what is read
     assert not tail.of(unknown.run_id, State.STARTED)  # it never started
 
     early = tail.wait_for(fail_early.run_id, State.FAILED)[0]

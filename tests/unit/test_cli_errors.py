@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from tests.support import jobwheel_argv, scaled
 
 REPO = Path(__file__).resolve().parents[2]
+NAIVE = "2030-01-01T10:00:00"  # fixed date: refused for its missing offset on any day
+TOMORROW = f"{datetime.now(UTC) + timedelta(days=1):%Y-%m-%dT%H:%M:%SZ}"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -103,9 +106,9 @@ def test_output_cut_short_by_its_reader_ends_quietly() -> None:
 @pytest.mark.parametrize(
     ("args", "wanted"),
     [
-        (["--at", "2030-01-01T10:00:00"], "add one, e.g. 2030-01-01T10:00:00+01:00"),
+        (["--at", NAIVE], f"add one, e.g. {NAIVE}+01:00"),
         (["--at", "2001-01-01T10:00:00Z"], "schedule it to run now instead"),
-        (["--start-at", "2030-01-01T10:00:00Z", "--in", "5s"], "only applies to an every"),
+        (["--start-at", TOMORROW, "--in", "5s"], "only applies to an every"),
     ],
 )
 def test_submit_errors_speak_the_command_line(args: list[str], wanted: str) -> None:

@@ -22,7 +22,17 @@ from jobwheel.streams.processor import SchedulerProcessor
 from jobwheel.streams.state.partition import MemoryBackend, PartitionState
 from tests import status_support
 
-T0 = int(datetime(2027, 1, 15, 7, 0, tzinfo=UTC).timestamp() * 1000)
+
+def _next_january_15() -> int:
+    """07:00 UTC on the coming 15 January: a winter day (the New York cron below fires at
+    07:30 UTC then), and derived from now, so the store's TTL never drops its events (a fixed
+    2027 date here would have failed this file from February 2027 on)."""
+    now = datetime.now(UTC)
+    year = now.year + (1 if (now.month, now.day) >= (1, 15) else 0)
+    return int(datetime(year, 1, 15, 7, 0, tzinfo=UTC).timestamp() * 1000)
+
+
+T0 = _next_january_15()
 
 
 @pytest.fixture(scope="session")

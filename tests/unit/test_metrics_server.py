@@ -179,3 +179,29 @@ def test_the_kafka_check_fails_naming_the_address_when_nothing_listens():
     ok, detail = probe()  # the listener is gone
     assert not ok
     assert detail.startswith(f"cannot reach Kafka at {address} (") and "refused" in detail
+
+
+def test_a_process_is_not_ready_before_its_component_runs() -> None:
+    """The server starts before the scheduler, worker or sink it serves: until that component
+    has installed its collector (and its readiness checks) the process is not ready. It was:
+    a worker answered 200 on /health/ready with no worker metrics and no group check yet."""
+    registry, health = CollectorRegistry(), Health()
+    server = MetricsServer("127.0.0.1", 0, "test", registry=registry, health=health)
+    try:
+        code, body, _ = _get(server.url + "/health/ready")
+        assert code == 503
+        assert json.loads(body)["checks"] == [
+            {
+                "check": "service",
+                "ok": False,
+                "detail": "starting: the service's component is not running yet",
+            }
+        ]
+        assert _get(server.url + "/health/live")[0] == 200  # starting is not dead
+        uninstall = _Counting().install(registry, health)
+        assert _get(server.url + "/health/ready")[0] == 200
+        uninstall()
+        uninstall()  # a second call changes nothing
+        assert _get(server.url + "/health/ready")[0] == 503
+    finally:
+        server.close()

@@ -12,6 +12,8 @@ import pytest
 from jobwheel.cli import main
 from jobwheel.settings import Settings
 
+# fixed dates: `jobwheel next --from` counts from the instant it is given, never the clock.
+
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
     code = main(list(argv))

@@ -5,7 +5,7 @@ for the same request written in each form."""
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -15,6 +15,8 @@ from jobwheel.producers import cli as producers_cli
 from jobwheel.producers.spec import SCHEDULE_KEYS, JobSpec, spec_from_mapping
 
 LIMIT = 64 * 1024
+#: A whole hour a day from now: the same instant in every form, never in the past.
+AT = (datetime.now(UTC) + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
 
 
 def submit_parser() -> argparse.ArgumentParser:
@@ -36,14 +38,15 @@ def test_the_same_request_in_every_form_is_the_same_spec() -> None:
         task="billing.send",
         job_id="j-1",
         args={"customer": 7},
-        at=datetime(2030, 1, 1, 8, 0, tzinfo=UTC),
+        at=AT,
         max_attempts=5,
         timeout=timedelta(minutes=2),
         concurrency_policy="FORBID",
     )
     argv = [
         "submit", "--task", "billing.send", "--id", "j-1", "--args", '{"customer": 7}',
-        "--at", "2030-01-01T09:00:00+01:00", "--max-attempts", "5", "--timeout", "2m",
+        "--at", AT.astimezone(timezone(timedelta(hours=1))).isoformat(),
+        "--max-attempts", "5", "--timeout", "2m",
         "--concurrency-policy", "FORBID",
     ]  # fmt: skip
     cli = producers_cli.spec_from_args(submit_parser().parse_args(argv), LIMIT)
@@ -51,7 +54,7 @@ def test_the_same_request_in_every_form_is_the_same_spec() -> None:
         "task": "billing.send",
         "job_id": "j-1",
         "args": {"customer": 7},
-        "at": "2030-01-01T08:00:00Z",
+        "at": AT.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "max_attempts": 5,
         "timeout": 120_000,
         "concurrency_policy": "FORBID",

@@ -13,6 +13,7 @@ from jobwheel.errors import ValidationError
 from jobwheel.producers import validation as v
 from jobwheel.schemas import timetext
 
+# fixed dates: every parse here is given NOW; none reads the clock or reaches a store.
 NOW = 1_900_000_000_000
 
 
