@@ -104,7 +104,7 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "enable.partition.eof": False,
     }
     return committing_consumer_config(
-        settings, settings.status_group, defaults, **{**forced, **overrides}
+        settings, settings.status_group, defaults, "status", **{**forced, **overrides}
     )
 
 

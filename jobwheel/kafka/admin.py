@@ -29,7 +29,7 @@ def admin_client(settings: Settings, package: str = "jobwheel.kafka"):  # type: 
 
     from jobwheel.logs import librdkafka_logger
 
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger(package)))
+    return AdminClient(settings.librdkafka("admin", logger=librdkafka_logger(package)))
 
 
 def _describe(admin, timeout_s: float, bootstrap: str):  # type: ignore[no-untyped-def]
