@@ -301,32 +301,124 @@ def describe_group(
     return state, members
 
 
+@dataclass(frozen=True, slots=True)
+class InputProgress:
+    """One scheduler partition as the group's committed offsets tell it: the latest progress
+    note, the input records (requests and acks) not committed past, and the broker timestamp
+    of the oldest of them (None when nothing waits, or it was not looked at or not read)."""
+
+    note: progress.Progress | None
+    unread: int
+    waiting_since_ms: int | None = None
+
+
 def scheduler_progress(
     settings: Settings, timeout_s: float, package: str = "jobwheel.kafka"
-) -> dict[int, tuple[progress.Progress | None, int]]:
+) -> dict[int, InputProgress]:
     """Per partition: the scheduler's latest progress note (in its committed offsets, see
-    :mod:`jobwheel.schemas.progress`) and how many input records (requests and acks) it has not
-    committed past; a requests partition it never committed counts whole."""
+    :mod:`jobwheel.schemas.progress`), how many input records it has not committed past (a
+    requests partition it never committed counts whole), and, where input waits with no
+    commit for ``JOBWHEEL_HEALTH_STUCK_AFTER_MS``, the broker timestamp of the oldest unread
+    record, which a stall is timed from.
+
+    Read by a consumer that never joins the group (committed offsets, end offsets, the oldest
+    unread records), not by the admin client's group-coordinator requests: those went through
+    librdkafka's coordinator-request path, which has aborted processes polling it through
+    broker restarts (librdkafka issues 3663 and 4605), and their handle was destroyed with a
+    request still pending whenever an answer timed out. Raises :class:`BrokerError`."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from jobwheel.kafka.errors import with_client_logging
+
     t = settings.topics
     topics = (t.requests, t.acks)
-    found = group_positions(
-        settings, settings.scheduler_app_id, topics, t.partitions, timeout_s, package
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BrokerConnectionError(
+                f"reading the scheduler group's offsets took over {timeout_s:g}s",
+                code="_TIMED_OUT",
+            )
+        return remaining
+
+    config = settings.librdkafka(
+        "consumer",
+        **{
+            "group.id": settings.scheduler_app_id,  # whose committed offsets; never joins
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        },
     )
-    out: dict[int, tuple[progress.Progress | None, int]] = {}
-    for p in range(t.partitions):
-        notes: list[progress.Progress] = []
-        unread = 0
-        for topic in topics:
-            at = found[(topic, p)]
-            if at.committed is not None:
-                unread += max(0, at.end - at.committed)
-                note = progress.decode(at.metadata)
-                if note is not None:
-                    notes.append(note)
-            elif topic == t.requests:
-                unread += at.end  # never committed: all of it is unread
-        out[p] = (max(notes, key=lambda n: n.committed_at_ms, default=None), unread)
+    config.pop("group.instance.id", None)  # never a member, so never a static one
+    consumer = Consumer(with_client_logging(config, package))
+    try:
+        tps = [TopicPartition(topic, p) for topic in topics for p in range(t.partitions)]
+        committed = {(tp.topic, tp.partition): tp for tp in consumer.committed(tps, left())}
+        marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, left()) for tp in tps}
+        now = time.time_ns() // 1_000_000
+        out: dict[int, InputProgress] = {}
+        starts: dict[tuple[str, int], int] = {}  # suspects: the first unread offset
+        for p in range(t.partitions):
+            notes: list[progress.Progress] = []
+            unread = 0
+            waiting: dict[tuple[str, int], int] = {}
+            for topic in topics:
+                low, end = marks[(topic, p)]
+                tp = committed.get((topic, p))
+                if tp is not None and tp.offset >= 0:
+                    unread_here, start = max(0, end - tp.offset), tp.offset
+                    note = progress.decode(tp.metadata)
+                    if note is not None:
+                        notes.append(note)
+                elif topic == t.requests:  # never committed: all of it is unread
+                    unread_here, start = max(0, end - low), low
+                else:
+                    continue
+                unread += unread_here
+                if unread_here:
+                    waiting[(topic, p)] = start
+            latest = max(notes, key=lambda n: n.committed_at_ms, default=None)
+            silent = None if latest is None else now - latest.committed_at_ms
+            if waiting and (silent is None or silent >= settings.health_stuck_after_ms):
+                starts.update(waiting)
+            out[p] = InputProgress(latest, unread)
+        oldest = _oldest_timestamps(consumer, starts, left)
+    except KafkaException as exc:
+        raise broker_error(exc, "reading the scheduler group's offsets") from exc
+    finally:
+        consumer.close()
+    for (_topic, p), ts in oldest.items():
+        found = out[p]
+        since = ts if found.waiting_since_ms is None else min(ts, found.waiting_since_ms)
+        out[p] = InputProgress(found.note, found.unread, since)
     return out
+
+
+def _oldest_timestamps(  # type: ignore[no-untyped-def]
+    consumer, starts: dict[tuple[str, int], int], left
+) -> dict[tuple[str, int], int]:
+    """The timestamp of the first record at or after each start offset, for as many as arrive
+    before the deadline (the others stay unknown)."""
+    from confluent_kafka import TopicPartition
+
+    if not starts:
+        return {}
+    consumer.assign([TopicPartition(t, p, o) for (t, p), o in starts.items()])
+    found: dict[tuple[str, int], int] = {}
+    try:
+        while len(found) < len(starts):
+            for msg in consumer.consume(len(starts), min(0.5, left())):
+                key = (msg.topic(), msg.partition())
+                if msg.error() is None and key in starts and key not in found:
+                    found[key] = msg.timestamp()[1]
+    except BrokerConnectionError:
+        pass  # out of time: what was not read stays unknown
+    return found
 
 
 # --- principals and ACLs (deploy/acls.py decides what each role may do) ----------------------
