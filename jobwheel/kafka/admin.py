@@ -223,53 +223,6 @@ def configure_scheduler_group(settings: Settings, *, timeout_s: float = 30.0) ->
 
 
 @dataclass(frozen=True, slots=True)
-class Position:
-    """Where a group stands in one partition: its committed offset (None: nothing committed)
-    with the commit's metadata, and the partition's end offset."""
-
-    committed: int | None
-    metadata: str | None
-    end: int
-
-
-def group_positions(
-    settings: Settings,
-    group: str,
-    topics: Sequence[str],
-    partitions: int,
-    timeout_s: float,
-    package: str = "jobwheel.kafka",
-) -> dict[tuple[str, int], Position]:
-    """``(topic, partition) -> Position`` of ``group`` on partitions ``0..partitions-1`` of
-    each topic; raises what the admin client raises."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    tps = [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
-    admin = admin_client(settings, package)  # referenced until the futures resolved
-    found = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s
-    )
-    committed = {
-        (tp.topic, tp.partition): tp for tp in found[group].result(timeout_s + 1).topic_partitions
-    }
-    ends = {
-        (tp.topic, tp.partition): future.result(timeout_s + 1).offset
-        for tp, future in admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
-        ).items()
-    }
-    out = {}
-    for key in ((tp.topic, tp.partition) for tp in tps):
-        tp = committed.get(key)
-        known = tp is not None and tp.offset >= 0
-        out[key] = Position(
-            tp.offset if known else None, tp.metadata if known else None, ends.get(key, 0)
-        )
-    return out
-
-
-@dataclass(frozen=True, slots=True)
 class GroupMember:
     client_id: str
     host: str
@@ -281,24 +234,23 @@ class GroupMember:
 def describe_group(
     settings: Settings, group: str, timeout_s: float, package: str = "jobwheel.kafka"
 ) -> tuple[str, list[GroupMember]]:
-    """The group's state name and members; raises what the admin client raises."""
-    admin = admin_client(settings, package)  # referenced until the future resolved
-    found = admin.describe_consumer_groups([group], request_timeout=timeout_s)
-    description = found[group].result(timeout=timeout_s + 1)
-    state = getattr(description.state, "name", str(description.state))
+    """The group's state name and members; raises :class:`BrokerError`. Asked from a child
+    process (:mod:`jobwheel.kafka.groupprobe`: librdkafka's group-coordinator requests can
+    abort the process that makes them while the broker restarts). ``package`` is kept for
+    the callers' symmetry with the other reads; the child logs nothing."""
+    from jobwheel.kafka import groupprobe
+
+    answer = groupprobe.describe(settings.librdkafka("admin"), group, timeout_s)
     members = [
         GroupMember(
-            m.client_id,
-            m.host,
-            m.member_id,
-            tuple(
-                (tp.topic, tp.partition)
-                for tp in (m.assignment.topic_partitions if m.assignment else [])
-            ),
+            m["client_id"],
+            m["host"],
+            m["member_id"],
+            tuple((topic, int(p)) for topic, p in m["assigned"]),
         )
-        for m in description.members
+        for m in answer["members"]
     ]
-    return state, members
+    return str(answer["state"]), members
 
 
 @dataclass(frozen=True, slots=True)
