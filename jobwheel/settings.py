@@ -1,9 +1,15 @@
 """All configuration, read from ``JOBWHEEL_*`` environment variables in this one place.
 
-Kafka client options are passed through untouched as a dict, so SASL/TLS and any other
-librdkafka (confluent-kafka) setting works without a code change:
+Kafka client options are passed through as dicts, so SASL/TLS and any other librdkafka
+(confluent-kafka) setting works without a code change. ``JOBWHEEL_KAFKA_CONFIG`` is common to
+every client (connection and security); each client gets only the keys its kind understands
+(a consumer key never reaches a producer). Keys for one kind of client go in
+``JOBWHEEL_KAFKA_{PRODUCER,CONSUMER,ADMIN}_CONFIG``, keys for one service's clients in
+``JOBWHEEL_{SCHEDULER,WORKER,STATUS}_KAFKA_{PRODUCER,CONSUMER}_CONFIG`` (later ones win; see
+:meth:`Settings.librdkafka` and jobwheel/kafka/config.py):
 
     JOBWHEEL_KAFKA_CONFIG='{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", ...}'
+    JOBWHEEL_WORKER_KAFKA_CONSUMER_CONFIG='{"group.instance.id": "worker-0"}'
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobwheel.errors import ConfigError
+from jobwheel.kafka import config as kafka_keys
 from jobwheel.schemas.topics import (
     DEFAULT_PARTITIONS,
     DEFAULT_PREFIX,
@@ -34,7 +41,18 @@ class Settings(BaseSettings):
     # Kafka
     # Default: the local broker of `jobwheel broker start` / `jobwheel up` (its broker_port).
     bootstrap_servers: str = ""
+    # Common to every client; each kind gets the keys it understands (see the module doc).
     kafka_config: dict[str, Any] = Field(default_factory=dict)
+    # Per kind of client, then per service and kind; later layers win.
+    kafka_producer_config: dict[str, Any] = Field(default_factory=dict)
+    kafka_consumer_config: dict[str, Any] = Field(default_factory=dict)
+    kafka_admin_config: dict[str, Any] = Field(default_factory=dict)
+    scheduler_kafka_producer_config: dict[str, Any] = Field(default_factory=dict)
+    scheduler_kafka_consumer_config: dict[str, Any] = Field(default_factory=dict)
+    worker_kafka_producer_config: dict[str, Any] = Field(default_factory=dict)
+    worker_kafka_consumer_config: dict[str, Any] = Field(default_factory=dict)
+    status_kafka_producer_config: dict[str, Any] = Field(default_factory=dict)
+    status_kafka_consumer_config: dict[str, Any] = Field(default_factory=dict)
     topic_prefix: str = DEFAULT_PREFIX
     partitions: int = DEFAULT_PARTITIONS
     replication_factor: int = DEFAULT_REPLICATION_FACTOR
@@ -195,9 +213,47 @@ class Settings(BaseSettings):
             _secret(self.api_read_token, self.api_read_token_file, "JOBWHEEL_API_READ_TOKEN"),
         )
 
-    def librdkafka(self, **overrides: Any) -> dict[str, Any]:
-        """A confluent-kafka config: bootstrap servers, the pass-through dict, then overrides."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka_config, **overrides}
+    def librdkafka(
+        self,
+        role: kafka_keys.Role | None = None,
+        service: kafka_keys.Service | None = None,
+        **overrides: Any,
+    ) -> dict[str, Any]:
+        """A confluent-kafka config: bootstrap servers, the pass-through layers of ``role``
+        (and ``service``), then ``overrides``. Without a role (a tool's ad-hoc client) the
+        common config as it is."""
+        if role is None:
+            layers = dict(self.kafka_config)
+        else:
+            layers = kafka_keys.layered(
+                self.kafka_config,
+                getattr(self, f"kafka_{role}_config"),
+                getattr(self, f"{service}_kafka_{role}_config", {}) if service else {},
+                role,
+            )
+        return {"bootstrap.servers": self.bootstrap_servers, **layers, **overrides}
+
+    @model_validator(mode="after")
+    def _kafka_configs_fit_their_role(self) -> Settings:
+        """A key in a config of one kind of client that such a client does not understand
+        (a consumer key in a producer config) is a mistake librdkafka would only warn about."""
+        for role in kafka_keys.ROLES:
+            places = [(f"JOBWHEEL_KAFKA_{role.upper()}_CONFIG", f"kafka_{role}_config")]
+            places += [
+                (f"JOBWHEEL_{s.upper()}_KAFKA_{role.upper()}_CONFIG", f"{s}_kafka_{role}_config")
+                for s in kafka_keys.SERVICES
+                if f"{s}_kafka_{role}_config" in type(self).model_fields
+            ]
+            for env, name in places:
+                wrong = kafka_keys.misplaced(getattr(self, name), role)
+                if wrong:
+                    raise ValueError(
+                        f"{env} has keys a {role} does not understand: {', '.join(wrong)}; "
+                        "move them to the config of the kind of client they belong to "
+                        "(or to JOBWHEEL_KAFKA_CONFIG, which each client takes what it "
+                        "understands from)"
+                    )
+        return self
 
 
 @dataclass(frozen=True, repr=False)

@@ -10,7 +10,8 @@ tell a partition that is idle from one that is stuck, without asking the schedul
      "o": "<instance id>"}
 
 A partition is stuck when its last commit is older than :data:`STUCK_AFTER_MS` while it has
-work waiting: unread input, or a timer that has been due for that long.
+work waiting that long: input whose oldest unread record has been on the topic that long (its
+broker timestamp), or a timer that has been due that long.
 """
 
 from __future__ import annotations
@@ -55,15 +56,31 @@ def stuck_reason(
     unread: int,
     *,
     stuck_after_ms: int = STUCK_AFTER_MS,
+    waiting_since_ms: int | None = None,
 ) -> str | None:
-    """Why the partition is stuck, or None when it is fine (idle counts as fine)."""
-    if progress is None:
-        return "no commit recorded yet" if unread > 0 else None
-    silent = now_ms - progress.committed_at_ms
-    if silent < stuck_after_ms:
-        return None
+    """Why the partition is stuck, or None when it is fine (idle counts as fine).
+
+    ``waiting_since_ms`` is the broker timestamp of the oldest unread input record. Input is
+    stuck once that record has waited ``stuck_after_ms`` and nothing was committed for as long:
+    a partition no scheduler has committed yet is not stuck the moment its first record arrives
+    (a scheduler that just started claims it within seconds), nor is one idle for an hour the
+    moment a record comes. Unknown (None), the input is taken to wait since the last commit;
+    with no commit either there is nothing to time it from, and no guess is reported."""
+    silent = None if progress is None else now_ms - progress.committed_at_ms
     if unread > 0:
-        return f"{unread} unread input records and no commit for {silent // 1000} s"
+        if waiting_since_ms is None:
+            waiting = f"{unread} unread input records"
+            waited = silent
+        else:
+            waited = now_ms - waiting_since_ms
+            waiting = f"{unread} unread input records, the oldest waiting {waited // 1000} s,"
+        if waited is not None and waited >= stuck_after_ms:
+            if silent is None:
+                return f"{waiting} and no commit recorded yet"
+            if silent >= stuck_after_ms:
+                return f"{waiting} and no commit for {silent // 1000} s"
+    if progress is None or silent is None or silent < stuck_after_ms:
+        return None
     if progress.next_due_ms is not None and now_ms - progress.next_due_ms >= stuck_after_ms:
         late = (now_ms - progress.next_due_ms) // 1000
         return f"a timer due {late} s ago and no commit for {silent // 1000} s"

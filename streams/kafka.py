@@ -28,6 +28,7 @@ makes a new producer and rejoins.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,6 +82,31 @@ def _client(factory: Callable[[dict[str, Any]], Any], config: dict[str, Any], wh
         raise BrokerError(f"could not create the {what}: {exc}; check kafka_config") from exc
 
 
+def consumer_config(
+    settings: Settings, defaults: dict[str, Any], forced: dict[str, Any]
+) -> dict[str, Any]:
+    """A scheduler consumer's config: ``defaults``, the consumer pass-through layers of the
+    scheduler, then ``forced``. A ``group.instance.id`` from the pass-through is dropped: every
+    scheduler process reads the same config, and two members of the scheduler group with one
+    static id fence each other in a loop. With JOBWHEEL_SCHEDULER_STATIC_MEMBERSHIP the group
+    member gets an id of its own (its instance id)."""
+    config = {**defaults, **settings.librdkafka("consumer", "scheduler", **forced)}
+    ignored = config.pop("group.instance.id", None)
+    if ignored is not None and not _warned_static.is_set():
+        _warned_static.set()
+        log.warning(
+            "group.instance.id in the Kafka consumer config is ignored by the scheduler",
+            extra={
+                "group_instance_id": ignored,
+                "fix": "each scheduler instance needs a static id of its own: set "
+                "JOBWHEEL_SCHEDULER_STATIC_MEMBERSHIP=true (classic group protocol) and give "
+                "the static id to workers only (JOBWHEEL_WORKER_KAFKA_CONSUMER_CONFIG)",
+            },
+        )
+    return config
+
+
+_warned_static = threading.Event()
 PartitionsCallback = Callable[[list[int]], None]
 
 
@@ -128,23 +154,20 @@ class InputConsumer(_TopicReader):
                 "heartbeat.interval.ms": settings.scheduler_heartbeat_interval_ms,
             }
         )
+        config = consumer_config(
+            settings,
+            {"auto.offset.reset": "earliest", "fetch.wait.max.ms": 20, **timing},
+            {
+                "group.id": settings.scheduler_app_id,
+                "group.protocol": protocol,
+                "client.id": client_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+            },
+        )
         if settings.scheduler_static_membership and protocol == "classic":
-            timing["group.instance.id"] = client_id
-        config = {
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 20,
-            **timing,
-            **settings.librdkafka(
-                **{
-                    "group.id": settings.scheduler_app_id,
-                    "group.protocol": protocol,
-                    "client.id": client_id,
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "isolation.level": "read_committed",
-                }
-            ),
-        }
+            config["group.instance.id"] = client_id
         self._consumer = _client(Consumer, config, "scheduler consumer")
 
     def subscribe(
@@ -267,18 +290,24 @@ class AcksConsumer(_AssignedConsumer):
     """The acks partitions of the owned partitions (see the module doc)."""
 
     def __init__(self, settings: Settings, client_id: str) -> None:
-        config = {
-            "fetch.wait.max.ms": 20,
-            **settings.librdkafka(
-                **{
-                    # Never subscribes or commits: offsets go through the transaction.
-                    "group.id": settings.scheduler_app_id,
-                    "client.id": client_id,
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                }
-            ),
-        }
+        config = consumer_config(
+            settings,
+            {"fetch.wait.max.ms": 20},
+            {
+                # Never subscribes or commits: offsets go through the transaction.
+                "group.id": settings.scheduler_app_id,
+                "client.id": client_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # A committed offset out of range (the records under it deleted by retention,
+                # or a partition truncated) restarts at the oldest ack still there, never at
+                # the end: an ack read twice is dropped by the processor (its run is no longer
+                # in flight, or the same verdict again), an ack skipped is a verdict lost and
+                # its run dispatched again at its deadline. librdkafka logs every reset caused
+                # by an error as a warning ("offset reset ... Offset out of range").
+                "auto.offset.reset": "earliest",
+            },
+        )
         super().__init__(settings.topics.acks, config, "acks")
 
 
@@ -305,7 +334,7 @@ class ChangelogReader(_AssignedConsumer):
         return out
 
     def __init__(self, settings: Settings, client_id: str) -> None:
-        config = {
+        defaults = {
             "fetch.wait.max.ms": 50,
             "max.partition.fetch.bytes": 8 * 1024 * 1024,
             # librdkafka stops fetching a partition whose local queue holds queued.min.messages
@@ -318,17 +347,19 @@ class ChangelogReader(_AssignedConsumer):
             # The prefetch queue is per assigned partition: 4 MiB each keeps a restore of every
             # partition at once (standby copies) within tens of MiB, at the same speed.
             "queued.max.messages.kbytes": 4096,
-            **settings.librdkafka(
-                **{
-                    "group.id": f"{settings.scheduler_app_id}-restore",
-                    "client.id": client_id,
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "isolation.level": "read_committed",
-                    "auto.offset.reset": "earliest",
-                }
-            ),
         }
+        config = consumer_config(
+            settings,
+            defaults,
+            {
+                "group.id": f"{settings.scheduler_app_id}-restore",
+                "client.id": client_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            },
+        )
         super().__init__(settings.topics.changelog(settings.scheduler_app_id), config, "changelog")
 
 
@@ -357,10 +388,12 @@ class TransactionalProducer:
             # within the noise of runs in turn (load/RESULTS.md), the broker's CPU included.
             "linger.ms": 5,
             **settings.librdkafka(
+                "producer",
+                "scheduler",
                 **{
                     "transactional.id": transactional_id,
                     "client.id": transactional_id,
-                }
+                },
             ),
         }
         self.timeout_s = max(5.0, settings.scheduler_transaction_timeout_ms / 1000)

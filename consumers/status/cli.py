@@ -811,32 +811,29 @@ def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool
 
 
 def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[bool, str]:
-    """Stuck partitions: no commit for 30 s while input waits or a timer is overdue (the
-    scheduler's progress notes in its committed offsets, see schemas/progress.py). A suspect
-    is looked at again after a moment, so a record that arrived on an idle partition just now
-    is not mistaken for a stall."""
+    """Stuck partitions: no commit for 30 s while input has waited as long (timed from the
+    oldest unread record's broker timestamp, so a record that arrived on an idle partition
+    just now is no stall) or a timer is overdue (the scheduler's progress notes in its
+    committed offsets, see schemas/progress.py)."""
 
     from jobwheel.kafka.admin import scheduler_progress
 
-    def stuck() -> dict[int, str]:
-        now = int(time.time() * 1000)
-        return {
-            p: reason
-            for p, (note, unread) in scheduler_progress(
-                settings, timeout_s, "jobwheel.consumers.status"
-            ).items()
-            if (
-                reason := progress.stuck_reason(
-                    note, now, unread, stuck_after_ms=settings.health_stuck_after_ms
-                )
+    found = scheduler_progress(settings, timeout_s, "jobwheel.consumers.status")
+    now = int(time.time() * 1000)
+    suspects = {
+        p: reason
+        for p, f in found.items()
+        if (
+            reason := progress.stuck_reason(
+                f.note,
+                now,
+                f.unread,
+                stuck_after_ms=settings.health_stuck_after_ms,
+                waiting_since_ms=f.waiting_since_ms,
             )
-            is not None
-        }
-
-    suspects = stuck()
-    if suspects:
-        time.sleep(1.5)
-        suspects = {p: r for p, r in stuck().items() if p in suspects}
+        )
+        is not None
+    }
     if suspects:
         return False, "; ".join(
             f"partition {p}: {reason}" for p, reason in sorted(suspects.items())

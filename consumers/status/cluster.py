@@ -90,16 +90,21 @@ def scheduler_progress(
         return [], error_text(exc)
     now = time.time_ns() // 1_000_000
     out = []
-    for p, (latest, unread) in sorted(found.items()):
+    for p, found_p in sorted(found.items()):
+        latest = found_p.note
         out.append(
             PartitionProgress(
                 partition=p,
                 owner=latest.owner if latest else None,
                 committed_at_ms=latest.committed_at_ms if latest else None,
                 next_due_ms=latest.next_due_ms if latest else None,
-                unread=unread,
+                unread=found_p.unread,
                 stuck=progress.stuck_reason(
-                    latest, now, unread, stuck_after_ms=settings.health_stuck_after_ms
+                    latest,
+                    now,
+                    found_p.unread,
+                    stuck_after_ms=settings.health_stuck_after_ms,
+                    waiting_since_ms=found_p.waiting_since_ms,
                 ),
             )
         )

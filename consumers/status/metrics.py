@@ -11,6 +11,7 @@ name                              type      what
 records_total                     counter   records read from the status and acks topics
 rows_total                        counter   rows inserted into ClickHouse
 undecodable_total                 counter   records skipped (not a status event, or not fitting)
+seq_refused_total                 counter   events refused: a ``seq`` no scheduler writes (forged?)
 batches_total                     counter   batches inserted
 insert_failures_total             counter   failed inserts (retried; offsets held back)
 commit_failures_total             counter   offset commits refused (the records are read again)
@@ -100,6 +101,11 @@ class SinkCollector(Collector):
         yield counter(n + "records_total", "Records read.", stats.consumed)
         yield counter(n + "rows_total", "Rows inserted into ClickHouse.", stats.inserted)
         yield counter(n + "undecodable_total", "Records skipped.", stats.undecodable)
+        yield counter(
+            n + "seq_refused_total",
+            "Events refused for a seq no scheduler writes (forged or corrupt).",
+            stats.seq_refused,
+        )
         yield counter(n + "batches_total", "Batches inserted.", stats.batches)
         yield counter(
             n + "insert_failures_total", "Failed inserts (retried).", stats.insert_failures

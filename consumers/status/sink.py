@@ -19,7 +19,11 @@ STARTED row, with the same event id a STARTED record would have had.
 
 A record that does not decode (foreign producer, future schema, garbage) or whose values do
 not fit the table is logged with the reason, counted in :class:`SinkStats` and skipped (its
-offset is committed with the batch), never fatal: one bad record never stops a partition. An insert
+offset is committed with the batch), never fatal: one bad record never stops a partition. An event
+whose ``seq`` lies beyond any value a scheduler can write (:data:`SEQ_AHEAD_LIMIT_MS`) is refused
+the same way and counted on its own (``jobwheel_sink_seq_refused_total``): the job and run
+views take the state of the highest ``seq``, so one forged event with ``seq`` 2^62 would
+otherwise decide a job's state for good. An insert
 that fails (ClickHouse down) is retried with backoff, holding the batch and its offsets, until
 it succeeds or the sink is stopped; nothing is committed meanwhile.
 
@@ -70,6 +74,8 @@ class SinkStats:
     inserted: int = 0
     undecodable: int = 0
     last_undecodable: str | None = None
+    #: Events refused for a ``seq`` no scheduler writes (see :data:`SEQ_AHEAD_LIMIT_MS`).
+    seq_refused: int = 0
     batches: int = 0
     insert_failures: int = 0
     commit_failures: int = 0
@@ -98,7 +104,7 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         "enable.partition.eof": False,
     }
     return committing_consumer_config(
-        settings, settings.status_group, defaults, **{**forced, **overrides}
+        settings, settings.status_group, defaults, "status", **{**forced, **overrides}
     )
 
 
@@ -106,11 +112,31 @@ class BadRecord(Exception):
     """A record the sink skips; the message says why."""
 
 
+class ImplausibleSeq(BadRecord):
+    """An event whose ``seq`` no scheduler could have given it (a forged or corrupt record)."""
+
+
+#: How far past the sink's own clock (epoch ms) an event's ``seq`` may lie. A job's ``seq``
+#: counts its events from 1, except that a job the scheduler had forgotten and recreates for a
+#: dead-letter replay continues from the command's issue time (streams/rules/commands.py), so
+#: the largest ``seq`` a scheduler writes is about "now" plus the issuing client's clock skew.
+#: A day covers any skew; the bound is stateless, so it holds the same after a sink restart
+#: and on any partition assignment. A forged ``seq`` below it still sorts high: only ACLs
+#: (only the scheduler writes ``status``) close that (README, "Kafka ACLs").
+SEQ_AHEAD_LIMIT_MS = 24 * 3600 * 1000
+
+
 _STATUS_EVENT = "io.jobwheel.StatusEvent"
 _WIRE_COLUMNS = EVENT_COLUMNS[:-2]  # the rest (kafka_partition, kafka_offset) are the sink's
 _SOURCE = EVENT_COLUMNS.index("source")
 _STATE = EVENT_COLUMNS.index("state")
+_SEQ = EVENT_COLUMNS.index("seq")
+_JOB_ID = EVENT_COLUMNS.index("job_id")
 _VERDICTS = frozenset({State.SUCCEEDED.value, State.FAILED.value})
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class EventRows:
@@ -125,12 +151,29 @@ class EventRows:
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self._plans: dict[tuple[str, ...], tuple[tuple[int, ...] | None, int]] = {}
+        #: The highest ``seq`` accepted (epoch ms); the sink moves it on with its clock.
+        self.seq_ceiling = _wall_ms() + SEQ_AHEAD_LIMIT_MS
 
     def rows(
         self, value: bytes | None, source: str, partition: int, offset: int
     ) -> list[list[Any]]:
         """The row of the event in ``value`` (two for a verdict with ``started_ms``); raises
-        :class:`BadRecord` or :class:`SchemaDecodeError` saying why there is none."""
+        :class:`BadRecord` (:class:`ImplausibleSeq` for a ``seq`` past :attr:`seq_ceiling`) or
+        :class:`SchemaDecodeError` saying why there is none."""
+        rows = self._rows(value, source, partition, offset)
+        seq = rows[0][_SEQ]
+        if seq > self.seq_ceiling:
+            raise ImplausibleSeq(
+                f"seq {seq} of job {rows[0][_JOB_ID]!r} is beyond any sequence number a scheduler "
+                f"writes (at most the current time in ms plus {SEQ_AHEAD_LIMIT_MS // 3_600_000} "
+                "h): a forged or corrupt event; restrict who may write the status and acks "
+                "topics with ACLs (`jobwheel acls apply`)"
+            )
+        return rows
+
+    def _rows(
+        self, value: bytes | None, source: str, partition: int, offset: int
+    ) -> list[list[Any]]:
         if value is None:
             raise BadRecord("the record has no value (a tombstone?)")
         fields = self.codec.decode_fields(value)
@@ -349,6 +392,7 @@ class StatusSink:
             self.handle(record.topic, record.partition, record.offset, record.value)
         if time.monotonic() - self._lag_at >= _LAG_SAMPLE_S:
             self._lag_at = time.monotonic()
+            self._rows.seq_ceiling = _wall_ms() + SEQ_AHEAD_LIMIT_MS
             self.meters.lag = consumer.lag()
         if not self._batch:
             return
@@ -373,6 +417,12 @@ class StatusSink:
         self.stats.consumed += 1
         try:
             rows = self._rows.rows(value, self.sources[topic], partition, offset)
+        except ImplausibleSeq as exc:
+            self.stats.seq_refused += 1
+            log.warning(
+                "status event refused",
+                extra={"topic": topic, "partition": partition, "offset": offset, "error": str(exc)},
+            )
         except (BadRecord, SchemaDecodeError) as exc:
             self._undecodable(topic, partition, offset, str(exc))
         except Exception as exc:  # a reader bug must not stop the partition either

@@ -53,7 +53,7 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     ``read_committed`` so runs of aborted scheduler transactions (a fenced owner's) never run.
     """
     return committing_consumer_config(
-        settings, settings.worker_group, CONSUMER_DEFAULTS, **overrides
+        settings, settings.worker_group, CONSUMER_DEFAULTS, "worker", **overrides
     )
 
 
@@ -131,7 +131,7 @@ class StatusProducer:
     """
 
     def __init__(self, settings: Settings, **overrides: Any) -> None:
-        self._producer = Producer(producer_config(settings, **overrides), _PACKAGE)
+        self._producer = Producer(producer_config(settings, "worker", **overrides), _PACKAGE)
         self._stop = threading.Event()
         self._poller = threading.Thread(
             target=self._poll_forever, name="jobwheel-status-poll", daemon=True

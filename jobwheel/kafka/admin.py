@@ -29,7 +29,7 @@ def admin_client(settings: Settings, package: str = "jobwheel.kafka"):  # type: 
 
     from jobwheel.logs import librdkafka_logger
 
-    return AdminClient(settings.librdkafka(logger=librdkafka_logger(package)))
+    return AdminClient(settings.librdkafka("admin", logger=librdkafka_logger(package)))
 
 
 def _describe(admin, timeout_s: float, bootstrap: str):  # type: ignore[no-untyped-def]
@@ -223,53 +223,6 @@ def configure_scheduler_group(settings: Settings, *, timeout_s: float = 30.0) ->
 
 
 @dataclass(frozen=True, slots=True)
-class Position:
-    """Where a group stands in one partition: its committed offset (None: nothing committed)
-    with the commit's metadata, and the partition's end offset."""
-
-    committed: int | None
-    metadata: str | None
-    end: int
-
-
-def group_positions(
-    settings: Settings,
-    group: str,
-    topics: Sequence[str],
-    partitions: int,
-    timeout_s: float,
-    package: str = "jobwheel.kafka",
-) -> dict[tuple[str, int], Position]:
-    """``(topic, partition) -> Position`` of ``group`` on partitions ``0..partitions-1`` of
-    each topic; raises what the admin client raises."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    tps = [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
-    admin = admin_client(settings, package)  # referenced until the futures resolved
-    found = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, tps)], request_timeout=timeout_s
-    )
-    committed = {
-        (tp.topic, tp.partition): tp for tp in found[group].result(timeout_s + 1).topic_partitions
-    }
-    ends = {
-        (tp.topic, tp.partition): future.result(timeout_s + 1).offset
-        for tp, future in admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s
-        ).items()
-    }
-    out = {}
-    for key in ((tp.topic, tp.partition) for tp in tps):
-        tp = committed.get(key)
-        known = tp is not None and tp.offset >= 0
-        out[key] = Position(
-            tp.offset if known else None, tp.metadata if known else None, ends.get(key, 0)
-        )
-    return out
-
-
-@dataclass(frozen=True, slots=True)
 class GroupMember:
     client_id: str
     host: str
@@ -281,52 +234,143 @@ class GroupMember:
 def describe_group(
     settings: Settings, group: str, timeout_s: float, package: str = "jobwheel.kafka"
 ) -> tuple[str, list[GroupMember]]:
-    """The group's state name and members; raises what the admin client raises."""
-    admin = admin_client(settings, package)  # referenced until the future resolved
-    found = admin.describe_consumer_groups([group], request_timeout=timeout_s)
-    description = found[group].result(timeout=timeout_s + 1)
-    state = getattr(description.state, "name", str(description.state))
+    """The group's state name and members; raises :class:`BrokerError`. Asked from a child
+    process (:mod:`jobwheel.kafka.groupprobe`: librdkafka's group-coordinator requests can
+    abort the process that makes them while the broker restarts). ``package`` is kept for
+    the callers' symmetry with the other reads; the child logs nothing."""
+    from jobwheel.kafka import groupprobe
+
+    answer = groupprobe.describe(settings.librdkafka("admin"), group, timeout_s)
     members = [
         GroupMember(
-            m.client_id,
-            m.host,
-            m.member_id,
-            tuple(
-                (tp.topic, tp.partition)
-                for tp in (m.assignment.topic_partitions if m.assignment else [])
-            ),
+            m["client_id"],
+            m["host"],
+            m["member_id"],
+            tuple((topic, int(p)) for topic, p in m["assigned"]),
         )
-        for m in description.members
+        for m in answer["members"]
     ]
-    return state, members
+    return str(answer["state"]), members
+
+
+@dataclass(frozen=True, slots=True)
+class InputProgress:
+    """One scheduler partition as the group's committed offsets tell it: the latest progress
+    note, the input records (requests and acks) not committed past, and the broker timestamp
+    of the oldest of them (None when nothing waits, or it was not looked at or not read)."""
+
+    note: progress.Progress | None
+    unread: int
+    waiting_since_ms: int | None = None
 
 
 def scheduler_progress(
     settings: Settings, timeout_s: float, package: str = "jobwheel.kafka"
-) -> dict[int, tuple[progress.Progress | None, int]]:
+) -> dict[int, InputProgress]:
     """Per partition: the scheduler's latest progress note (in its committed offsets, see
-    :mod:`jobwheel.schemas.progress`) and how many input records (requests and acks) it has not
-    committed past; a requests partition it never committed counts whole."""
+    :mod:`jobwheel.schemas.progress`), how many input records it has not committed past (a
+    requests partition it never committed counts whole), and, where input waits with no
+    commit for ``JOBWHEEL_HEALTH_STUCK_AFTER_MS``, the broker timestamp of the oldest unread
+    record, which a stall is timed from.
+
+    Read by a consumer that never joins the group (committed offsets, end offsets, the oldest
+    unread records), not by the admin client's group-coordinator requests: those went through
+    librdkafka's coordinator-request path, which has aborted processes polling it through
+    broker restarts (librdkafka issues 3663 and 4605), and their handle was destroyed with a
+    request still pending whenever an answer timed out. Raises :class:`BrokerError`."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from jobwheel.kafka.errors import with_client_logging
+
     t = settings.topics
     topics = (t.requests, t.acks)
-    found = group_positions(
-        settings, settings.scheduler_app_id, topics, t.partitions, timeout_s, package
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BrokerConnectionError(
+                f"reading the scheduler group's offsets took over {timeout_s:g}s",
+                code="_TIMED_OUT",
+            )
+        return remaining
+
+    config = settings.librdkafka(
+        "consumer",
+        **{
+            "group.id": settings.scheduler_app_id,  # whose committed offsets; never joins
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        },
     )
-    out: dict[int, tuple[progress.Progress | None, int]] = {}
-    for p in range(t.partitions):
-        notes: list[progress.Progress] = []
-        unread = 0
-        for topic in topics:
-            at = found[(topic, p)]
-            if at.committed is not None:
-                unread += max(0, at.end - at.committed)
-                note = progress.decode(at.metadata)
-                if note is not None:
-                    notes.append(note)
-            elif topic == t.requests:
-                unread += at.end  # never committed: all of it is unread
-        out[p] = (max(notes, key=lambda n: n.committed_at_ms, default=None), unread)
+    config.pop("group.instance.id", None)  # never a member, so never a static one
+    consumer = Consumer(with_client_logging(config, package))
+    try:
+        tps = [TopicPartition(topic, p) for topic in topics for p in range(t.partitions)]
+        committed = {(tp.topic, tp.partition): tp for tp in consumer.committed(tps, left())}
+        marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, left()) for tp in tps}
+        now = time.time_ns() // 1_000_000
+        out: dict[int, InputProgress] = {}
+        starts: dict[tuple[str, int], int] = {}  # suspects: the first unread offset
+        for p in range(t.partitions):
+            notes: list[progress.Progress] = []
+            unread = 0
+            waiting: dict[tuple[str, int], int] = {}
+            for topic in topics:
+                low, end = marks[(topic, p)]
+                tp = committed.get((topic, p))
+                if tp is not None and tp.offset >= 0:
+                    unread_here, start = max(0, end - tp.offset), tp.offset
+                    note = progress.decode(tp.metadata)
+                    if note is not None:
+                        notes.append(note)
+                elif topic == t.requests:  # never committed: all of it is unread
+                    unread_here, start = max(0, end - low), low
+                else:
+                    continue
+                unread += unread_here
+                if unread_here:
+                    waiting[(topic, p)] = start
+            latest = max(notes, key=lambda n: n.committed_at_ms, default=None)
+            silent = None if latest is None else now - latest.committed_at_ms
+            if waiting and (silent is None or silent >= settings.health_stuck_after_ms):
+                starts.update(waiting)
+            out[p] = InputProgress(latest, unread)
+        oldest = _oldest_timestamps(consumer, starts, left)
+    except KafkaException as exc:
+        raise broker_error(exc, "reading the scheduler group's offsets") from exc
+    finally:
+        consumer.close()
+    for (_topic, p), ts in oldest.items():
+        found = out[p]
+        since = ts if found.waiting_since_ms is None else min(ts, found.waiting_since_ms)
+        out[p] = InputProgress(found.note, found.unread, since)
     return out
+
+
+def _oldest_timestamps(  # type: ignore[no-untyped-def]
+    consumer, starts: dict[tuple[str, int], int], left
+) -> dict[tuple[str, int], int]:
+    """The timestamp of the first record at or after each start offset, for as many as arrive
+    before the deadline (the others stay unknown)."""
+    from confluent_kafka import TopicPartition
+
+    if not starts:
+        return {}
+    consumer.assign([TopicPartition(t, p, o) for (t, p), o in starts.items()])
+    found: dict[tuple[str, int], int] = {}
+    try:
+        while len(found) < len(starts):
+            for msg in consumer.consume(len(starts), min(0.5, left())):
+                key = (msg.topic(), msg.partition())
+                if msg.error() is None and key in starts and key not in found:
+                    found[key] = msg.timestamp()[1]
+    except BrokerConnectionError:
+        pass  # out of time: what was not read stays unknown
+    return found
 
 
 # --- principals and ACLs (deploy/acls.py decides what each role may do) ----------------------

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
+from jobwheel.kafka.config import Service
 from jobwheel.kafka.errors import broker_error, with_client_logging
 from jobwheel.settings import Settings
 
@@ -76,19 +77,24 @@ def cached_lag(consumer: Any) -> dict[tuple[str, int], int]:
 
 
 def committing_consumer_config(
-    settings: Settings, group: str, defaults: dict[str, Any], **overrides: Any
+    settings: Settings,
+    group: str,
+    defaults: dict[str, Any],
+    service: Service | None = None,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """The config of a consumer that commits only what it finished (the worker, the status
-    sink): ``defaults``, the ``JOBWHEEL_KAFKA_CONFIG`` pass-through, then keys the pass-through
-    cannot change: manual commits and offset stores, and ``read_committed`` so records of an
-    aborted scheduler transaction (a fenced owner's) are never seen; then ``overrides``."""
+    sink): ``defaults``, the consumer's pass-through layers (of ``service``), then keys the
+    pass-through cannot change: manual commits and offset stores, and ``read_committed`` so
+    records of an aborted scheduler transaction (a fenced owner's) are never seen; then
+    ``overrides``."""
     required = {
         "group.id": group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "isolation.level": "read_committed",
     }
-    return {**defaults, **settings.librdkafka(**required, **overrides)}
+    return {**defaults, **settings.librdkafka("consumer", service, **required, **overrides)}
 
 
 Pairs = list[tuple[str, int]]

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as _Producer
 
 from jobwheel.errors import BrokerConnectionError, BrokerError, DeliveryError
+from jobwheel.kafka.config import Service
 from jobwheel.kafka.errors import broker_error, delivery_error, with_client_logging
 from jobwheel.settings import Settings
 
@@ -24,8 +25,8 @@ from jobwheel.settings import Settings
 #: order: topic, value, key, partition, on_delivery, callback, timestamp (0: now), headers.
 _ANY_PARTITION = -1
 
-#: Defaults every jobwheel producer starts from; ``settings.kafka_config`` and then the
-#: call's overrides replace any of them.
+#: Defaults every jobwheel producer starts from; the producer's pass-through layers and then
+#: the call's overrides replace any of them.
 PRODUCER_DEFAULTS: dict[str, Any] = {
     # No duplicates or reordering from internal retries, and a record is only acknowledged
     # once all in-sync replicas have it: a scheduled job must not be lost after schedule()
@@ -43,12 +44,15 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """A confluent-kafka producer config: defaults, then the pass-through, then ``overrides``.
+def producer_config(
+    settings: Settings, service: Service | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """A confluent-kafka producer config: defaults, then the producer's pass-through layers
+    (of ``service``, if one), then ``overrides``.
 
     librdkafka keys contain dots, so pass overrides as ``**{"linger.ms": 0}``.
     """
-    return {**PRODUCER_DEFAULTS, **settings.librdkafka(), **overrides}
+    return {**PRODUCER_DEFAULTS, **settings.librdkafka("producer", service), **overrides}
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ class TopicReader:
 
     def __init__(self, settings: Settings, package: str, purpose: str, *, eof: bool = False):
         config = settings.librdkafka(
+            "consumer",
             **{
                 # a group id is required, but nothing is ever committed under it
                 "group.id": f"jobwheel-{purpose}-{uuid.uuid4().hex[:8]}",
@@ -37,7 +38,7 @@ class TopicReader:
                 "enable.partition.eof": eof,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
-            }
+            },
         )
         try:
             self._consumer = Consumer(with_client_logging(config, package))

@@ -118,21 +118,33 @@ def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
     """The scheduler's fetches are held at the broker for up to 3 s (a large fetch.min.bytes)
-    while visibility timeouts are 1 s: each run's SUCCEEDED is on the acks topic within its
-    deadline, but the scheduler gets it only after the deadline has passed by its own clock,
-    with nothing to read meanwhile. A scheduler that expired deadlines by its clock alone (or
-    took the worker's silence for a crash) would dispatch every run again."""
-    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
-    kafka_config = {
-        **settings.kafka_config,
+    and return one record batch per partition (max.partition.fetch.bytes 1), while the worker
+    sends each ack in a batch of its own and visibility timeouts are 1 s: each run's SUCCEEDED
+    is on the acks topic within its deadline, but the scheduler reads a partition's acks one
+    per 3 s, long after the deadlines by its own clock, with nothing to read meanwhile. Only
+    the rule that a deadline expires past the broker time of the acks read (not the time they
+    were read, nor the scheduler's clock alone) holds every run to one dispatch: read at 3 s,
+    the first ack would expire the runs whose acks wait behind it."""
+    start_worker(
+        procs,
+        {
+            **jobwheel_env,
+            "JOBWHEEL_WORKER_KAFKA_PRODUCER_CONFIG": json.dumps(
+                {"linger.ms": 0, "batch.num.messages": 1}
+            ),
+        },
+        tmp_path / "worker.log",
+    )
+    held = {
         "fetch.min.bytes": 50_000_000,
         "fetch.wait.max.ms": 3000,
+        "max.partition.fetch.bytes": 1,
     }
     start_scheduler(
         procs,
         jobwheel_env,
         tmp_path / "held",
-        extra_env={"JOBWHEEL_KAFKA_CONFIG": json.dumps(kafka_config)},
+        extra_env={"JOBWHEEL_SCHEDULER_KAFKA_CONSUMER_CONFIG": json.dumps(held)},
     )
     with JobClient(settings) as client:
         jobs = client.schedule_many(
@@ -143,7 +155,7 @@ def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
                     now=True,
                     visibility_timeout=timedelta(seconds=1),
                 )
-                for i in range(30)
+                for i in range(16)
             ]
         )
     completed = tail.wait(

@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from jobwheel.consumers.status import queries
+from jobwheel.consumers.status.metrics import SinkCollector
 from jobwheel.consumers.status.sink import StatusSink
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.deploy.broker import free_port
@@ -317,6 +318,35 @@ def test_offsets_are_committed_only_after_a_successful_insert(
     (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
     assert n == len(first) + len(later)
     assert queries.state_counts(store) == {"COMPLETED": 8}
+
+
+def test_a_forged_event_with_an_absurd_seq_cannot_rewrite_the_job_view(
+    settings: Settings, store: StatusStore, running_sink: StatusSink
+) -> None:
+    """A scheduler CANCELLED with ``seq`` 2^62, written to the status topic by anyone (no
+    ACLs), would be the job's latest event for good: the job view would say CANCELLED while
+    its run succeeds. The sink refuses it and counts it; a legitimate jump (a job recreated for
+    a replay continues its ``seq`` from the command's issue time) still goes in."""
+    t0 = now_ms()
+    forged = event("victim", State.CANCELLED, seq=2**62, t=t0 + 5, event_id="forged")
+    recreated = event(
+        "recreated", State.DISPATCHED, seq=t0, t=t0, run_id="recreated@1", attempt=2, task="t"
+    )
+    life = lifecycle("victim", t0)
+    stream = [life[0], forged, *life[1:], *lifecycle("recreated", t0)[:1], recreated]
+    produce(settings, stream)
+    wait_until(lambda: committed(settings) == len(stream), 30, message="not committed")
+
+    job = queries.get_job(store, "victim")
+    assert job is not None and job["state"] == "COMPLETED", job
+    rows = store.query("SELECT event_id, seq FROM status_events FINAL WHERE job_id = 'victim'")
+    assert "forged" not in {r[0] for r in rows[2]}
+    assert running_sink.stats.seq_refused == 1
+    assert running_sink.stats.undecodable == 0
+    metrics = {m.name: m for m in SinkCollector(running_sink).collect()}
+    assert metrics["jobwheel_sink_seq_refused"].samples[0].value == 1
+    (run,) = queries.job_runs(store, "recreated")
+    assert run["state"] == "DISPATCHED" and run["attempts"] == 2
 
 
 def test_a_slow_insert_lets_the_next_batch_grow_instead_of_stalling_the_consumer(
