@@ -220,6 +220,13 @@ class CommandRules(ProcessorCore):
         elif body.run_id in job.active:
             reason = f"cannot replay run {body.run_id}: it is in flight, not DEAD"
             self._refuse(job, cmd, reason, now_ms, out)
+        elif (taken := self._replayed(job, body)) is not None:
+            reason = (
+                f"cannot replay run {body.run_id} from its attempt {body.attempt}: {taken}; "
+                "one run id and attempt cannot stand for two executions: replay the run's "
+                "latest dead letter, or trigger the job"
+            )
+            self._refuse(job, cmd, reason, now_ms, out)
         else:
             note = f"replay of DEAD run {body.run_id} (attempt {body.attempt} was its last)"
             self._dispatch(
@@ -233,8 +240,28 @@ class CommandRules(ProcessorCore):
                 base=body.attempt,
                 event_id=f"{cmd.command_id}:DISPATCHED",
             )
+            job.remember_replay(body.run_id, body.scheduled_time_ms, body.attempt + 1)
         self.save(job)
         return out
+
+    @staticmethod
+    def _replayed(job: JobRecord, body: ReplayRun) -> str | None:
+        """Why a replay of this dead letter would dispatch an attempt of the run that a
+        replay has already dispatched (None: it would not). Replays of one run go up: each
+        starts past the attempt its dead letter names, and a run that dies again leaves a
+        letter with a later attempt; so a letter whose next attempt is not past the latest
+        replay's is one replayed already (its run may have ended since, in any way)."""
+        seen = job.replays.get(body.run_id)
+        if seen is not None:
+            if body.attempt + 1 <= seen[1]:
+                return f"a replay has dispatched its attempt {seen[1]} already"
+            return None
+        if job.replay_floor is not None and body.scheduled_time_ms <= job.replay_floor:
+            return (
+                "it may have been replayed already (it is scheduled no later than a replayed "
+                "run the job no longer remembers)"
+            )
+        return None
 
     def _answer(
         self,
