@@ -3,7 +3,7 @@ and replay, each turned into status events and runs (or a REJECTED event)."""
 
 from __future__ import annotations
 
-from jobwheel.errors import ValidationError
+from jobwheel.errors import RecordTooLargeError, ValidationError
 from jobwheel.schemas.models import (
     At,
     CancelJob,
@@ -23,6 +23,7 @@ from jobwheel.streams.jobstate import (
     spec_json,
 )
 from jobwheel.streams.rules.core import (
+    TOO_LARGE,
     Output,
     ProcessorCore,
     clip_id,
@@ -31,6 +32,21 @@ from jobwheel.streams.rules.core import (
 
 class CommandRules(ProcessorCore):
     def on_command(self, cmd: JobCommand, now_ms: int) -> Output:
+        """The command's events and runs; a command whose change would make the job's record
+        too large for its changelog is REJECTED whole (nothing of it is kept) with the size
+        in its reason, and the engine dead-letters it."""
+        try:
+            return self._command(cmd, now_ms)
+        except RecordTooLargeError as exc:
+            reason = f"refused: {exc}"
+            out = self.reject(
+                clip_id(cmd.job_id), reason, now_ms, event_id=f"{clip_id(cmd.command_id)}:REJECTED"
+            )
+            out.rejected = reason
+            out.problems.append(TOO_LARGE)
+            return out
+
+    def _command(self, cmd: JobCommand, now_ms: int) -> Output:
         # The SDK's own rules (one rule set, jobwheel.schemas.validation), judged as of the
         # command's
         # issue time, so a replayed command gets the same verdict. A producer that skips the
@@ -188,6 +204,10 @@ class CommandRules(ProcessorCore):
             )
             self._refuse(job, cmd, reason, now_ms, out)
             return
+        crowded = self._crowded(job)
+        if crowded is not None:
+            self._refuse(job, cmd, f"cannot trigger: {crowded}", now_ms, out)
+            return
         job.remember_trigger(issued)
         self._dispatch(job, run_id, issued, 1, now_ms, out, reason=body.reason)
 
@@ -227,6 +247,8 @@ class CommandRules(ProcessorCore):
                 "latest dead letter, or trigger the job"
             )
             self._refuse(job, cmd, reason, now_ms, out)
+        elif (crowded := self._crowded(job)) is not None:
+            self._refuse(job, cmd, f"cannot replay run {body.run_id}: {crowded}", now_ms, out)
         else:
             note = f"replay of DEAD run {body.run_id} (attempt {body.attempt} was its last)"
             self._dispatch(
