@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     # producer's message.max.bytes (1,000,000 by default) and the changelog topic's
     # max.message.bytes. A change that would make a record larger is refused with an event.
     scheduler_max_record_bytes: int = Field(default=900_000, ge=4096)
+    # A visibility deadline expires once the acks partition has been read past it; with
+    # nothing left to read there (a silent worker side: no worker, or a run none can read),
+    # it expires at most this long after its time anyway, so nothing waits for ever.
+    scheduler_acks_silence_ms: int = Field(default=600_000, ge=0)
 
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"

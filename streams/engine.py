@@ -622,7 +622,7 @@ class SchedulerEngine:
             task.behind = True  # its turn comes in the next transaction
             return 0
         limit = self.settings.dispatch_batch_limit
-        watermark = self._acks_watermark(task)
+        watermark = self._deadline_watermark(task, now)
         # Each timer's output is encoded as it is made: one the codec refuses is that
         # timer's failure (the processor undoes its change and gives the job its verdict),
         # not the process's.
@@ -639,6 +639,22 @@ class SchedulerEngine:
             touched.add(task.partition)
             self.stats.fired += len(result.runs)
         return handled
+
+    def _deadline_watermark(self, task: PartitionTask, now: int) -> int:
+        """Up to where visibility deadlines may expire: the acks watermark, and, while
+        nothing is left unread on the partition's acks (its worker side is silent, not
+        merely ahead of this reader), at least ``JOBWHEEL_SCHEDULER_ACKS_SILENCE_MS`` before
+        now: a partition no worker answers on (none running, a run none can read) cannot
+        hold a deadline, and its job, for ever."""
+        seen = self._acks_watermark(task)
+        ceiling = now - self.settings.scheduler_acks_silence_ms
+        if seen >= ceiling or self.acks is None:
+            return seen
+        end = self.acks.cached_end(task.partition)
+        position = task.acks_next if task.acks_next is not None else task.acks_committed
+        if end is not None and position is not None and position < end:
+            return seen  # acks are waiting to be read: their verdicts come first
+        return ceiling
 
     # --- output -----------------------------------------------------------------------------
 

@@ -207,3 +207,32 @@ def test_a_poison_timer_pauses_its_job_and_the_scheduler_goes_on(
     assert log_events(
         scheduler.log_path, "timer failed; its change is undone and the job gets a verdict"
     )
+
+
+@pytest.mark.timeout(180)
+def test_a_silent_acks_partition_cannot_hold_a_deadline_for_ever(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """No worker, so nothing is ever written to the acks partition: the acks watermark never
+    passes the run's deadline, and the job stayed SCHEDULED for ever. With the silence
+    ceiling at 1 s, the deadline expires: the next attempt, then DEAD."""
+    start_scheduler(
+        procs,
+        jobwheel_env,
+        tmp_path / "s",
+        extra_env={"JOBWHEEL_SCHEDULER_ACKS_SILENCE_MS": "1000"},
+    )
+    job = "unheard"
+    with JobClient(settings) as client:
+        client.schedule(
+            job,
+            task="demo.echo",
+            now=True,
+            visibility_timeout=timedelta(seconds=1),
+            max_attempts=2,
+        )
+    tail.wait(
+        lambda: any(r.attempt == 2 for r in tail.runs_of(job)), 60, "the deadline never expired"
+    )
+    tail.wait(lambda: tail.events(job, State.DEAD), 60, "the run never ended")
+    assert [r.attempt for r in tail.runs_of(job)] == [1, 2]
