@@ -81,6 +81,11 @@ class StateError(JobwheelError):
     """Scheduler state is unusable (unknown version, corrupt record)."""
 
 
+class RecordTooLargeError(StateError):
+    """A job record would encode past the size its changelog can carry: the change that made
+    it so is refused, never written to the local state alone."""
+
+
 class TaskError(JobwheelError):
     """A task is unknown or misdeclared."""
 

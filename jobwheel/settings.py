@@ -110,6 +110,17 @@ class Settings(BaseSettings):
     scheduler_standby: bool = True
     # Fault injection for tests of a lagging scheduler: sleep this long in every iteration.
     scheduler_fault_delay_ms: int = 0
+    # Runs of one job in flight at once; a fire past it is SKIPPED, a trigger or a replay
+    # REJECTED (each saying why). Every run in flight is an entry of the job's record.
+    scheduler_max_active_runs: int = Field(default=1000, ge=1)
+    # The largest job record (key and value) the scheduler writes: keep it below the
+    # producer's message.max.bytes (1,000,000 by default) and the changelog topic's
+    # max.message.bytes. A change that would make a record larger is refused with an event.
+    scheduler_max_record_bytes: int = Field(default=900_000, ge=4096)
+    # A visibility deadline expires once the acks partition has been read past it; with
+    # nothing left to read there (a silent worker side: no worker, or a run none can read),
+    # it expires at most this long after its time anyway, so nothing waits for ever.
+    scheduler_acks_silence_ms: int = Field(default=600_000, ge=0)
 
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"

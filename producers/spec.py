@@ -75,7 +75,10 @@ class JobSpec:
         None, "run once after DURATION", form="duration", metavar="DURATION", cli="in", json="in"
     )
     every: timedelta | None = _option(
-        None, "run every DURATION", form="duration", metavar="DURATION"
+        None,
+        f"run every DURATION (at least {rules.MIN_EVERY_MS // 1000}s)",
+        form="duration",
+        metavar="DURATION",
     )
     cron: str | None = _option(None, "five-field cron expression", metavar="EXPR")
     tz: str = _option("UTC", "IANA time zone of cron (default UTC)", metavar="ZONE")

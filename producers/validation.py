@@ -64,7 +64,7 @@ def trigger(
     if in_ is not None:
         return After(rules.positive_ms(in_, "in"))  # type: ignore[arg-type]
     if every is not None:
-        interval = rules.positive_ms(every, "every")
+        interval = rules.every_ms(every)
         first = None
         if start_at is not None:
             first = rules.not_too_old(aware_ms(start_at, "start_at"), now_ms, "start_at")

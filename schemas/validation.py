@@ -64,6 +64,10 @@ MAX_EPOCH_MS = 253_402_300_799_999
 #: its own stack, so the verdict would not be the same everywhere.
 MAX_ARGS_DEPTH = 64
 DEFAULT_MAX_ARGS_BYTES = 64 * 1024
+#: The shortest ``every`` interval: one job's fires, its run records and its MISSED events when
+#: it falls behind all scale with 1/interval, and ``every 1ms`` made one job flood the topics
+#: with ~600 runs a second. A finer cadence is a loop inside one run, not a schedule.
+MIN_EVERY_MS = 1000
 
 
 def job_id(value: Any, field: str = "job_id") -> str:
@@ -273,6 +277,20 @@ def positive_ms(value: Any, field: str, *, allow_none: bool = False) -> int | No
     return ms
 
 
+def every_ms(value: Any) -> int:
+    """An ``every`` interval (timedelta, or int milliseconds): :func:`positive_ms`, and at
+    least :data:`MIN_EVERY_MS`."""
+    ms = positive_ms(value, "every")
+    assert ms is not None
+    if ms < MIN_EVERY_MS:
+        raise ValidationError(
+            "every",
+            f"{ms} ms is shorter than the shortest interval, {MIN_EVERY_MS} ms (1s); "
+            "for a finer cadence, loop inside one run",
+        )
+    return ms
+
+
 def epoch_ms(value: Any, field: str) -> int:
     """An instant in epoch milliseconds, between 1970 and the end of year 9999."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH_MS:
@@ -360,7 +378,7 @@ def check_trigger(t: Any, issued_at_ms: int) -> Trigger:
         positive_ms(_long(t.delay_ms, "in"), "in")
         return t
     if isinstance(t, Every):
-        positive_ms(_long(t.interval_ms, "every"), "every")
+        every_ms(_long(t.interval_ms, "every"))
         if t.start_at_ms is not None:
             not_too_old(epoch_ms(t.start_at_ms, "start_at"), issued_at_ms, "start_at")
         return t

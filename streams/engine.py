@@ -232,6 +232,9 @@ class SchedulerEngine:
         self._last_status_log = 0.0
         self._logged_counters: tuple[int, ...] = ()
         self._closing = False
+        # The largest job record the processors write; lowered when the producer refuses a
+        # smaller changelog record (see _produce).
+        self._record_limit = settings.scheduler_max_record_bytes
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
         self.acks: AcksConsumer | None = None
@@ -619,34 +622,65 @@ class SchedulerEngine:
             task.behind = True  # its turn comes in the next transaction
             return 0
         limit = self.settings.dispatch_batch_limit
-        watermark = self._acks_watermark(task)
+        watermark = self._deadline_watermark(task, now)
+        # Each timer's output is encoded as it is made: one the codec refuses is that
+        # timer's failure (the processor undoes its change and gives the job its verdict),
+        # not the process's.
         result, handled = task.processor.punctuate(
-            now, limit, watermark, budget, reached_ms=task.reached_ms
+            now,
+            limit,
+            watermark,
+            budget,
+            reached_ms=task.reached_ms,
+            emit=lambda part: self._emit(task, part, out),
         )
         task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:
             touched.add(task.partition)
             self.stats.fired += len(result.runs)
-            self._emit(task, result, out)
         return handled
+
+    def _deadline_watermark(self, task: PartitionTask, now: int) -> int:
+        """Up to where visibility deadlines may expire: the acks watermark, and, while
+        nothing is left unread on the partition's acks (its worker side is silent, not
+        merely ahead of this reader), at least ``JOBWHEEL_SCHEDULER_ACKS_SILENCE_MS`` before
+        now: a partition no worker answers on (none running, a run none can read) cannot
+        hold a deadline, and its job, for ever."""
+        seen = self._acks_watermark(task)
+        ceiling = now - self.settings.scheduler_acks_silence_ms
+        if seen >= ceiling or self.acks is None:
+            return seen
+        end = self.acks.cached_end(task.partition)
+        position = task.acks_next if task.acks_next is not None else task.acks_committed
+        if end is not None and position is not None and position < end:
+            return seen  # acks are waiting to be read: their verdicts come first
+        return ceiling
 
     # --- output -----------------------------------------------------------------------------
 
     def _emit(self, task: PartitionTask, result: Output, out: list[_Out]) -> None:
+        """Encode ``result`` into the transaction: all of it, or (a record the codec
+        refuses) nothing, and the error raised to the caller."""
         if not result:
             return
         t = self.topics
         enc = self.codec.encode
         p = task.partition
-        self.meters.output(p, result)
-        for run in result.runs:
-            out.append(_Out(t.runs, p, run.job_id.encode(), enc(run)))
+        records = [_Out(t.runs, p, run.job_id.encode(), enc(run)) for run in result.runs]
         for event in result.status:
-            out.append(_Out(t.status, p, event.job_id.encode(), enc(event)))
+            records.append(_Out(t.status, p, event.job_id.encode(), enc(event)))
+        for run, reason in result.dead_runs:
+            headers = [
+                (ERROR_HEADER, _cut(reason, 2000).encode("utf-8", "backslashreplace")),
+                (KIND_HEADER, DEAD_RUN_KIND),
+            ]
+            records.append(_Out(t.dead_letter, p, run.job_id.encode(), enc(run), headers))
+        out.extend(records)
+        self.meters.output(p, result)
+        for problem in result.problems:
+            self.meters.refused(problem)
         for run, reason in result.dead_runs:
             self.stats.dead_lettered += 1
-            headers = [(ERROR_HEADER, _cut(reason, 2000).encode()), (KIND_HEADER, DEAD_RUN_KIND)]
-            out.append(_Out(t.dead_letter, p, run.job_id.encode(), enc(run), headers))
             log.info(
                 "run dead-lettered",
                 extra={
@@ -786,6 +820,8 @@ class SchedulerEngine:
                 track=track,
             )
         except DeliveryError as exc:  # too large: a reference to it goes to the dead letters
+            if record.topic == self.changelog_topic:
+                self._changelog_too_large(record, exc)
             log.error(
                 "record too large to produce; a reference is dead-lettered",
                 extra={"topic": record.topic, "partition": record.partition, "error": str(exc)},
@@ -803,6 +839,35 @@ class SchedulerEngine:
                     )
                 )
             )
+
+    def _changelog_too_large(self, record: _Out, exc: DeliveryError) -> None:
+        """A job record the producer will not take: never replaced by a reference (the local
+        state would keep what no standby and no next owner can read). The limit the
+        processors check before they write a record comes down below this one, and the
+        transaction is aborted (raises): its batch is processed again, and the change that
+        made the record too large is refused then, with its event."""
+        size = len(record.key or b"") + len(record.value or b"")
+        self._record_limit = min(self._record_limit, size - 1)
+        for task in self.tasks.values():
+            if task.processor is not None:
+                task.processor.max_record_bytes = self._record_limit
+        log.error(
+            "changelog record too large to produce; the transaction is aborted and the "
+            "record limit lowered",
+            extra={
+                "partition": record.partition,
+                "key": _cut((record.key or b"").decode("utf-8", "replace")),
+                "size": size,
+                "limit": self._record_limit,
+                "error": str(exc),
+            },
+        )
+        raise BrokerError(
+            f"a {size}-byte changelog record is over what the producer accepts ({exc}); "
+            f"job records are now limited to {self._record_limit} bytes "
+            "(JOBWHEEL_SCHEDULER_MAX_RECORD_BYTES is above the producer's message.max.bytes "
+            "or the changelog topic's max.message.bytes)"
+        ) from exc
 
     def _offsets(self, now: int) -> list[tuple[str, int, int, str]]:
         """The consumed offsets of every ready partition, each with a progress note. Sent in
@@ -961,6 +1026,8 @@ class SchedulerEngine:
             fencing_token=task.epoch,
             retention_ms=self.settings.job_retention_ms,
             max_args_bytes=self.settings.max_args_bytes,
+            max_active_runs=self.settings.scheduler_max_active_runs,
+            max_record_bytes=self._record_limit,
         )
         try:
             requests = self.input.committed(self.topics.requests, [p])[p]

@@ -48,6 +48,8 @@ from jobwheel.schemas.models import (
 
 STATE_VERSION = 2
 RECENT_COMMANDS = 16
+#: Dead runs a job record remembers having replayed (see :attr:`JobRecord.replays`).
+RECENT_REPLAYS = 64
 
 #: Which wheel a timer lives in. Fires, retries and expiry are due by the wall clock;
 #: visibility deadlines are due only once the acknowledgements before them have been read.
@@ -133,6 +135,14 @@ class JobRecord:
     #: (its events would merge with the first run's).
     recent_triggers: list[int] = field(default_factory=list)
     trigger_floor: int | None = None
+    #: The runs the job's latest dead-letter replays dispatched: run id -> (scheduled time,
+    #: the attempt the replay dispatched), oldest first, at most :data:`RECENT_REPLAYS`; and
+    #: the latest scheduled time of a replayed run forgotten since. A replay names the run and
+    #: the attempt it died at and dispatches the next one: a second replay of the same dead
+    #: letter, after the first one's run ended, would dispatch that attempt again (same run
+    #: id and attempt, its events merging with the first replay's in the status store).
+    replays: dict[str, tuple[int, int]] = field(default_factory=dict)
+    replay_floor: int | None = None
     #: The spec's JSON document as last encoded, with the spec it was encoded from (not
     #: stored: see :func:`spec_json`).
     encoded_spec: tuple[ScheduleJob, str] | None = field(default=None, compare=False, repr=False)
@@ -147,6 +157,18 @@ class JobRecord:
             forgotten = self.recent_triggers.pop(0)
             if self.trigger_floor is None or forgotten > self.trigger_floor:
                 self.trigger_floor = forgotten
+
+    def remember_replay(self, run_id: str, scheduled_ms: int, attempt: int) -> None:
+        """Note that a replay dispatched ``attempt`` of ``run_id`` (the latest replay goes to
+        the end; the oldest is forgotten past :data:`RECENT_REPLAYS`, its scheduled time
+        kept as the floor)."""
+        self.replays.pop(run_id, None)
+        self.replays[run_id] = (scheduled_ms, attempt)
+        while len(self.replays) > RECENT_REPLAYS:
+            forgotten = next(iter(self.replays))
+            at, _ = self.replays.pop(forgotten)
+            if self.replay_floor is None or at > self.replay_floor:
+                self.replay_floor = at
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -276,6 +298,8 @@ def encode_job(job: JobRecord, timers: Timers | None = None) -> bytes:
             "recent": job.recent_commands,
             "triggers": job.recent_triggers,
             "trigger_floor": job.trigger_floor,
+            "replays": [[run, at, attempt] for run, (at, attempt) in job.replays.items()],
+            "replay_floor": job.replay_floor,
         }
     )
     return _header(timer_entries(job) if timers is None else timers) + body
@@ -326,6 +350,8 @@ def decode_job(data: bytes) -> JobRecord:
             # absent in records written before them
             recent_triggers=list(raw.get("triggers") or ()),
             trigger_floor=raw.get("trigger_floor"),
+            replays={r[0]: (r[1], r[2]) for r in raw.get("replays") or ()},
+            replay_floor=raw.get("replay_floor"),
         )
     except (
         orjson.JSONDecodeError,

@@ -25,6 +25,11 @@ dead_letters_total{kind}               counter   records to the dead-letter topi
                                                  ``request``, ``ack``, ``too-large``
 replays_total                          counter   commands replayed from the dead letters
                                                  (``jobwheel dlq replay``)
+refused_changes_total{reason}          counter   changes refused or undone, each with its
+                                                 event: ``record-too-large`` (a job record
+                                                 past JOBWHEEL_SCHEDULER_MAX_RECORD_BYTES),
+                                                 ``timer-failed`` (the job paused or its run
+                                                 ended DEAD)
 fire_lateness_seconds                  histogram commit of a first attempt - its scheduled time
 transactions_total                     counter   transactions committed
 transaction_aborts_total               counter   transactions aborted (batch processed again)
@@ -89,6 +94,7 @@ class EngineMeters:
     runs: dict[tuple[str, str], int] = field(default_factory=dict)
     job_events: dict[tuple[str], int] = field(default_factory=dict)
     dead_letters: dict[tuple[str], int] = field(default_factory=dict)
+    refusals: dict[tuple[str], int] = field(default_factory=dict)
     fires: int = 0
     retries: int = 0
     replays: int = 0
@@ -117,6 +123,10 @@ class EngineMeters:
                 runs[key2] = runs.get(key2, 0) + 1
         if result.dead_runs:
             self.dead_letter("dead-run", len(result.dead_runs))
+
+    def refused(self, reason: str) -> None:
+        key = (reason,)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def dead_letter(self, kind: str, n: int = 1) -> None:
         key = (kind,)
@@ -246,6 +256,12 @@ class SchedulerCollector(Collector):
             "Records written to the dead-letter topic, by kind (as jobwheel dlq list --kind).",
             meters.dead_letters,
             ("kind",),
+        )
+        yield counter(
+            n + "refused_changes_total",
+            "Changes refused or undone (each has its event), by reason.",
+            meters.refusals,
+            ("reason",),
         )
         yield counter(
             n + "replays_total",

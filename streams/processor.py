@@ -59,6 +59,8 @@ from jobwheel.streams.rules.core import (
     MAX_MISSED_EVENTS,
     QUEUE_PATIENCE,
     SOURCE,
+    TIMER_FAILED,
+    TOO_LARGE,
     Output,
     clip_id,
 )
@@ -71,6 +73,8 @@ __all__ = [
     "MAX_MISSED_EVENTS",
     "QUEUE_PATIENCE",
     "SOURCE",
+    "TIMER_FAILED",
+    "TOO_LARGE",
     "Output",
     "SchedulerProcessor",
     "clip_id",

@@ -3,6 +3,7 @@ SUCCEEDED finishes it, FAILED retries it or ends it DEAD."""
 
 from __future__ import annotations
 
+from jobwheel.errors import RecordTooLargeError
 from jobwheel.schemas.models import (
     HANDBACK_REASON,
     State,
@@ -17,9 +18,11 @@ from jobwheel.streams.jobstate import (
 )
 from jobwheel.streams.rules.core import (
     MAX_HANDBACKS,
+    TOO_LARGE,
     Output,
     ProcessorCore,
     clip_id,
+    cut,
 )
 
 
@@ -27,7 +30,17 @@ class AckRules(ProcessorCore):
     def on_ack(self, ev: StatusEvent, now_ms: int, ack_time_ms: int | None = None) -> Output:
         """A worker's event about a run. ``ack_time_ms`` is when it was appended to the acks
         topic (broker time; ``now_ms`` when unknown): a heartbeat extends the deadline from
-        then, on the scheduler's side of the clock, not by what the worker claims."""
+        then, on the scheduler's side of the clock, not by what the worker claims. An ack
+        whose change would make the job's record too large for its changelog is refused
+        whole (the engine dead-letters it)."""
+        try:
+            return self._ack(ev, now_ms, ack_time_ms)
+        except RecordTooLargeError as exc:
+            out = Output(rejected=f"refused: {exc}")
+            out.problems.append(TOO_LARGE)
+            return out
+
+    def _ack(self, ev: StatusEvent, now_ms: int, ack_time_ms: int | None) -> Output:
         out = Output()
         if ev.run_id is None:
             return out
@@ -80,7 +93,7 @@ class AckRules(ProcessorCore):
                     job, run, run.attempt + 1, now_ms, out, reason=HANDBACK_REASON, handback=True
                 )
                 return
-        job.last_error = ev.error
+        job.last_error = None if ev.error is None else cut(ev.error)
         retryable = ev.retry_delay_ms is not None and job.status is not JobStatus.CANCELLED
         if retryable and run.attempt < job.spec.max_attempts + run.limit_extra:
             # At most the largest duration anything in jobwheel may name: a task's

@@ -3,7 +3,7 @@ and replay, each turned into status events and runs (or a REJECTED event)."""
 
 from __future__ import annotations
 
-from jobwheel.errors import ValidationError
+from jobwheel.errors import RecordTooLargeError, ValidationError
 from jobwheel.schemas.models import (
     At,
     CancelJob,
@@ -23,6 +23,7 @@ from jobwheel.streams.jobstate import (
     spec_json,
 )
 from jobwheel.streams.rules.core import (
+    TOO_LARGE,
     Output,
     ProcessorCore,
     clip_id,
@@ -31,6 +32,21 @@ from jobwheel.streams.rules.core import (
 
 class CommandRules(ProcessorCore):
     def on_command(self, cmd: JobCommand, now_ms: int) -> Output:
+        """The command's events and runs; a command whose change would make the job's record
+        too large for its changelog is REJECTED whole (nothing of it is kept) with the size
+        in its reason, and the engine dead-letters it."""
+        try:
+            return self._command(cmd, now_ms)
+        except RecordTooLargeError as exc:
+            reason = f"refused: {exc}"
+            out = self.reject(
+                clip_id(cmd.job_id), reason, now_ms, event_id=f"{clip_id(cmd.command_id)}:REJECTED"
+            )
+            out.rejected = reason
+            out.problems.append(TOO_LARGE)
+            return out
+
+    def _command(self, cmd: JobCommand, now_ms: int) -> Output:
         # The SDK's own rules (one rule set, jobwheel.schemas.validation), judged as of the
         # command's
         # issue time, so a replayed command gets the same verdict. A producer that skips the
@@ -188,6 +204,10 @@ class CommandRules(ProcessorCore):
             )
             self._refuse(job, cmd, reason, now_ms, out)
             return
+        crowded = self._crowded(job)
+        if crowded is not None:
+            self._refuse(job, cmd, f"cannot trigger: {crowded}", now_ms, out)
+            return
         job.remember_trigger(issued)
         self._dispatch(job, run_id, issued, 1, now_ms, out, reason=body.reason)
 
@@ -220,6 +240,15 @@ class CommandRules(ProcessorCore):
         elif body.run_id in job.active:
             reason = f"cannot replay run {body.run_id}: it is in flight, not DEAD"
             self._refuse(job, cmd, reason, now_ms, out)
+        elif (taken := self._replayed(job, body)) is not None:
+            reason = (
+                f"cannot replay run {body.run_id} from its attempt {body.attempt}: {taken}; "
+                "one run id and attempt cannot stand for two executions: replay the run's "
+                "latest dead letter, or trigger the job"
+            )
+            self._refuse(job, cmd, reason, now_ms, out)
+        elif (crowded := self._crowded(job)) is not None:
+            self._refuse(job, cmd, f"cannot replay run {body.run_id}: {crowded}", now_ms, out)
         else:
             note = f"replay of DEAD run {body.run_id} (attempt {body.attempt} was its last)"
             self._dispatch(
@@ -233,8 +262,28 @@ class CommandRules(ProcessorCore):
                 base=body.attempt,
                 event_id=f"{cmd.command_id}:DISPATCHED",
             )
+            job.remember_replay(body.run_id, body.scheduled_time_ms, body.attempt + 1)
         self.save(job)
         return out
+
+    @staticmethod
+    def _replayed(job: JobRecord, body: ReplayRun) -> str | None:
+        """Why a replay of this dead letter would dispatch an attempt of the run that a
+        replay has already dispatched (None: it would not). Replays of one run go up: each
+        starts past the attempt its dead letter names, and a run that dies again leaves a
+        letter with a later attempt; so a letter whose next attempt is not past the latest
+        replay's is one replayed already (its run may have ended since, in any way)."""
+        seen = job.replays.get(body.run_id)
+        if seen is not None:
+            if body.attempt + 1 <= seen[1]:
+                return f"a replay has dispatched its attempt {seen[1]} already"
+            return None
+        if job.replay_floor is not None and body.scheduled_time_ms <= job.replay_floor:
+            return (
+                "it may have been replayed already (it is scheduled no later than a replayed "
+                "run the job no longer remembers)"
+            )
+        return None
 
     def _answer(
         self,

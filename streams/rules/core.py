@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from jobwheel.errors import StateError
+from jobwheel.errors import RecordTooLargeError, StateError
 from jobwheel.schemas.models import (
     Run,
     State,
     StatusEvent,
 )
 from jobwheel.schemas.validation import MAX_ID_CHARS
+from jobwheel.settings import Settings
 from jobwheel.streams.jobstate import (
     ActiveRun,
     JobRecord,
@@ -35,12 +36,29 @@ MAX_ARGS_BYTES = 64 * 1024
 #: Visibility timeouts an attempt may wait for the partition's worker to reach it (see
 #: :meth:`SchedulerProcessor.punctuate`) before it is given up anyway.
 QUEUE_PATIENCE = 10
+#: Runs of one job in flight at once, and the largest job record in bytes (key and value):
+#: the defaults of ``JOBWHEEL_SCHEDULER_MAX_ACTIVE_RUNS`` and ``..._MAX_RECORD_BYTES``. Each
+#: run in flight is an entry of the job's record, which goes to the changelog on every
+#: change: an ``every 1s`` ALLOW job with no worker reached 6,000 of them, a 1.08 MB record.
+MAX_ACTIVE_RUNS: int = Settings.model_fields["scheduler_max_active_runs"].default
+MAX_RECORD_BYTES: int = Settings.model_fields["scheduler_max_record_bytes"].default
+#: A worker's error text kept in a job record (the record is written on every change).
+MAX_ERROR_CHARS = 2000
+#: :attr:`Output.problems`: a change refused because the job's record would be too large.
+TOO_LARGE = "record-too-large"
+#: :attr:`Output.problems`: a timer whose handling failed (the job paused or its run ended).
+TIMER_FAILED = "timer-failed"
 
 
 def clip_id(text: str) -> str:
     """An id as far as it can go into an event id: a REJECTED event for a 10,000-character
     "job id" must not carry all of it."""
     return text if len(text) <= MAX_ID_CHARS else text[:MAX_ID_CHARS] + "…"
+
+
+def cut(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """A text as far as a job record keeps it."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 @dataclass(slots=True)
@@ -53,14 +71,37 @@ class Output:
     #: Why the command or ack was refused as invalid input (the engine dead-letters the
     #: record).
     rejected: str | None = None
+    #: Changes the processor refused or undid (:data:`TOO_LARGE`, :data:`TIMER_FAILED`), for
+    #: the metrics: each also has its event.
+    problems: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.status or self.dead_runs)
+        return bool(self.runs or self.status or self.dead_runs or self.problems)
 
     @property
     def size(self) -> int:
         """How many records this output becomes."""
         return len(self.runs) + len(self.status) + len(self.dead_runs)
+
+    def mark(self) -> tuple[int, int, int, int]:
+        """Where the output is now, for :meth:`since` and :meth:`truncate`."""
+        return len(self.runs), len(self.status), len(self.dead_runs), len(self.problems)
+
+    def since(self, mark: tuple[int, int, int, int]) -> Output:
+        """What was added after ``mark``."""
+        runs, status, dead, problems = mark
+        return Output(
+            self.runs[runs:],
+            self.status[status:],
+            self.dead_runs[dead:],
+            problems=self.problems[problems:],
+        )
+
+    def truncate(self, mark: tuple[int, int, int, int]) -> None:
+        """Forget what was added after ``mark``."""
+        runs, status, dead, problems = mark
+        del self.runs[runs:], self.status[status:], self.dead_runs[dead:]
+        del self.problems[problems:]
 
 
 class ProcessorCore:
@@ -73,12 +114,17 @@ class ProcessorCore:
         fencing_token: int = 0,
         retention_ms: int = DAY_MS,
         max_args_bytes: int = MAX_ARGS_BYTES,
+        max_active_runs: int = MAX_ACTIVE_RUNS,
+        max_record_bytes: int = MAX_RECORD_BYTES,
     ) -> None:
         self.partition = partition
         self.state = state
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
         self.max_args_bytes = max_args_bytes
+        self.max_active_runs = max_active_runs
+        #: The engine lowers it when its producer refuses a smaller changelog record.
+        self.max_record_bytes = max_record_bytes
         self._reached: int | None = None
 
     def load(self, job_id: str) -> JobRecord | None:
@@ -86,7 +132,19 @@ class ProcessorCore:
         return self.state.load_record(job_id.encode())
 
     def save(self, job: JobRecord) -> None:
-        self.state.save_record(job.job_id.encode(), job)
+        """Write the record, or :class:`~jobwheel.errors.RecordTooLargeError` and nothing
+        written (the caller's change is refused whole)."""
+        self.state.save_record(job.job_id.encode(), job, self.max_record_bytes)
+
+    def _crowded(self, job: JobRecord) -> str | None:
+        """Why the job may not have another run in flight now (None: it may)."""
+        if len(job.active) < self.max_active_runs:
+            return None
+        return (
+            f"{len(job.active)} runs of the job are in flight, the most one job may have "
+            "(JOBWHEEL_SCHEDULER_MAX_ACTIVE_RUNS): none has had its verdict; are the workers "
+            "running?"
+        )
 
     def _event(
         self,
@@ -138,7 +196,10 @@ class ProcessorCore:
             self._event(job, job_id, State.REJECTED, now_ms, event_id=event_id, reason=reason)
         )
         if job is not None:
-            self.save(job)
+            try:
+                self.save(job)
+            except RecordTooLargeError:
+                pass  # the event stands; its sequence number is not kept
         return out
 
     def _make_run(self, job: JobRecord, active: ActiveRun, now_ms: int) -> Run:
@@ -264,7 +325,7 @@ class ProcessorCore:
         job.active.pop(run.run_id, None)
         job.last_outcome = state.value
         if state is State.DEAD:
-            job.last_error = reason
+            job.last_error = cut(reason)
             out.dead_runs.append((self._make_run(job, run, now_ms), reason))
         out.status.append(
             self._event(

@@ -3,7 +3,9 @@ deadlines that expired past the acks watermark, and the next instant anything is
 
 from __future__ import annotations
 
-from jobwheel.errors import StateError
+from collections.abc import Callable
+
+from jobwheel.errors import RecordTooLargeError, StateError
 from jobwheel.schemas.models import (
     ConcurrencyPolicy,
     State,
@@ -26,11 +28,16 @@ from jobwheel.streams.jobstate import (
 from jobwheel.streams.rules.core import (
     MAX_MISSED_EVENTS,
     QUEUE_PATIENCE,
+    TIMER_FAILED,
     Output,
     ProcessorCore,
+    cut,
     log,
 )
 from jobwheel.streams.wheel import TimingWheel, WheelEntry
+
+#: Takes one timer's output (the engine encodes it); raises if it cannot.
+Emit = Callable[[Output], None]
 
 
 class Punctuation(ProcessorCore):
@@ -41,6 +48,7 @@ class Punctuation(ProcessorCore):
         deadline_watermark: int | None = None,
         max_records: int | None = None,
         reached_ms: int | None = None,
+        emit: Emit | None = None,
     ) -> tuple[Output, int]:
         """Handle up to ``limit`` due timers, stopping early once the output reaches
         ``max_records`` records (one transaction stays bounded however far behind the
@@ -54,17 +62,22 @@ class Punctuation(ProcessorCore):
         a run it has reported on; None: unknown): an attempt dispatched after that is still
         queued behind other runs, not lost, and gets another visibility timeout instead of a
         second copy (for at most :data:`QUEUE_PATIENCE` timeouts).
+
+        Each timer is handled whole or not at all (:meth:`_guarded`): ``emit``, when given,
+        gets each timer's output as soon as it is made (the engine encodes it there), and a
+        timer whose handling or output fails leaves nothing but the job's verdict on it. The
+        returned output holds every timer's, emitted or not.
         """
         self._reached = reached_ms
         out = Output()
         budget = max_records if max_records is not None else 1 << 62
         entries = self.state.timers.due(now_ms, limit)
-        handled = self._handle_due(self.state.timers, TIMERS, entries, now_ms, out, budget)
+        handled = self._handle_due(self.state.timers, TIMERS, entries, now_ms, out, budget, emit)
         if handled < limit and out.size < budget:
             watermark = now_ms if deadline_watermark is None else min(now_ms, deadline_watermark)
             entries = self.state.deadlines.due(watermark, limit - handled)
             handled += self._handle_due(
-                self.state.deadlines, DEADLINES, entries, now_ms, out, budget
+                self.state.deadlines, DEADLINES, entries, now_ms, out, budget, emit
             )
         return out, handled
 
@@ -85,19 +98,14 @@ class Punctuation(ProcessorCore):
         now_ms: int,
         out: Output,
         budget: int,
+        emit: Emit | None,
     ) -> int:
         handled = 0
         for entry in entries:
             if out.size >= budget:
                 break
             handled += 1
-            try:
-                self._on_due(entry, now_ms, out)
-            except StateError:
-                log.exception(
-                    "dropping a timer whose job state is unreadable",
-                    extra={"job_id": entry.job_id, "partition": self.partition},
-                )
+            self._guarded(entry, now_ms, out, emit)
             # Handling a timer changes the record that derives it. One that is still derived
             # (a record that could not be read, or did not move) is dropped from the index, so
             # that it cannot come back on every punctuation; so is an entry without a record.
@@ -110,6 +118,100 @@ class Punctuation(ProcessorCore):
                     )
                 wheel.remove(entry)
         return handled
+
+    def _guarded(self, entry: WheelEntry, now_ms: int, out: Output, emit: Emit | None) -> None:
+        """One due timer, all or nothing, as commands are guarded: the record's change and
+        its output (handed to ``emit``), or, when either fails (a zone this host's tzdata
+        lacks, a ``ValueError`` of the trigger arithmetic, a record too large for the
+        changelog, an output the codec refuses), neither: the change is rolled back and the
+        job gets its verdict instead (:meth:`_poison`). Never raises: a timer that fails on
+        every scheduler must not stop the partition, nor every owner it moves to."""
+        key = entry.job_id.encode()
+        mark = out.mark()
+        point = self.state.savepoint(key)
+        try:
+            self._on_due(entry, now_ms, out)
+            if emit is not None and out.mark() != mark:
+                emit(out.since(mark))
+            return
+        except RecordTooLargeError as exc:
+            error: Exception = exc
+        except StateError:
+            log.exception(
+                "dropping a timer whose job state is unreadable",
+                extra={"job_id": entry.job_id, "partition": self.partition},
+            )
+            return
+        except Exception as exc:  # whatever it is, the partition goes on
+            error = exc
+        out.truncate(mark)
+        self.state.rollback(key, point)
+        log.error(
+            "timer failed; its change is undone and the job gets a verdict",
+            exc_info=error,
+            extra={"job_id": entry.job_id, "tag": entry.tag, "partition": self.partition},
+        )
+        try:
+            self._poison(entry, error, now_ms, out)
+            out.problems.append(TIMER_FAILED)
+            if emit is not None:
+                emit(out.since(mark))
+        except Exception:  # not even the verdict: drop the timer, go on
+            out.truncate(mark)
+            self.state.rollback(key, point)
+            out.problems.append(TIMER_FAILED)
+            log.exception(
+                "timer failed and so did its verdict; the timer is dropped",
+                extra={"job_id": entry.job_id, "tag": entry.tag, "partition": self.partition},
+            )
+
+    def _poison(self, entry: WheelEntry, error: Exception, now_ms: int, out: Output) -> None:
+        """The verdict on a job whose timer failed: a failed fire pauses the job (PAUSED,
+        naming the error: fix the job and schedule it again, or resume it once the scheduler
+        can handle it); a failed run timer ends the run DEAD with the error (dead-lettered,
+        so it can be replayed); a failed expiry deletes the record."""
+        job = self.load(entry.job_id)
+        if job is None:
+            return
+        kind, _, run_id = parse_tag(entry.tag)
+        what = f"{type(error).__name__}: {error}"
+        if kind == EXPIRE:
+            self.state.delete(job.job_id.encode())
+            return
+        if kind == FIRE:
+            if job.status is not JobStatus.ACTIVE:
+                return
+            job.status = JobStatus.PAUSED
+            reason = cut(
+                f"paused by the scheduler: its fire due at {entry.due_ms} failed ({what}); "
+                "schedule the job again with a spec this scheduler can run, or resume it "
+                "once the scheduler can handle it"
+            )
+            out.status.append(self._event(job, job.job_id, State.PAUSED, now_ms, reason=reason))
+        else:
+            run = job.active.get(run_id)
+            if run is None:
+                return
+            job.active.pop(run_id)
+            job.last_outcome = State.DEAD.value
+            job.last_error = reason = cut(f"the scheduler could not handle the run ({what})")
+            try:
+                out.dead_runs.append((self._make_run(job, run, now_ms), reason))
+            except Exception:  # the event says it; no copy to replay
+                log.exception("a failed run cannot be dead-lettered", extra={"run_id": run_id})
+            out.status.append(
+                self._event(
+                    job,
+                    job.job_id,
+                    State.DEAD,
+                    now_ms,
+                    run=run,
+                    event_id=f"{run.run_id}:{run.attempt}:DEAD",
+                    reason=reason,
+                )
+            )
+            self._settle(job, now_ms, out)
+        self.save(job)
 
     def _on_due(self, entry: WheelEntry, now_ms: int, out: Output) -> None:
         job = self.load(entry.job_id)
@@ -203,6 +305,21 @@ class Punctuation(ProcessorCore):
                 )
             )
             self._settle(job, now_ms, out)
+            return
+        crowded = self._crowded(job) if spec.concurrency_policy is ConcurrencyPolicy.ALLOW else None
+        if crowded is not None:
+            out.status.append(
+                self._event(
+                    job,
+                    job.job_id,
+                    State.SKIPPED,
+                    now_ms,
+                    event_id=f"{job.job_id}@{latest}:SKIPPED",
+                    run_id=f"{job.job_id}@{latest}",
+                    scheduled_time_ms=latest,
+                    reason=f"{crowded} (concurrencyPolicy=ALLOW)",
+                )
+            )
             return
         if running and spec.concurrency_policy is ConcurrencyPolicy.REPLACE:
             for run in running:

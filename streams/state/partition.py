@@ -27,6 +27,7 @@ from pathlib import Path
 
 import rocksdict
 
+from jobwheel.errors import RecordTooLargeError
 from jobwheel.streams.jobstate import (
     DEADLINES,
     TIMERS,
@@ -56,6 +57,8 @@ _OFFSET = struct.Struct(">q")
 WheelChanges = dict[int, dict[bytes, bytes | None]]
 #: In the timers of the stored records: the key has no record.
 _NO_RECORD: Timers = []
+#: A :meth:`PartitionState.savepoint` of a key the open transaction had not written.
+_UNWRITTEN = object()
 
 
 def index_changes(job_key: bytes, old: bytes | None, new: bytes | None, out: WheelChanges) -> None:
@@ -308,13 +311,43 @@ class PartitionState:
         self._timers[key] = peek_timers(raw)  # nor the save of one read from its bytes
         return decode_job(raw)
 
-    def save_record(self, key: bytes, job: JobRecord) -> None:
-        """Write ``job`` under ``key``; it stays decoded in the cache until loaded again."""
+    def save_record(self, key: bytes, job: JobRecord, max_bytes: int | None = None) -> None:
+        """Write ``job`` under ``key``; it stays decoded in the cache until loaded again.
+
+        :class:`~jobwheel.errors.RecordTooLargeError` when key and record come to more than
+        ``max_bytes``, before anything is written: every write here goes to the changelog in
+        the same transaction, and one the changelog cannot carry would leave the local state
+        ahead of every standby and of the next owner."""
         timers = timer_entries(job)
+        data = encode_job(job, timers)
+        if max_bytes is not None and len(key) + len(data) > max_bytes:
+            raise RecordTooLargeError(
+                f"job {key[:200].decode('utf-8', 'replace')!r}: its record would be "
+                f"{len(key) + len(data)} bytes, over the {max_bytes} its changelog can carry "
+                f"({len(job.active)} runs in flight, {len(job.spec.args_json)} characters of "
+                "args)"
+            )
         self._reindex(key, self.stored_timers(key) or [], timers)
-        self._jobs.put(key, encode_job(job, timers))
+        self._jobs.put(key, data)
         self._timers[key] = timers
         self._records.keep(key, job, timers)
+
+    def savepoint(self, key: bytes) -> object:
+        """What the open transaction holds for ``key`` now, for :meth:`rollback`: one change
+        undone, the rest of the transaction kept (a timer whose handling failed)."""
+        return self._jobs.pending.get(key, _UNWRITTEN)
+
+    def rollback(self, key: bytes, point: object) -> None:
+        """Put ``key`` back as it was at :meth:`savepoint` ``point``, its wheel entries too."""
+        value = self.backend.jobs.get(key) if point is _UNWRITTEN else point
+        if value is None:
+            self.delete(key)
+        else:
+            assert isinstance(value, bytes)
+            self.put(key, value)
+        if point is _UNWRITTEN:  # read the committed bytes again, and write nothing
+            self._jobs.pending.pop(key, None)
+            self._timers.pop(key, None)
 
     def _reindex(self, key: bytes, before: Timers, after: Timers) -> None:
         """Move the wheel entries of ``key`` from the timers ``before`` to those ``after``."""

@@ -76,6 +76,8 @@ def verdict(command: JobCommand) -> ValidationError:
         (schedule(trigger=After(-1)), "in"),
         (schedule(trigger=After(2**62)), "in"),
         (schedule(trigger=Every(0)), "every"),
+        (schedule(trigger=Every(1)), "every"),  # floods ~600 runs/s from one job
+        (schedule(trigger=Every(999)), "every"),
         (schedule(trigger=At(-1)), "at"),
         (schedule(trigger=At(NOW_MS - 2 * 3_600_000)), "at"),
         (schedule(trigger=At(10**23)), "at"),

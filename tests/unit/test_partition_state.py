@@ -299,3 +299,28 @@ def test_a_checkpoint_that_does_not_fit_the_changelog_is_wiped(backend: StateBac
     plan = plan_restore(backend, 0, 100)  # the changelog is shorter: it was recreated
     assert plan.wiped and plan.fresh and plan.start == 0
     assert backend.checkpoint() is None and backend.jobs.get(b"a") is None
+
+
+def test_a_rollback_undoes_one_key_and_keeps_the_rest_of_the_transaction(backend) -> None:
+    """A timer whose handling failed is undone alone: its key goes back to what the open
+    transaction held (or to the committed record, and nothing for the changelog), its wheel
+    entries with it; the other changes of the transaction stay."""
+    state = PartitionState(backend)
+    proc = SchedulerProcessor(0, state)
+    proc.on_command(cmd("committed", Every(1000)), T0)
+    state.commit(5)
+    proc.on_command(cmd("pending", At(T0 + 50)), T0)
+    wheels, changes = wheel_keys(state), dict(state.changes())
+    assert list(changes) == [b"pending"]
+
+    for key in (b"committed", b"pending"):
+        point = state.savepoint(key)
+        job = proc.load(key.decode())
+        job.next_fire_ms = T0 + 999_999
+        proc.save(job)
+        assert wheel_keys(state) != wheels
+        state.rollback(key, point)
+        assert (wheel_keys(state), dict(state.changes())) == (wheels, changes)
+    assert decode_job(state.get(b"committed")).next_fire_ms == T0 + 1000
+    state.commit(6)
+    assert wheel_keys(state) == wheels

@@ -129,6 +129,15 @@ def test_invalid_spec_is_rejected_not_scheduled(proc):
     assert proc.load("bad") is None
 
 
+def test_an_interval_under_the_minimum_is_rejected_and_never_fires(proc):
+    """``every 1ms`` flooded ~600 runs a second (and MISSED events) from one job."""
+    out = proc.on_command(cmd("flood", spec(Every(1))), T0)
+    assert states(out) == [State.REJECTED] and out.rejected
+    assert "shorter than the shortest interval, 1000 ms" in out.status[0].reason
+    assert proc.load("flood") is None and proc.punctuate(T0 + 60_000, 100)[0].runs == []
+    assert states(proc.on_command(cmd("ok", spec(Every(1000))), T0)) == [State.SCHEDULED]
+
+
 def test_a_redelivered_command_is_applied_once(proc):
     c = cmd("j", spec(Now()))
     assert states(proc.on_command(c, T0)) == [State.SCHEDULED]

@@ -219,3 +219,72 @@ def test_replay_commands_round_trip_and_are_checked_like_every_command():
         with pytest.raises(ValidationError) as info:
             check_command(bad, now_ms=T0, max_args_bytes=65536)
         assert info.value.field == field
+
+
+def test_the_same_dead_letter_replayed_twice_does_not_dispatch_its_attempt_again(proc):
+    """Two replays of one dead letter (attempt 2) after the first replay's run finished: the
+    second would dispatch run id and attempt 3 again, and its worker events would merge with
+    the first replay's in the status store. It is REJECTED under its own command id, naming
+    the attempt a replay dispatched; a redelivery of either command is still a silent repeat,
+    and the run's later dead letter replays."""
+    dead = dead_run(proc)
+    first = cmd("j", replay_of(dead), at=T0 + 1000)
+    [run] = proc.on_command(first, T0 + 1000).runs
+    assert (run.run_id, run.attempt) == (dead.run_id, 3)
+    proc.on_ack(ack(run, State.SUCCEEDED, T0 + 1010), T0 + 1010)
+    assert proc.load("j").status.shown == "COMPLETED"
+
+    second = cmd("j", replay_of(dead), at=T0 + 2000)
+    out = proc.on_command(second, T0 + 2000)
+    assert out.runs == []
+    [refused] = out.status
+    assert (refused.state, refused.event_id) == (State.REJECTED, f"{second.command_id}:REJECTED")
+    assert dead.run_id in refused.reason and "attempt 3 already" in refused.reason
+    assert not proc.on_command(first, T0 + 2001) and not proc.on_command(second, T0 + 2001)
+
+    # A replay that dies again leaves a later letter: that one replays, the old one does not.
+    other = dead_run(proc, "k", max_attempts=1)
+    [r2] = proc.on_command(cmd("k", replay_of(other)), T0 + 3000).runs
+    out = proc.on_ack(ack(r2, State.FAILED, T0 + 3010, error="E: again"), T0 + 3010)
+    [(again, _)] = out.dead_runs
+    assert again.attempt == 2
+    [r3] = proc.on_command(cmd("k", replay_of(again)), T0 + 3020).runs
+    assert r3.attempt == 3
+    proc.on_ack(ack(r3, State.SUCCEEDED, T0 + 3030), T0 + 3030)
+    for letter in (other, again):
+        out = proc.on_command(cmd("k", replay_of(letter)), T0 + 3040)
+        assert out.runs == [] and [e.state for e in out.status] == [State.REJECTED]
+
+
+def test_the_replays_a_job_no_longer_remembers_still_refuse_their_runs(proc):
+    """The record keeps its latest replayed runs and the latest scheduled time of one it
+    forgot (kept across an encode/decode): a letter of a run scheduled no later than that may
+    have been replayed, and is refused; a later run replays."""
+    from jobwheel.streams.jobstate import RECENT_REPLAYS
+
+    proc.on_command(cmd("j", ScheduleJob(task="t", trigger=Now())), T0)
+    job = proc.load("j")
+    for i in range(RECENT_REPLAYS + 2):
+        job.remember_replay(f"j@{T0 + i}", T0 + i, 4)
+    proc.save(job)
+    job = proc.load("j")
+    assert len(job.replays) == RECENT_REPLAYS and job.replay_floor == T0 + 1
+    assert decode_job(encode_job(job)) == job
+    proc.save(job)
+    ghost = ReplayRun(run_id=f"j@{T0 + 1}", scheduled_time_ms=T0 + 1, attempt=3, task="t")
+    out = proc.on_command(cmd("j", ghost), T0 + 10)
+    assert out.runs == [] and "may have been replayed" in out.status[0].reason
+    later = ReplayRun(run_id=f"j@{T0 + 500}", scheduled_time_ms=T0 + 500, attempt=3, task="t")
+    assert proc.on_command(cmd("j", later), T0 + 11).runs
+
+
+def test_a_job_record_written_before_replay_memory_existed_still_loads(proc):
+    import json
+
+    dead_run(proc)
+    raw = encode_job(proc.load("j"))
+    at = raw.index(b'{"job_id"')
+    head, body = raw[:at], json.loads(raw[at:])
+    del body["replays"], body["replay_floor"]
+    old = decode_job(head + json.dumps(body).encode())
+    assert old.replays == {} and old.replay_floor is None

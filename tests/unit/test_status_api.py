@@ -338,3 +338,11 @@ def test_error_handlers_cover_store_errors(store: StatusStore) -> None:
     with TestClient(app, raise_server_exceptions=False) as client:
         r = client.get("/boom")
     assert r.status_code == 503 and "disk on fire" in r.json()["detail"]
+
+
+def test_the_api_schema_states_the_shortest_interval() -> None:
+    from jobwheel.consumers.status.api import ScheduleRequest
+    from jobwheel.schemas.validation import MIN_EVERY_MS
+
+    every = ScheduleRequest.model_json_schema()["properties"]["every"]
+    assert f"at least {MIN_EVERY_MS // 1000}s" in every["description"]

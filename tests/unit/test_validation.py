@@ -118,6 +118,8 @@ def test_slightly_past_at_is_accepted_and_fires_immediately() -> None:
         ({"in_": timedelta(seconds=-1)}, "in"),
         ({"in_": timedelta(microseconds=500)}, "in"),
         ({"every": timedelta(0)}, "every"),
+        ({"every": timedelta(milliseconds=1)}, "every"),
+        ({"every": timedelta(milliseconds=999)}, "every"),
         ({"every": 5.0}, "every"),
         ({"every": timedelta(seconds=1), "start_at": datetime(2030, 1, 1)}, "start_at"),
         ({"in_": timedelta(seconds=1), "start_at": NOW}, "start_at"),
