@@ -129,20 +129,49 @@ class Phase(enum.StrEnum):
 
 
 @dataclass
+class RestoreProgress:
+    """How far a partition's local state has read its changelog. It belongs to the local
+    state, not to an ownership: it passes from a standby task to the active task of a claim
+    and back, as the state does."""
+
+    end: int = -1  # the changelog end to reach (-1: not measured yet)
+    reading: bool = False
+    fresh: bool = False  # first pass from scratch: records first, the index at the end
+    applied: int = 0
+    next: int = 0  # next changelog offset to restore (progress, for metrics)
+
+
+@dataclass
+class StandbyTask:
+    """A warm copy of a partition this process does not own: its local state and how far it
+    has read the changelog, nothing else. A claim hands both to a new :class:`PartitionTask`;
+    a revoke hands them back to a new standby task."""
+
+    partition: int
+    backend: RocksDBBackend
+    state: PartitionState
+    restore: RestoreProgress = field(default_factory=RestoreProgress)
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.STANDBY
+
+
+@dataclass
 class PartitionTask:
-    """This process's hold on one partition."""
+    """This process's ownership of one partition (Kafka Streams' active task): made anew on
+    every claim, dropped on revoke. Only the local state and its restore progress outlive it;
+    every field that describes an ownership (epoch, input positions, the acks watermark, what
+    the worker reached, health notes) is born with the claim, so nothing of a previous
+    ownership of the same partition by this process can leak into the next one."""
 
     partition: int
     backend: RocksDBBackend
     state: PartitionState
     phase: Phase = Phase.RESTORING
+    restore: RestoreProgress = field(default_factory=RestoreProgress)
     processor: SchedulerProcessor | None = None
     restore_started: float = field(default_factory=time.monotonic)
-    restore_end: int = -1
-    restore_reading: bool = False
-    restore_fresh: bool = False
-    restored: int = 0
-    restore_next: int = 0  # next changelog offset to restore (progress, for metrics)
     # Input positions: next offset to read, as processed (uncommitted) and as committed.
     requests_next: int | None = None
     acks_next: int | None = None
@@ -160,6 +189,23 @@ class PartitionTask:
     # the first, of the moment the partition became ready).
     pending_note: Progress | None = None
     committed_note: Progress | None = None
+
+    @classmethod
+    def claim(cls, standby: StandbyTask) -> PartitionTask:
+        """The active task of a new claim, on the local state a standby task kept warm; the
+        changelog's tail is measured again (the copy only has to catch up with it)."""
+        standby.restore.reading = False
+        return cls(standby.partition, standby.backend, standby.state, restore=standby.restore)
+
+    def standby(self) -> StandbyTask:
+        """What is left of this task once the partition is given up: its local state (with
+        nothing uncommitted: the caller discarded that) and its restore progress."""
+        self.restore.reading = False
+        return StandbyTask(self.partition, self.backend, self.state, self.restore)
+
+
+#: What the engine holds of a partition: its ownership, or a warm copy of its state.
+Task = PartitionTask | StandbyTask
 
 
 class _Out(NamedTuple):
@@ -211,7 +257,8 @@ class SchedulerEngine:
         self.changelog_topic = self.topics.changelog(settings.scheduler_app_id)
         self.stats = EngineStats()
         self.meters = EngineMeters()
-        self.tasks: dict[int, PartitionTask] = {}
+        # Per partition held: its ownership (an active task) or a warm copy (a standby task).
+        self.tasks: dict[int, Task] = {}
         # For the metrics server's thread, which reads these and never calls a client: the
         # loop's last turn, whether the group has assigned anything yet, and the end offsets
         # (requests, acks) of the held partitions as of the last fetch, sampled by the loop.
@@ -327,21 +374,22 @@ class SchedulerEngine:
         for p in partitions:
             task = self.tasks.get(p)
             if task is None:
-                self.tasks[p] = self._open_task(p, Phase.RESTORING)
-            elif task.phase is Phase.STANDBY:
+                task = self._open_standby(p)
+            elif isinstance(task, PartitionTask):
+                continue  # already ours
+            else:
                 warm.append(p)
-                task.phase = Phase.RESTORING
-                task.restore_reading = False  # measure the tail to catch up with
-                task.restore_started = time.monotonic()
+            self.tasks[p] = PartitionTask.claim(task)  # a new ownership: every field fresh
         log.info(
             "partitions assigned; restoring",
             extra={"partitions": sorted(partitions), "from_standby": warm},
         )
 
-    def _open_task(self, partition: int, phase: Phase) -> PartitionTask:
+    def _open_standby(self, partition: int) -> StandbyTask:
+        """Open a partition's local state, not owned (yet)."""
         backend = RocksDBBackend(self.directory.partition(partition), self.resources)
         state = PartitionState(backend, self.settings.scheduler_record_cache)
-        return PartitionTask(partition, backend, state, phase=phase)
+        return StandbyTask(partition, backend, state)
 
     def _standby_all(self) -> None:
         """Keep a warm copy of every partition not owned here (see the module doc)."""
@@ -349,7 +397,7 @@ class SchedulerEngine:
             return
         for p in range(self.settings.partitions):
             if p not in self.tasks:
-                self.tasks[p] = self._open_task(p, Phase.STANDBY)
+                self.tasks[p] = self._open_standby(p)
 
     def _on_revoke(self, partitions: list[int]) -> None:
         self._drop_pending(partitions)
@@ -370,7 +418,7 @@ class SchedulerEngine:
             level = logging.WARNING if why == "lost" else logging.INFO
             log.log(level, f"partition {why}", extra={"partitions": owned})
 
-    def _close_task(self, task: PartitionTask) -> bool:
+    def _close_task(self, task: Task) -> bool:
         """Give a partition up, with whatever it had not committed (see :meth:`_drop_pending`):
         keep it as a standby copy, or close it. True when it was owned (not a standby copy)."""
         if self.acks is not None:
@@ -378,13 +426,10 @@ class SchedulerEngine:
         if self.changelog is not None:
             self.changelog.unassign(task.partition)
         task.state.discard()
-        was_owned = task.phase is not Phase.STANDBY
+        was_owned = isinstance(task, PartitionTask)
         if self.settings.scheduler_standby and not self._closing and not self._stop.is_set():
-            task.phase = Phase.STANDBY
-            task.processor = None
-            task.restore_reading = False
-            task.requests_next = task.acks_next = None
-            task.behind = False
+            if isinstance(task, PartitionTask):  # the ownership ends; its local state stays
+                self.tasks[task.partition] = task.standby()
         else:
             self.tasks.pop(task.partition, None)
             task.backend.close()
@@ -869,14 +914,14 @@ class SchedulerEngine:
         ``budget_s`` (a slice between iterations while other partitions are processing)."""
         assert self.changelog is not None
         pending = [
-            t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore_reading
+            t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore.reading
         ]
         for task in pending:
             self._start_restore(task)
         reading = {
             t.partition: t
             for t in self.tasks.values()
-            if t.phase is not Phase.READY and t.restore_reading
+            if t.phase is not Phase.READY and t.restore.reading
         }
         if not reading:
             return
@@ -890,14 +935,14 @@ class SchedulerEngine:
         while True:
             for task in list(reading.values()):
                 position = self.changelog.position(task.partition)
-                if position is None or position < task.restore_end:
+                if position is None or position < task.restore.end:
                     continue
                 if task.phase is Phase.RESTORING:
                     self._finish_restore(task)
                     reading.pop(task.partition)
-                elif task.restore_fresh:  # a new standby copy has caught up: index it
+                elif task.restore.fresh:  # a new standby copy has caught up: index it
                     rebuild_index(task.backend)
-                    task.restore_fresh = False
+                    task.restore.fresh = False
             if not reading or time.monotonic() >= deadline:
                 return
             if restoring and not any(t.phase is Phase.RESTORING for t in reading.values()):
@@ -911,14 +956,14 @@ class SchedulerEngine:
             for p, batch in by_partition.items():
                 task = reading[p]
                 applied = apply_batch(
-                    task.backend, batch, batch[-1][0] + 1, fresh=task.restore_fresh
+                    task.backend, batch, batch[-1][0] + 1, fresh=task.restore.fresh
                 )
-                task.restored += applied
-                task.restore_next = batch[-1][0] + 1
+                task.restore.applied += applied
+                task.restore.next = batch[-1][0] + 1
                 self.meters.restored_records += applied
             self.turned_at = time.monotonic()  # a long restore is the loop at work, not hung
 
-    def _start_restore(self, task: PartitionTask) -> None:
+    def _start_restore(self, task: Task) -> None:
         """Measure what is left to read, and read it: from the local checkpoint (or from the
         start, when there is none or it does not fit) to the changelog's current end."""
         assert self.changelog is not None
@@ -928,17 +973,17 @@ class SchedulerEngine:
             log.warning("cannot read the changelog's offsets yet", extra={"error": str(exc)})
             return
         self.changelog.unassign(task.partition)
-        if task.restore_fresh and task.phase is Phase.RESTORING:
+        if task.restore.fresh and task.phase is Phase.RESTORING:
             # A standby copy still on its first pass: carry on where it is.
             start = task.backend.checkpoint()
             plan_start, fresh = (start if start is not None else low), True
         else:
             plan = plan_restore(task.backend, low, high)
             plan_start, fresh = plan.start, plan.fresh
-        task.restore_end = high
-        task.restore_next = plan_start
-        task.restore_fresh = fresh
-        task.restore_reading = True
+        task.restore.end = high
+        task.restore.next = plan_start
+        task.restore.fresh = fresh
+        task.restore.reading = True
         if plan_start < high or task.phase is Phase.STANDBY:
             self.changelog.assign(task.partition, plan_start)
         else:
@@ -947,11 +992,11 @@ class SchedulerEngine:
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
         self.changelog.unassign(task.partition)
-        task.restore_reading = False
+        task.restore.reading = False
         p = task.partition
-        if task.restore_fresh:
+        if task.restore.fresh:
             rebuild_index(task.backend)
-            task.restore_fresh = False
+            task.restore.fresh = False
         raw = task.backend.jobs.get(EPOCH_KEY)
         task.epoch = (_EPOCH.unpack(raw)[0] if raw else 0) + 1
         task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))  # changelogged by the next commit
@@ -969,7 +1014,7 @@ class SchedulerEngine:
             log.warning("cannot read committed offsets yet", extra={"error": str(exc)})
             task.state.discard()
             task.processor = None
-            task.restore_reading = False  # try again on the next iteration
+            task.restore.reading = False  # try again on the next iteration
             return
         task.requests_committed = requests if requests >= 0 else None
         task.acks_committed = acks if acks >= 0 else None
@@ -984,7 +1029,7 @@ class SchedulerEngine:
             extra={
                 "partition": p,
                 "fencing_token": task.epoch,
-                "restored_records": task.restored,
+                "restored_records": task.restore.applied,
                 "restore_s": round(restore_s, 3),
                 "next_due_ms": task.processor.next_due_ms(),
             },

@@ -165,8 +165,9 @@ class SchedulerCollector(Collector):
         for p, task in sorted(list(self.engine.tasks.items())):
             phase = task.phase.value
             if phase == "restoring":
-                measured = task.restore_reading and task.restore_end >= 0
-                restoring[p] = max(0, task.restore_end - task.restore_next) if measured else None
+                progress = task.restore
+                measured = progress.reading and progress.end >= 0
+                restoring[p] = max(0, progress.end - progress.next) if measured else None
             elif phase == "ready":
                 ready.append(p)
                 unread = _unread(ends.get(p), task.requests_committed, task.acks_committed)
