@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     scheduler_standby: bool = True
     # Fault injection for tests of a lagging scheduler: sleep this long in every iteration.
     scheduler_fault_delay_ms: int = 0
+    # Fault injection for tests of an owner stalled inside a transaction: sleep this long
+    # between adding the consumed offsets to a transaction and committing it.
+    scheduler_fault_commit_delay_ms: int = 0
 
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"

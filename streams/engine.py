@@ -185,6 +185,9 @@ class PartitionTask:
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
+    # The group's committed offsets were read for this claim (before the changelog's end is
+    # measured: see SchedulerEngine._start_restore).
+    offsets_read: bool = False
     # Health: the progress note of the open transaction, and of the last commit (or, before
     # the first, of the moment the partition became ready).
     pending_note: Progress | None = None
@@ -965,8 +968,19 @@ class SchedulerEngine:
 
     def _start_restore(self, task: Task) -> None:
         """Measure what is left to read, and read it: from the local checkpoint (or from the
-        start, when there is none or it does not fit) to the changelog's current end."""
+        start, when there is none or it does not fit) to the changelog's current end.
+
+        A claim reads the group's committed offsets first, then measures the end. The other
+        way round, a previous owner's transaction committing in between (stalled past the
+        session timeout, inside its transaction timeout) left this claim with offsets past
+        changelog records it never restored: the inputs they covered were lost. Read first
+        (``require_stable``: the read waits for a pending transactional offset commit to end),
+        every offset seen belongs to a transaction whose changelog records are below the end
+        measured afterwards."""
         assert self.changelog is not None
+        if isinstance(task, PartitionTask) and not task.offsets_read:
+            if not self._read_committed(task):
+                return  # try again on the next iteration
         try:
             low, high = self.changelog.watermarks(task.partition)
         except BrokerError as exc:
@@ -984,10 +998,33 @@ class SchedulerEngine:
         task.restore.next = plan_start
         task.restore.fresh = fresh
         task.restore.reading = True
+        if isinstance(task, PartitionTask):
+            log.info(
+                "changelog measured",
+                extra={"partition": task.partition, "restore_from": plan_start, "end": high},
+            )
         if plan_start < high or task.phase is Phase.STANDBY:
             self.changelog.assign(task.partition, plan_start)
         else:
             self._finish_restore(task)
+
+    def _read_committed(self, task: PartitionTask) -> bool:
+        """The group's committed offsets of the claimed partition (see :meth:`_start_restore`);
+        False when the broker cannot tell yet."""
+        assert self.input is not None
+        p = task.partition
+        try:
+            requests = self.input.committed(self.topics.requests, [p])[p]
+            acks = self.input.committed(self.topics.acks, [p])[p]
+        except BrokerError as exc:
+            log.warning(
+                "cannot read committed offsets yet", extra={"partition": p, "error": str(exc)}
+            )
+            return False
+        task.requests_committed = requests if requests >= 0 else None
+        task.acks_committed = acks if acks >= 0 else None
+        task.offsets_read = True
+        return True
 
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
@@ -1007,18 +1044,7 @@ class SchedulerEngine:
             retention_ms=self.settings.job_retention_ms,
             max_args_bytes=self.settings.max_args_bytes,
         )
-        try:
-            requests = self.input.committed(self.topics.requests, [p])[p]
-            acks = self.input.committed(self.topics.acks, [p])[p]
-        except BrokerError as exc:
-            log.warning("cannot read committed offsets yet", extra={"error": str(exc)})
-            task.state.discard()
-            task.processor = None
-            task.restore.reading = False  # try again on the next iteration
-            return
-        task.requests_committed = requests if requests >= 0 else None
-        task.acks_committed = acks if acks >= 0 else None
-        self.acks.assign(p, acks if acks >= 0 else NO_OFFSET)
+        self.acks.assign(p, _start(task.acks_committed))
         self.input.resume(p)
         task.committed_note = Progress(self.clock.now_ms(), task.processor.next_due_ms(), "")
         task.phase = Phase.READY

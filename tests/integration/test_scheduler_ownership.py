@@ -10,10 +10,13 @@ comes back in a chosen iteration.
 
 from __future__ import annotations
 
+import os
+import signal
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -28,8 +31,14 @@ from jobwheel.schemas.partitioning import partition_for
 from jobwheel.settings import Settings
 from jobwheel.streams.engine import Phase, SchedulerEngine
 from jobwheel.streams.state.partition import EPOCH_KEY
-from tests.integration.scheduler_support import TopicTail, now_ms
-from tests.support import HarnessError, scaled, wait_until
+from tests.integration.scheduler_support import (
+    TopicTail,
+    log_events,
+    now_ms,
+    start_scheduler,
+    wait_owns_all,
+)
+from tests.support import HarnessError, log_tail, scaled, wait_until
 
 CODEC = default_codec()
 #: No run expires by time alone during a test: a second attempt is a wrong expiry.
@@ -236,3 +245,116 @@ def changelog_epoch(settings: Settings, partition: int) -> int | None:
         return epoch
     finally:
         consumer.close()
+
+
+def wait_written(
+    settings: Settings, topic: str, partition: int, key: bytes, timeout_s: float = 30
+) -> None:
+    """Wait until a record with ``key`` is on the partition, committed or not (a transaction
+    still open wrote it)."""
+    consumer = Consumer(
+        settings.librdkafka(
+            **{
+                "group.id": f"{settings.scheduler_app_id}-uncommitted",
+                "isolation.level": "read_uncommitted",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    consumer.assign([TopicPartition(topic, partition, 0)])
+
+    def seen() -> bool:
+        for msg in consumer.consume(100, 0.1):
+            if msg.error() is not None:
+                raise HarnessError(f"reading {topic} failed: {msg.error()}")
+            if msg.key() == key:
+                return True
+        return False
+
+    try:
+        wait_until(
+            seen, scaled(timeout_s), 0, f"no record {key!r} was written to {topic}/{partition}"
+        )
+    finally:
+        consumer.close()
+
+
+def stop_in_commit_hook(pid: int) -> None:
+    """SIGSTOP a scheduler run with ``JOBWHEEL_SCHEDULER_FAULT_COMMIT_DELAY_MS`` while it
+    sleeps in that hook: its offsets are in the open transaction, not committed yet. The hook
+    is its process's only sleep in ``clock_nanosleep`` (wchan ``hrtimer_nanosleep``)."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    wait_until(
+        lambda: "nanosleep" in wchan.read_text(),
+        scaled(30),
+        0.005,
+        f"the scheduler never slept in its commit hook (wchan {wchan.read_text()!r})",
+    )
+    os.kill(pid, signal.SIGSTOP)
+
+
+def test_a_claim_reads_the_committed_offsets_before_it_measures_the_changelog(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """The old owner is stopped inside a transaction that schedules a job: its offsets are
+    sent (pending), its changelog record written (open). The new owner claims the partition
+    once the old one's session times out. Measuring the changelog's end first, it stopped
+    before the open transaction; its read of the committed offsets then waited for that
+    transaction (``require_stable``), which committed when the old owner woke: the new owner
+    took offsets past the command and never restored the job, which never fired. Reading the
+    offsets first, it measures the end after the transaction ended and restores the job."""
+    old = start_scheduler(
+        procs,
+        jobwheel_env,
+        tmp_path / "old",
+        extra_env={
+            # Longer than the session timeout (6 s) and the claim that follows, shorter than the
+            # new owner's wait for the committed offsets (10 s) on top of them.
+            "JOBWHEEL_SCHEDULER_FAULT_COMMIT_DELAY_MS": "12000",
+            # Inside the transaction timeout, past the session timeout (6 s).
+            "JOBWHEEL_SCHEDULER_TRANSACTION_TIMEOUT_MS": "120000",
+        },
+    )
+    wait_owns_all(old, settings.partitions)
+    job = "stalled-claim"
+    due = now_ms() + 40_000
+    p = partition_for(job, settings.partitions)
+    with JobClient(settings) as client:
+        client.schedule(
+            job,
+            task="demo.echo",
+            at=datetime.fromtimestamp(due / 1000, UTC),
+            visibility_timeout=VISIBILITY,
+        )
+    # The transaction that schedules it is open: stop its owner in the hook before its commit.
+    changelog = settings.topics.changelog(settings.scheduler_app_id)
+    wait_written(settings, changelog, p, job.encode(), timeout_s=90)
+    stop_in_commit_hook(old.pid)
+    try:
+        new = start_scheduler(procs, jobwheel_env, tmp_path / "new", wait=False)
+        # Wake the old owner once the new one has measured the changelog, or has waited for
+        # the committed offsets (require_stable holds them back while the transaction is
+        # open) until its read gave up: what comes first in the claim. The old owner then
+        # sleeps out the rest of its hook (the stop counts), and commits.
+        wait_until(
+            lambda: (
+                [e for e in log_events(new.log_path, "changelog measured") if e["partition"] == p]
+                or log_events(new.log_path, "cannot read committed offsets yet")
+            ),
+            scaled(60),
+            0.01,
+            f"the new owner never claimed the partition:\n{log_tail(new.log_path)}",
+        )
+    finally:
+        os.kill(old.pid, signal.SIGCONT)  # commits the transaction (its offsets are accepted)
+    # What the new owner restored: the job is pending there. (The woken old owner rejoins
+    # and may take the partition back with its own state, so the fire alone proves nothing.)
+    ready = wait_until(
+        lambda: [e for e in log_events(new.log_path, "partition ready") if e["partition"] == p],
+        scaled(60),
+        0.1,
+        f"the new owner never made the partition ready:\n{log_tail(new.log_path)}",
+    )
+    assert ready[0]["next_due_ms"] == due, "the new owner restored state without the job"
+    tail.wait(lambda: tail.runs_of(job), scaled(90), "the job never fired")
+    assert len(tail.runs_of(job)) == 1
