@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # Upper bound of one transaction's lifetime: a killed scheduler's open transaction holds
     # back read_committed readers of its partitions this long at most.
     scheduler_transaction_timeout_ms: int = 10_000
+    # How far the scheduler trusts a clock that is not the broker's (its host's, a client's
+    # issue time) away from the broker's time as it reads it (LogAppendTime of the requests
+    # and acks): "now" and a command's issue time are clamped to within this of it.
+    scheduler_clock_tolerance_ms: int = Field(default=2_000, ge=0)
     # Under load, loop iterations share one transaction for at most this long (fewer, larger
     # transactions); outputs become visible when it commits, so it adds up to this to a fire.
     scheduler_commit_interval_ms: int = 25

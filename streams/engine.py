@@ -49,6 +49,7 @@ process's changelog too.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import struct
@@ -58,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jobwheel.clock import Clock, SystemClock
+from jobwheel.clock import BrokerBoundClock, Clock, SystemClock, clamp_ms
 from jobwheel.errors import (
     BrokerError,
     DeliveryError,
@@ -249,7 +250,9 @@ class SchedulerEngine:
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.clock = clock or SystemClock()
+        # "Now" is the wall clock held within the tolerance of the broker's time as read
+        # (see BrokerBoundClock): a step of this host's clock moves it that much at most.
+        self.clock = BrokerBoundClock(clock or SystemClock(), settings.scheduler_clock_tolerance_ms)
         self.codec = codec or Codec(settings.schema_registry_url)
         self.directory = directory or StateDirectory(
             settings.data_dir / "scheduler" / settings.scheduler_app_id
@@ -461,6 +464,9 @@ class SchedulerEngine:
             RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
         )
         self._standby_all()
+        for record in (*requests, *acks):
+            if record.broker_time:
+                self.clock.observe(record.timestamp_ms)
         now = self.clock.now_ms()
         out, touched = self._out, self._touched
         for record in requests:
@@ -568,8 +574,10 @@ class SchedulerEngine:
                 self._reject(task, record, reason, cmd.job_id, now, out)
                 return
             self.stats.commands += 1
-            result = processor.on_command(cmd, now)
             origin = _header(record, REPLAYED_FROM_HEADER)
+            if record.broker_time and origin is None:  # a replay keeps its original issue time
+                cmd = self._held_to_broker_time(cmd, record)
+            result = processor.on_command(cmd, now)
             if origin is not None:  # `jobwheel dlq replay`: its answer says so
                 result.status = note_replay(result.status, cmd.command_id, origin)
                 self.meters.replays += 1
@@ -584,6 +592,28 @@ class SchedulerEngine:
                 extra={"partition": record.partition, "offset": record.offset},
             )
             self._reject(task, record, f"scheduler error: {exc!r}", job_id, now, out)
+
+    def _held_to_broker_time(self, cmd: JobCommand, record: Record) -> JobCommand:
+        """The command with its issue time within the tolerance of its record's broker time:
+        a client clock far ahead would delay a ``--now`` or ``--after`` job by its error, one
+        far behind would place it in the past."""
+        tolerance = self.settings.scheduler_clock_tolerance_ms
+        issued = clamp_ms(cmd.issued_at_ms, record.timestamp_ms, tolerance)
+        if issued == cmd.issued_at_ms:
+            return cmd
+        self.meters.issue_times_clamped += 1
+        log.warning(
+            "command issue time clamped to the broker's time",
+            extra={
+                "partition": record.partition,
+                "offset": record.offset,
+                "job_id": _cut(cmd.job_id),
+                "issued_at_ms": cmd.issued_at_ms,
+                "broker_ms": record.timestamp_ms,
+                "skew_ms": cmd.issued_at_ms - record.timestamp_ms,
+            },
+        )
+        return dataclasses.replace(cmd, issued_at_ms=issued)
 
     def _on_ack(self, record: Record, now: int, out: list[_Out], touched: set[int]) -> None:
         task = self._ready(record)

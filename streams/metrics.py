@@ -30,6 +30,9 @@ transactions_total                     counter   transactions committed
 transaction_aborts_total               counter   transactions aborted (batch processed again)
 resets_total                           counter   fenced or fatal: every partition dropped
 commit_seconds                         histogram one transaction, begin to committed
+clock_skew_seconds                     gauge     this host's clock minus the broker's (as read)
+issue_times_clamped_total              counter   commands whose issue time was held to the
+                                                 broker's (JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS)
 last_commit_timestamp_seconds          gauge     wall clock of the last commit
 partitions{phase}                      gauge     partitions held: ready, restoring, standby
 partition_phase{partition,phase}       gauge     1 per partition held, by phase
@@ -50,6 +53,7 @@ liveness is false when the loop has not turned for ``JOBWHEEL_HEALTH_LIVE_AFTER_
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -93,6 +97,7 @@ class EngineMeters:
     retries: int = 0
     replays: int = 0
     restored_records: int = 0
+    issue_times_clamped: int = 0
     lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_MS))
     commit: Histogram = field(default_factory=lambda: Histogram(COMMIT_MS))
     restore: Histogram = field(default_factory=lambda: Histogram(RESTORE_MS))
@@ -272,6 +277,19 @@ class SchedulerCollector(Collector):
         )
         yield histogram(
             n + "commit_seconds", "One transaction, begin to committed.", meters.commit, scale=MS
+        )
+        skew = engine.clock.skew_ms()
+        yield gauge(
+            n + "clock_skew_seconds",
+            "This host's clock minus the broker's, as the scheduler reads it (LogAppendTime "
+            "of the latest request or ack, advanced by the monotonic clock); NaN before any.",
+            math.nan if skew is None else skew / 1000,
+        )
+        yield counter(
+            n + "issue_times_clamped_total",
+            "Commands whose issue time was further than JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS "
+            "from their record's broker time, and was held to it.",
+            meters.issue_times_clamped,
         )
         yield gauge(
             n + "last_commit_timestamp_seconds",
