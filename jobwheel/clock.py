@@ -37,28 +37,32 @@ class ManualClock:
 
 
 class BrokerBoundClock:
-    """The wall clock, kept within ``tolerance_ms`` of the broker's clock.
+    """The wall clock, kept within bounds of the broker's clock.
 
     The broker's clock is known from the broker timestamps (LogAppendTime) of the records
-    read: the latest one seen, advanced since by the monotonic clock, which no step of the
-    host's clock moves. ``now_ms`` is the wall clock clamped to that estimate plus or minus
-    the tolerance; before any broker time is seen it is the wall clock.
+    read at the end of their partition (fresh: a backlog's records say when they were written,
+    not what time it is now): the latest one seen, advanced since by the monotonic clock, which
+    no step of the host's clock moves. That estimate lags the broker by the read's latency, so
+    it bounds "now" from below tightly and from above loosely: ``now_ms`` is the wall clock,
+    but at most ``ahead_ms`` ahead of the estimate and ``behind_ms`` behind it; before any
+    broker time is seen it is the wall clock.
 
-    So a step of this host's clock moves "now" by at most the tolerance: a step forward does
-    not make the fires it skipped due at once (they come at the broker's time, none MISSED
-    by the step), a step backward delays them by at most the tolerance. A backlog of old
-    records (a lagging reader) does not pull the estimate back: only a later broker time
-    moves it. The broker's own clock is the reference; its steps are everyone's.
+    So a step of this host's clock forward makes at most ``ahead_ms`` of fires due at once
+    (the rest come at the broker's pace, none MISSED by the step), a step backward delays them
+    by at most ``behind_ms``. Only a later broker time moves the estimate. The broker's own
+    clock is the reference; its steps are everyone's.
     """
 
     def __init__(
         self,
         wall: Clock,
-        tolerance_ms: int,
+        ahead_ms: int,
+        behind_ms: int,
         monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
         self.wall = wall
-        self.tolerance_ms = tolerance_ms
+        self.ahead_ms = ahead_ms
+        self.behind_ms = behind_ms
         self._monotonic = monotonic_ms or (lambda: time.monotonic_ns() // 1_000_000)
         self._anchor: tuple[int, int] | None = None  # (broker ms, monotonic ms) when seen
 
@@ -87,7 +91,7 @@ class BrokerBoundClock:
         broker = self.broker_ms()
         if broker is None:
             return wall
-        return clamp_ms(wall, broker, self.tolerance_ms)
+        return max(broker - self.behind_ms, min(wall, broker + self.ahead_ms))
 
 
 def clamp_ms(value_ms: int, reference_ms: int, tolerance_ms: int) -> int:

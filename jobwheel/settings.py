@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # issue time) away from the broker's time as it reads it (LogAppendTime of the requests
     # and acks): "now" and a command's issue time are clamped to within this of it.
     scheduler_clock_tolerance_ms: int = Field(default=2_000, ge=0)
+    # How far ahead of the broker's time as last read (advanced by the monotonic clock) the
+    # scheduler's own clock may put "now": a step of its host's clock forward makes at most
+    # this much of fires due at once. Above the read's latency (a held fetch).
+    scheduler_clock_step_tolerance_ms: int = Field(default=10_000, ge=0)
     # Under load, loop iterations share one transaction for at most this long (fewer, larger
     # transactions); outputs become visible when it commits, so it adds up to this to a fire.
     scheduler_commit_interval_ms: int = 25

@@ -252,7 +252,11 @@ class SchedulerEngine:
         self.topics = settings.topics
         # "Now" is the wall clock held within the tolerance of the broker's time as read
         # (see BrokerBoundClock): a step of this host's clock moves it that much at most.
-        self.clock = BrokerBoundClock(clock or SystemClock(), settings.scheduler_clock_tolerance_ms)
+        self.clock = BrokerBoundClock(
+            clock or SystemClock(),
+            ahead_ms=settings.scheduler_clock_step_tolerance_ms,
+            behind_ms=settings.scheduler_clock_tolerance_ms,
+        )
         self.codec = codec or Codec(settings.schema_registry_url)
         self.directory = directory or StateDirectory(
             settings.data_dir / "scheduler" / settings.scheduler_app_id
@@ -464,9 +468,7 @@ class SchedulerEngine:
             RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
         )
         self._standby_all()
-        for record in (*requests, *acks):
-            if record.broker_time:
-                self.clock.observe(record.timestamp_ms)
+        self._observe_broker_time(requests, acks)
         now = self.clock.now_ms()
         out, touched = self._out, self._touched
         for record in requests:
@@ -497,6 +499,20 @@ class SchedulerEngine:
             self._backoff.reset()
         self._sample_ends()
         self._maybe_log_status()
+
+    def _observe_broker_time(self, requests: list[Record], acks: list[Record]) -> None:
+        """Tell the clock the broker's time: the append time of each partition's last record
+        read, when that is the end of the partition (a backlog's records are old news)."""
+        assert self.input is not None and self.acks is not None
+        for consumer, batch in ((self.input, requests), (self.acks, acks)):
+            last: dict[int, Record] = {}
+            for record in batch:
+                if record.broker_time:
+                    last[record.partition] = record
+            for p, record in last.items():
+                end = consumer.cached_end(p)
+                if end is not None and record.offset + 1 >= end:
+                    self.clock.observe(record.timestamp_ms)
 
     def _commit_pending(self) -> None:
         out, touched = self._out, self._touched

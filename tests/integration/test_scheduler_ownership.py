@@ -57,7 +57,8 @@ def engine_of(settings: Settings, clock: ManualClock) -> Iterator[SchedulerEngin
     """A connected engine stepped by the test; it owns every partition when this yields.
     Its "now" is the test's clock, far from the broker's when the test says so (the
     tolerance that would hold it to the broker's time is set out of the way)."""
-    unbounded = {"scheduler_clock_tolerance_ms": 10 * 365 * 24 * 3_600_000}
+    years = 10 * 365 * 24 * 3_600_000
+    unbounded = {"scheduler_clock_tolerance_ms": years, "scheduler_clock_step_tolerance_ms": years}
     engine = SchedulerEngine(settings.model_copy(update=unbounded), clock=clock)
     engine.directory.lock()
     engine._instance = engine.directory.instance_id()
