@@ -152,6 +152,19 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 kind="bars",
             ),
             Panel(
+                "Clock skew",
+                "Each scheduler's clock minus the broker's as it reads it, and commands whose "
+                "issue time was held to the broker's (a client clock off by more than "
+                "JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS), per 5 minutes.",
+                (
+                    ("max by (instance) (jobwheel_scheduler_clock_skew_seconds)", "{{instance}}"),
+                    (
+                        "sum(increase(jobwheel_scheduler_issue_times_clamped_total[5m]))",
+                        "issue times clamped",
+                    ),
+                ),
+            ),
+            Panel(
                 "Restores",
                 "Changelog records left to restore, and how long restores took (p95).",
                 (

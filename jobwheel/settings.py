@@ -91,6 +91,14 @@ class Settings(BaseSettings):
     # Upper bound of one transaction's lifetime: a killed scheduler's open transaction holds
     # back read_committed readers of its partitions this long at most.
     scheduler_transaction_timeout_ms: int = 10_000
+    # How far the scheduler trusts a clock that is not the broker's (its host's, a client's
+    # issue time) away from the broker's time as it reads it (LogAppendTime of the requests
+    # and acks): "now" and a command's issue time are clamped to within this of it.
+    scheduler_clock_tolerance_ms: int = Field(default=2_000, ge=0)
+    # How far ahead of the broker's time as last read (advanced by the monotonic clock) the
+    # scheduler's own clock may put "now": a step of its host's clock forward makes at most
+    # this much of fires due at once. Above the read's latency (a held fetch).
+    scheduler_clock_step_tolerance_ms: int = Field(default=10_000, ge=0)
     # Under load, loop iterations share one transaction for at most this long (fewer, larger
     # transactions); outputs become visible when it commits, so it adds up to this to a fire.
     scheduler_commit_interval_ms: int = 25
@@ -121,6 +129,9 @@ class Settings(BaseSettings):
     # nothing left to read there (a silent worker side: no worker, or a run none can read),
     # it expires at most this long after its time anyway, so nothing waits for ever.
     scheduler_acks_silence_ms: int = Field(default=600_000, ge=0)
+    # Fault injection for tests of an owner stalled inside a transaction: sleep this long
+    # between adding the consumed offsets to a transaction and committing it.
+    scheduler_fault_commit_delay_ms: int = 0
 
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"

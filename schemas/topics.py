@@ -104,7 +104,15 @@ class Topics:
             return TopicSpec(name, self.partitions, self.replication_factor, dict(config))
 
         return [
-            spec(self.requests, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
+            spec(
+                self.requests,
+                **{
+                    "cleanup.policy": "delete",
+                    "retention.ms": str(7 * DAY_MS),
+                    # The broker's time of each command: what its issue time is held to.
+                    "message.timestamp.type": "LogAppendTime",
+                },
+            ),
             spec(self.runs, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
             spec(
                 self.acks,

@@ -49,6 +49,7 @@ process's changelog too.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import struct
@@ -58,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jobwheel.clock import Clock, SystemClock
+from jobwheel.clock import BrokerBoundClock, Clock, SystemClock, clamp_ms
 from jobwheel.errors import (
     BrokerError,
     DeliveryError,
@@ -129,20 +130,49 @@ class Phase(enum.StrEnum):
 
 
 @dataclass
+class RestoreProgress:
+    """How far a partition's local state has read its changelog. It belongs to the local
+    state, not to an ownership: it passes from a standby task to the active task of a claim
+    and back, as the state does."""
+
+    end: int = -1  # the changelog end to reach (-1: not measured yet)
+    reading: bool = False
+    fresh: bool = False  # first pass from scratch: records first, the index at the end
+    applied: int = 0
+    next: int = 0  # next changelog offset to restore (progress, for metrics)
+
+
+@dataclass
+class StandbyTask:
+    """A warm copy of a partition this process does not own: its local state and how far it
+    has read the changelog, nothing else. A claim hands both to a new :class:`PartitionTask`;
+    a revoke hands them back to a new standby task."""
+
+    partition: int
+    backend: RocksDBBackend
+    state: PartitionState
+    restore: RestoreProgress = field(default_factory=RestoreProgress)
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.STANDBY
+
+
+@dataclass
 class PartitionTask:
-    """This process's hold on one partition."""
+    """This process's ownership of one partition (Kafka Streams' active task): made anew on
+    every claim, dropped on revoke. Only the local state and its restore progress outlive it;
+    every field that describes an ownership (epoch, input positions, the acks watermark, what
+    the worker reached, health notes) is born with the claim, so nothing of a previous
+    ownership of the same partition by this process can leak into the next one."""
 
     partition: int
     backend: RocksDBBackend
     state: PartitionState
     phase: Phase = Phase.RESTORING
+    restore: RestoreProgress = field(default_factory=RestoreProgress)
     processor: SchedulerProcessor | None = None
     restore_started: float = field(default_factory=time.monotonic)
-    restore_end: int = -1
-    restore_reading: bool = False
-    restore_fresh: bool = False
-    restored: int = 0
-    restore_next: int = 0  # next changelog offset to restore (progress, for metrics)
     # Input positions: next offset to read, as processed (uncommitted) and as committed.
     requests_next: int | None = None
     acks_next: int | None = None
@@ -156,10 +186,30 @@ class PartitionTask:
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
+    # The group's committed offsets were read for this claim (before the changelog's end is
+    # measured: see SchedulerEngine._start_restore).
+    offsets_read: bool = False
     # Health: the progress note of the open transaction, and of the last commit (or, before
     # the first, of the moment the partition became ready).
     pending_note: Progress | None = None
     committed_note: Progress | None = None
+
+    @classmethod
+    def claim(cls, standby: StandbyTask) -> PartitionTask:
+        """The active task of a new claim, on the local state a standby task kept warm; the
+        changelog's tail is measured again (the copy only has to catch up with it)."""
+        standby.restore.reading = False
+        return cls(standby.partition, standby.backend, standby.state, restore=standby.restore)
+
+    def standby(self) -> StandbyTask:
+        """What is left of this task once the partition is given up: its local state (with
+        nothing uncommitted: the caller discarded that) and its restore progress."""
+        self.restore.reading = False
+        return StandbyTask(self.partition, self.backend, self.state, self.restore)
+
+
+#: What the engine holds of a partition: its ownership, or a warm copy of its state.
+Task = PartitionTask | StandbyTask
 
 
 class _Out(NamedTuple):
@@ -200,7 +250,13 @@ class SchedulerEngine:
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.clock = clock or SystemClock()
+        # "Now" is the wall clock held within the tolerance of the broker's time as read
+        # (see BrokerBoundClock): a step of this host's clock moves it that much at most.
+        self.clock = BrokerBoundClock(
+            clock or SystemClock(),
+            ahead_ms=settings.scheduler_clock_step_tolerance_ms,
+            behind_ms=settings.scheduler_clock_tolerance_ms,
+        )
         self.codec = codec or Codec(settings.schema_registry_url)
         self.directory = directory or StateDirectory(
             settings.data_dir / "scheduler" / settings.scheduler_app_id
@@ -211,7 +267,8 @@ class SchedulerEngine:
         self.changelog_topic = self.topics.changelog(settings.scheduler_app_id)
         self.stats = EngineStats()
         self.meters = EngineMeters()
-        self.tasks: dict[int, PartitionTask] = {}
+        # Per partition held: its ownership (an active task) or a warm copy (a standby task).
+        self.tasks: dict[int, Task] = {}
         # For the metrics server's thread, which reads these and never calls a client: the
         # loop's last turn, whether the group has assigned anything yet, and the end offsets
         # (requests, acks) of the held partitions as of the last fetch, sampled by the loop.
@@ -330,21 +387,22 @@ class SchedulerEngine:
         for p in partitions:
             task = self.tasks.get(p)
             if task is None:
-                self.tasks[p] = self._open_task(p, Phase.RESTORING)
-            elif task.phase is Phase.STANDBY:
+                task = self._open_standby(p)
+            elif isinstance(task, PartitionTask):
+                continue  # already ours
+            else:
                 warm.append(p)
-                task.phase = Phase.RESTORING
-                task.restore_reading = False  # measure the tail to catch up with
-                task.restore_started = time.monotonic()
+            self.tasks[p] = PartitionTask.claim(task)  # a new ownership: every field fresh
         log.info(
             "partitions assigned; restoring",
             extra={"partitions": sorted(partitions), "from_standby": warm},
         )
 
-    def _open_task(self, partition: int, phase: Phase) -> PartitionTask:
+    def _open_standby(self, partition: int) -> StandbyTask:
+        """Open a partition's local state, not owned (yet)."""
         backend = RocksDBBackend(self.directory.partition(partition), self.resources)
         state = PartitionState(backend, self.settings.scheduler_record_cache)
-        return PartitionTask(partition, backend, state, phase=phase)
+        return StandbyTask(partition, backend, state)
 
     def _standby_all(self) -> None:
         """Keep a warm copy of every partition not owned here (see the module doc)."""
@@ -352,7 +410,7 @@ class SchedulerEngine:
             return
         for p in range(self.settings.partitions):
             if p not in self.tasks:
-                self.tasks[p] = self._open_task(p, Phase.STANDBY)
+                self.tasks[p] = self._open_standby(p)
 
     def _on_revoke(self, partitions: list[int]) -> None:
         self._drop_pending(partitions)
@@ -373,7 +431,7 @@ class SchedulerEngine:
             level = logging.WARNING if why == "lost" else logging.INFO
             log.log(level, f"partition {why}", extra={"partitions": owned})
 
-    def _close_task(self, task: PartitionTask) -> bool:
+    def _close_task(self, task: Task) -> bool:
         """Give a partition up, with whatever it had not committed (see :meth:`_drop_pending`):
         keep it as a standby copy, or close it. True when it was owned (not a standby copy)."""
         if self.acks is not None:
@@ -381,13 +439,10 @@ class SchedulerEngine:
         if self.changelog is not None:
             self.changelog.unassign(task.partition)
         task.state.discard()
-        was_owned = task.phase is not Phase.STANDBY
+        was_owned = isinstance(task, PartitionTask)
         if self.settings.scheduler_standby and not self._closing and not self._stop.is_set():
-            task.phase = Phase.STANDBY
-            task.processor = None
-            task.restore_reading = False
-            task.requests_next = task.acks_next = None
-            task.behind = False
+            if isinstance(task, PartitionTask):  # the ownership ends; its local state stays
+                self.tasks[task.partition] = task.standby()
         else:
             self.tasks.pop(task.partition, None)
             task.backend.close()
@@ -416,6 +471,7 @@ class SchedulerEngine:
             RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
         )
         self._standby_all()
+        self._observe_broker_time(requests, acks)
         now = self.clock.now_ms()
         out, touched = self._out, self._touched
         for record in requests:
@@ -446,6 +502,20 @@ class SchedulerEngine:
             self._backoff.reset()
         self._sample_ends()
         self._maybe_log_status()
+
+    def _observe_broker_time(self, requests: list[Record], acks: list[Record]) -> None:
+        """Tell the clock the broker's time: the append time of each partition's last record
+        read, when that is the end of the partition (a backlog's records are old news)."""
+        assert self.input is not None and self.acks is not None
+        for consumer, batch in ((self.input, requests), (self.acks, acks)):
+            last: dict[int, Record] = {}
+            for record in batch:
+                if record.broker_time:
+                    last[record.partition] = record
+            for p, record in last.items():
+                end = consumer.cached_end(p)
+                if end is not None and record.offset + 1 >= end:
+                    self.clock.observe(record.timestamp_ms)
 
     def _commit_pending(self) -> None:
         out, touched = self._out, self._touched
@@ -523,8 +593,10 @@ class SchedulerEngine:
                 self._reject(task, record, reason, cmd.job_id, now, out)
                 return
             self.stats.commands += 1
-            result = processor.on_command(cmd, now)
             origin = _header(record, REPLAYED_FROM_HEADER)
+            if record.broker_time and origin is None:  # a replay keeps its original issue time
+                cmd = self._held_to_broker_time(cmd, record)
+            result = processor.on_command(cmd, now)
             if origin is not None:  # `jobwheel dlq replay`: its answer says so
                 result.status = note_replay(result.status, cmd.command_id, origin)
                 self.meters.replays += 1
@@ -539,6 +611,28 @@ class SchedulerEngine:
                 extra={"partition": record.partition, "offset": record.offset},
             )
             self._reject(task, record, f"scheduler error: {exc!r}", job_id, now, out)
+
+    def _held_to_broker_time(self, cmd: JobCommand, record: Record) -> JobCommand:
+        """The command with its issue time within the tolerance of its record's broker time:
+        a client clock far ahead would delay a ``--now`` or ``--after`` job by its error, one
+        far behind would place it in the past."""
+        tolerance = self.settings.scheduler_clock_tolerance_ms
+        issued = clamp_ms(cmd.issued_at_ms, record.timestamp_ms, tolerance)
+        if issued == cmd.issued_at_ms:
+            return cmd
+        self.meters.issue_times_clamped += 1
+        log.warning(
+            "command issue time clamped to the broker's time",
+            extra={
+                "partition": record.partition,
+                "offset": record.offset,
+                "job_id": _cut(cmd.job_id),
+                "issued_at_ms": cmd.issued_at_ms,
+                "broker_ms": record.timestamp_ms,
+                "skew_ms": cmd.issued_at_ms - record.timestamp_ms,
+            },
+        )
+        return dataclasses.replace(cmd, issued_at_ms=issued)
 
     def _on_ack(self, record: Record, now: int, out: list[_Out], touched: set[int]) -> None:
         task = self._ready(record)
@@ -934,14 +1028,14 @@ class SchedulerEngine:
         ``budget_s`` (a slice between iterations while other partitions are processing)."""
         assert self.changelog is not None
         pending = [
-            t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore_reading
+            t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore.reading
         ]
         for task in pending:
             self._start_restore(task)
         reading = {
             t.partition: t
             for t in self.tasks.values()
-            if t.phase is not Phase.READY and t.restore_reading
+            if t.phase is not Phase.READY and t.restore.reading
         }
         if not reading:
             return
@@ -955,14 +1049,14 @@ class SchedulerEngine:
         while True:
             for task in list(reading.values()):
                 position = self.changelog.position(task.partition)
-                if position is None or position < task.restore_end:
+                if position is None or position < task.restore.end:
                     continue
                 if task.phase is Phase.RESTORING:
                     self._finish_restore(task)
                     reading.pop(task.partition)
-                elif task.restore_fresh:  # a new standby copy has caught up: index it
+                elif task.restore.fresh:  # a new standby copy has caught up: index it
                     rebuild_index(task.backend)
-                    task.restore_fresh = False
+                    task.restore.fresh = False
             if not reading or time.monotonic() >= deadline:
                 return
             if restoring and not any(t.phase is Phase.RESTORING for t in reading.values()):
@@ -976,47 +1070,81 @@ class SchedulerEngine:
             for p, batch in by_partition.items():
                 task = reading[p]
                 applied = apply_batch(
-                    task.backend, batch, batch[-1][0] + 1, fresh=task.restore_fresh
+                    task.backend, batch, batch[-1][0] + 1, fresh=task.restore.fresh
                 )
-                task.restored += applied
-                task.restore_next = batch[-1][0] + 1
+                task.restore.applied += applied
+                task.restore.next = batch[-1][0] + 1
                 self.meters.restored_records += applied
             self.turned_at = time.monotonic()  # a long restore is the loop at work, not hung
 
-    def _start_restore(self, task: PartitionTask) -> None:
+    def _start_restore(self, task: Task) -> None:
         """Measure what is left to read, and read it: from the local checkpoint (or from the
-        start, when there is none or it does not fit) to the changelog's current end."""
+        start, when there is none or it does not fit) to the changelog's current end.
+
+        A claim reads the group's committed offsets first, then measures the end. The other
+        way round, a previous owner's transaction committing in between (stalled past the
+        session timeout, inside its transaction timeout) left this claim with offsets past
+        changelog records it never restored: the inputs they covered were lost. Read first
+        (``require_stable``: the read waits for a pending transactional offset commit to end),
+        every offset seen belongs to a transaction whose changelog records are below the end
+        measured afterwards."""
         assert self.changelog is not None
+        if isinstance(task, PartitionTask) and not task.offsets_read:
+            if not self._read_committed(task):
+                return  # try again on the next iteration
         try:
             low, high = self.changelog.watermarks(task.partition)
         except BrokerError as exc:
             log.warning("cannot read the changelog's offsets yet", extra={"error": str(exc)})
             return
         self.changelog.unassign(task.partition)
-        if task.restore_fresh and task.phase is Phase.RESTORING:
+        if task.restore.fresh and task.phase is Phase.RESTORING:
             # A standby copy still on its first pass: carry on where it is.
             start = task.backend.checkpoint()
             plan_start, fresh = (start if start is not None else low), True
         else:
             plan = plan_restore(task.backend, low, high)
             plan_start, fresh = plan.start, plan.fresh
-        task.restore_end = high
-        task.restore_next = plan_start
-        task.restore_fresh = fresh
-        task.restore_reading = True
+        task.restore.end = high
+        task.restore.next = plan_start
+        task.restore.fresh = fresh
+        task.restore.reading = True
+        if isinstance(task, PartitionTask):
+            log.info(
+                "changelog measured",
+                extra={"partition": task.partition, "restore_from": plan_start, "end": high},
+            )
         if plan_start < high or task.phase is Phase.STANDBY:
             self.changelog.assign(task.partition, plan_start)
         else:
             self._finish_restore(task)
 
+    def _read_committed(self, task: PartitionTask) -> bool:
+        """The group's committed offsets of the claimed partition (see :meth:`_start_restore`);
+        False when the broker cannot tell yet."""
+        assert self.input is not None
+        p = task.partition
+        try:
+            requests = self.input.committed(self.topics.requests, [p])[p]
+            acks = self.input.committed(self.topics.acks, [p])[p]
+        except BrokerError as exc:
+            log.warning(
+                "cannot read committed offsets yet", extra={"partition": p, "error": str(exc)}
+            )
+            return False
+        task.requests_committed = requests if requests >= 0 else None
+        task.acks_committed = acks if acks >= 0 else None
+        task.offsets_read = True
+        return True
+
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
         self.changelog.unassign(task.partition)
-        task.restore_reading = False
+        task.restore.reading = False
         p = task.partition
-        if task.restore_fresh:
+        if task.restore.fresh:
             rebuild_index(task.backend)
-            task.restore_fresh = False
+            task.restore.fresh = False
         raw = task.backend.jobs.get(EPOCH_KEY)
         task.epoch = (_EPOCH.unpack(raw)[0] if raw else 0) + 1
         task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))  # changelogged by the next commit
@@ -1029,18 +1157,7 @@ class SchedulerEngine:
             max_active_runs=self.settings.scheduler_max_active_runs,
             max_record_bytes=self._record_limit,
         )
-        try:
-            requests = self.input.committed(self.topics.requests, [p])[p]
-            acks = self.input.committed(self.topics.acks, [p])[p]
-        except BrokerError as exc:
-            log.warning("cannot read committed offsets yet", extra={"error": str(exc)})
-            task.state.discard()
-            task.processor = None
-            task.restore_reading = False  # try again on the next iteration
-            return
-        task.requests_committed = requests if requests >= 0 else None
-        task.acks_committed = acks if acks >= 0 else None
-        self.acks.assign(p, acks if acks >= 0 else NO_OFFSET)
+        self.acks.assign(p, _start(task.acks_committed))
         self.input.resume(p)
         task.committed_note = Progress(self.clock.now_ms(), task.processor.next_due_ms(), "")
         task.phase = Phase.READY
@@ -1051,7 +1168,7 @@ class SchedulerEngine:
             extra={
                 "partition": p,
                 "fencing_token": task.epoch,
-                "restored_records": task.restored,
+                "restored_records": task.restore.applied,
                 "restore_s": round(restore_s, 3),
                 "next_due_ms": task.processor.next_due_ms(),
             },

@@ -213,12 +213,24 @@ class InputConsumer(_TopicReader):
         self._consumer.pause([TopicPartition(self.topic, partition)])
 
     def committed(self, topic: str, partitions: Sequence[int], timeout_s: float = 10.0) -> dict:
-        """The group's committed offsets of ``topic`` (``NO_OFFSET`` where there is none)."""
+        """The group's committed offsets of ``topic`` (``NO_OFFSET`` where there is none).
+
+        Stable offsets only: this consumer is ``read_committed``, so librdkafka asks with
+        ``require_stable`` (KIP-447) and the broker holds the answer back while a transaction
+        with offsets for the partition is still open (a previous owner's, committing or about
+        to be aborted); past ``timeout_s`` this raises, and the caller asks again."""
         tps = [TopicPartition(topic, p) for p in partitions]
         try:
             found = self._consumer.committed(tps, timeout=timeout_s)
         except KafkaException as exc:
             raise broker_error(exc, f"reading the committed offsets of {topic} failed") from exc
+        for tp in found:
+            if tp.error is not None:
+                raise BrokerError(
+                    f"reading the committed offset of {topic}/{tp.partition} failed: "
+                    f"{tp.error.str()}",
+                    code=tp.error.name(),
+                )
         return {tp.partition: tp.offset for tp in found}
 
     def group_metadata(self) -> Any:
@@ -400,6 +412,7 @@ class TransactionalProducer:
         self._producer = _client(Producer, config, "transactional producer")
         self.changelog_offsets: dict[int, int] = {}
         self.in_transaction = False
+        self._fault_commit_delay_s = settings.scheduler_fault_commit_delay_ms / 1000
 
     def _on_changelog(self, err: KafkaError | None, msg: Any) -> None:
         if err is None:
@@ -500,6 +513,8 @@ class TransactionalProducer:
                 "send_offsets_to_transaction",
                 self.timeout_s * 2,
             )
+        if self._fault_commit_delay_s:  # tests: an owner stalled with its offsets pending
+            time.sleep(self._fault_commit_delay_s)
         self._resume(
             lambda: self._producer.commit_transaction(self.timeout_s),
             "commit_transaction",

@@ -35,6 +35,9 @@ transactions_total                     counter   transactions committed
 transaction_aborts_total               counter   transactions aborted (batch processed again)
 resets_total                           counter   fenced or fatal: every partition dropped
 commit_seconds                         histogram one transaction, begin to committed
+clock_skew_seconds                     gauge     this host's clock minus the broker's (as read)
+issue_times_clamped_total              counter   commands whose issue time was held to the
+                                                 broker's (JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS)
 last_commit_timestamp_seconds          gauge     wall clock of the last commit
 partitions{phase}                      gauge     partitions held: ready, restoring, standby
 partition_phase{partition,phase}       gauge     1 per partition held, by phase
@@ -55,6 +58,7 @@ liveness is false when the loop has not turned for ``JOBWHEEL_HEALTH_LIVE_AFTER_
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -99,6 +103,7 @@ class EngineMeters:
     retries: int = 0
     replays: int = 0
     restored_records: int = 0
+    issue_times_clamped: int = 0
     lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_MS))
     commit: Histogram = field(default_factory=lambda: Histogram(COMMIT_MS))
     restore: Histogram = field(default_factory=lambda: Histogram(RESTORE_MS))
@@ -175,8 +180,9 @@ class SchedulerCollector(Collector):
         for p, task in sorted(list(self.engine.tasks.items())):
             phase = task.phase.value
             if phase == "restoring":
-                measured = task.restore_reading and task.restore_end >= 0
-                restoring[p] = max(0, task.restore_end - task.restore_next) if measured else None
+                progress = task.restore
+                measured = progress.reading and progress.end >= 0
+                restoring[p] = max(0, progress.end - progress.next) if measured else None
             elif phase == "ready":
                 ready.append(p)
                 unread = _unread(ends.get(p), task.requests_committed, task.acks_committed)
@@ -287,6 +293,19 @@ class SchedulerCollector(Collector):
         )
         yield histogram(
             n + "commit_seconds", "One transaction, begin to committed.", meters.commit, scale=MS
+        )
+        skew = engine.clock.skew_ms()
+        yield gauge(
+            n + "clock_skew_seconds",
+            "This host's clock minus the broker's, as the scheduler reads it (LogAppendTime "
+            "of the latest request or ack, advanced by the monotonic clock); NaN before any.",
+            math.nan if skew is None else skew / 1000,
+        )
+        yield counter(
+            n + "issue_times_clamped_total",
+            "Commands whose issue time was further than JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS "
+            "from their record's broker time, and was held to it.",
+            meters.issue_times_clamped,
         )
         yield gauge(
             n + "last_commit_timestamp_seconds",

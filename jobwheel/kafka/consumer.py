@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
 from jobwheel.kafka.config import Service
@@ -31,6 +31,9 @@ class Record(NamedTuple):
     value: bytes | None
     headers: list[tuple[str, bytes]] | None
     timestamp_ms: int
+    #: ``timestamp_ms`` is the broker's append time (the topic's LogAppendTime), not a
+    #: producer's clock.
+    broker_time: bool = False
 
 
 def records(messages: list[Any], what: str = "consuming") -> list[Record]:
@@ -55,7 +58,8 @@ def records(messages: list[Any], what: str = "consuming") -> list[Record]:
                 msg.key(),
                 msg.value(),
                 msg.headers(),
-                msg.timestamp()[1],
+                (stamp := msg.timestamp())[1],
+                stamp[0] == TIMESTAMP_LOG_APPEND_TIME,
             )
         )
     return out

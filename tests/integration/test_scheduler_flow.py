@@ -85,7 +85,12 @@ def assert_fired_at(tail: TopicTail, job_id: str, scheduled_ms: int) -> None:
 
 
 def test_each_trigger_kind_fires_at_its_time(settings, jobwheel_env, procs, tmp_path, tail, client):
-    start_scheduler(procs, jobwheel_env, tmp_path / "s1")
+    # The DST commands below are issued months ahead on purpose: the scheduler takes their
+    # issue times as sent (a tolerance of two years instead of holding them to the broker's
+    # time, as it does a client clock that is wrong).
+    two_years = str(2 * 366 * 24 * 3_600_000)
+    extra_env = {"JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS": two_years}
+    start_scheduler(procs, jobwheel_env, tmp_path / "s1", extra_env=extra_env)
     start = now_ms()
     now_job = client.schedule("now-job", task="demo.echo", now=True)
     in_job = client.schedule("in-job", task="demo.echo", in_=timedelta(seconds=2))

@@ -13,7 +13,7 @@ from jobwheel.schemas.models import After, JobCommand, Now, ScheduleJob
 from jobwheel.schemas.partitioning import partition_for
 from jobwheel.schemas.progress import Progress
 from jobwheel.settings import Settings
-from jobwheel.streams.engine import PartitionTask, Phase, SchedulerEngine
+from jobwheel.streams.engine import PartitionTask, Phase, SchedulerEngine, StandbyTask
 from jobwheel.streams.kafka import Record
 from jobwheel.streams.metrics import SchedulerCollector
 from jobwheel.streams.processor import SchedulerProcessor
@@ -29,7 +29,12 @@ def engine_with(*phases: Phase) -> SchedulerEngine:
     engine = SchedulerEngine(SETTINGS)
     for p, phase in enumerate(phases):
         state = PartitionState(MemoryBackend())
-        task = PartitionTask(p, state.backend, state, phase=phase)  # type: ignore[arg-type]
+        standby = StandbyTask(p, state.backend, state)  # type: ignore[arg-type]
+        if phase is Phase.STANDBY:
+            engine.tasks[p] = standby
+            continue
+        task = PartitionTask.claim(standby)
+        task.phase = phase
         if phase is Phase.READY:
             task.processor = SchedulerProcessor(p, state, fencing_token=1)
         engine.tasks[p] = task
@@ -113,8 +118,8 @@ def test_readiness_names_a_restoring_partition_and_what_is_left():
     collector = SchedulerCollector(engine)
     ok, detail = collector._ready_parts()
     assert not ok and detail == "restoring partitions [1] (changelog not measured yet)"
-    task = engine.tasks[1]
-    task.restore_end, task.restore_next, task.restore_reading = 500, 120, True
+    progress = engine.tasks[1].restore
+    progress.end, progress.next, progress.reading = 500, 120, True
     ok, detail = collector._ready_parts()
     assert not ok and detail == "restoring partitions [1] (380 records left)"
     got = samples(collector)

@@ -1,0 +1,364 @@
+"""One ownership of a partition does not leak into the next, on the real broker.
+
+The engine runs in the test's own thread (``SchedulerEngine.step`` called by the test, its
+clock a :class:`ManualClock`), on real clients of a real broker: its group membership, its
+transactions and the broker's answers are Kafka's. The revoke -> standby -> reassign cycle is
+driven through the engine's rebalance callbacks with the arguments the consumer passes them,
+so a partition goes away with work read and not yet committed (the tail a revoke drops) and
+comes back in a chosen iteration.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+from jobwheel.clock import ManualClock
+from jobwheel.kafka.admin import admin_client
+from jobwheel.producers.client import JobClient
+from jobwheel.schemas.codec import default_codec
+from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import partition_for
+from jobwheel.settings import Settings
+from jobwheel.streams.engine import Phase, SchedulerEngine
+from jobwheel.streams.state.partition import EPOCH_KEY
+from tests.integration.scheduler_support import (
+    TopicTail,
+    log_events,
+    now_ms,
+    start_scheduler,
+    wait_owns_all,
+)
+from tests.support import HarnessError, log_tail, scaled, wait_until
+
+CODEC = default_codec()
+#: No run expires by time alone during a test: a second attempt is a wrong expiry.
+VISIBILITY = timedelta(minutes=10)
+
+
+@pytest.fixture
+def tail(settings):
+    t = TopicTail(settings)
+    yield t
+    t.close()
+
+
+@contextmanager
+def engine_of(settings: Settings, clock: ManualClock) -> Iterator[SchedulerEngine]:
+    """A connected engine stepped by the test; it owns every partition when this yields.
+    Its "now" is the test's clock, far from the broker's when the test says so (the
+    tolerance that would hold it to the broker's time is set out of the way)."""
+    years = 10 * 365 * 24 * 3_600_000
+    unbounded = {"scheduler_clock_tolerance_ms": years, "scheduler_clock_step_tolerance_ms": years}
+    engine = SchedulerEngine(settings.model_copy(update=unbounded), clock=clock)
+    engine.directory.lock()
+    engine._instance = engine.directory.instance_id()
+    engine._connect()
+    try:
+        step_until(
+            engine,
+            lambda: (
+                len([t for t in engine.tasks.values() if t.phase is Phase.READY])
+                == settings.partitions
+            ),
+            "the engine never owned every partition",
+        )
+        step_until(engine, lambda: engine.stats.transactions > 0, "the claims never committed")
+        yield engine
+    finally:
+        engine._disconnect()
+        engine.directory.unlock()
+
+
+def step_until(engine: SchedulerEngine, done, message: str, timeout_s: float = 60) -> None:
+    def stepped() -> bool:
+        engine.step()
+        return bool(done())
+
+    wait_until(stepped, scaled(timeout_s), 0, message)
+
+
+def job_in(partition: int, partitions: int, prefix: str) -> str:
+    return next(
+        j for i in range(10_000) if partition_for(j := f"{prefix}-{i}", partitions) == partition
+    )
+
+
+def reclaim(engine: SchedulerEngine, partition: int) -> None:
+    """The partition is revoked (a standby copy is left) and assigned here again."""
+    engine._on_revoke([partition])
+    assert engine.tasks[partition].phase is Phase.STANDBY
+    engine._on_assign([partition])
+
+
+def test_a_reclaimed_partition_does_not_count_the_acks_its_last_ownership_dropped(settings, tail):
+    """The acks watermark is how far this ownership has read the acks. A revoke drops what
+    was read and not committed; the next claim reads it again from the committed offset.
+    Carried over from the last ownership, the watermark counted that dropped tail as read,
+    so a run whose HEARTBEAT was in the tail expired before the heartbeat was read again:
+    a healthy run got a second attempt on the claim's first punctuation."""
+    settings = settings.model_copy(update={"scheduler_commit_interval_ms": 3_000})
+    dispatched = now_ms() - 2 * int(VISIBILITY.total_seconds() * 1000)
+    clock = ManualClock(dispatched)  # the deadline is in the past only once the clock moves
+    p = 0
+    job = job_in(p, settings.partitions, "beat")
+    with engine_of(settings, clock) as engine:
+        with JobClient(settings) as client:
+            client.schedule(
+                job,
+                task="demo.echo",
+                at=datetime.fromtimestamp(dispatched / 1000, UTC),
+                visibility_timeout=VISIBILITY,
+            )
+        step_until(engine, lambda: tail.runs_of(job), "the job never fired")
+        [run] = tail.runs_of(job)
+
+        # The worker's side: the run's HEARTBEAT, appended after the run's first deadline
+        # (the clock is behind) and moving it a visibility timeout past its own time.
+        producer = Producer(settings.librdkafka())
+        beat = StatusEvent(
+            event_id=f"{run.run_id}:beat",
+            job_id=job,
+            state=State.HEARTBEAT,
+            event_time_ms=now_ms(),
+            source="worker",
+            seq=run.seq + 1,
+            run_id=run.run_id,
+            attempt=run.attempt,
+        )
+        producer.produce(
+            settings.topics.acks, value=CODEC.encode(beat), key=job.encode(), partition=p
+        )
+        assert producer.flush(scaled(30)) == 0
+        task = engine.tasks[p]
+        deadline = run.dispatched_at_ms + int(VISIBILITY.total_seconds() * 1000)
+        step_until(engine, lambda: task.acks_next == 1, "the heartbeat was never read")
+        assert task.acks_seen_ms > deadline
+        # Read, not committed: the revoke drops it, and the next claim reads it again.
+        assert p in engine._touched and task.acks_committed is None
+
+        clock.set(now_ms())
+        reclaim(engine, p)
+        step_until(engine, lambda: engine.tasks[p].phase is Phase.READY, "never ready again")
+        # Its first punctuation is done; once it has read the acks again, a job scheduled
+        # now fires behind anything that punctuation sent on the same partition.
+        probe = job_in(p, settings.partitions, "probe")
+        with JobClient(settings) as client:
+            at = datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+            client.schedule(probe, task="demo.echo", at=at, visibility_timeout=VISIBILITY)
+        step_until(engine, lambda: tail.runs_of(probe), "the reclaimed partition never fired")
+    assert tail.runs_of(job) == [run], "a healthy run was dispatched again"
+    assert not tail.events(job, State.DEAD)
+
+
+def test_a_claim_whose_first_transaction_aborts_still_changelogs_its_epoch(settings, tail):
+    """Each claim takes the next fencing token and writes it to the changelog, so the next
+    owner takes a higher one. Carried over from the last ownership, "the epoch is committed"
+    kept an aborted first transaction of the new claim from writing it again: the claim's
+    runs carried a token the changelog never held, and the next owner would reuse it.
+    The abort is the broker's: the runs topic refuses the claim's first run (too large)."""
+    due = now_ms()
+    clock = ManualClock(due - 60_000)
+    p = 1
+    job = job_in(p, settings.partitions, "big")
+    runs = settings.topics.runs
+    admin = admin_client(settings)
+    with engine_of(settings, clock) as engine:
+        with JobClient(settings) as client:
+            client.schedule(
+                job,
+                task="demo.echo",
+                args={"pad": "x" * 20_000},
+                at=datetime.fromtimestamp(due / 1000, UTC),
+                visibility_timeout=VISIBILITY,
+            )
+        step_until(engine, lambda: tail.events(job, State.SCHEDULED), "never SCHEDULED")
+        step_until(engine, lambda: not engine._touched, "the SCHEDULED change never committed")
+        first_token = engine.tasks[p].epoch
+
+        limit = ConfigEntry(
+            "max.message.bytes", "8192", incremental_operation=AlterConfigOpType.SET
+        )
+        _alter(admin, runs, limit)
+        try:
+            clock.set(due)
+            reclaim(engine, p)
+            aborts, commits = engine.stats.aborts, engine.stats.transactions
+            # One iteration: the claim is restored from its standby copy, the job fires, and
+            # the transaction with the claim's epoch and the run is refused.
+            step_until(engine, lambda: engine.tasks[p].phase is Phase.READY, "never ready")
+            assert (engine.stats.aborts, engine.stats.transactions) == (aborts + 1, commits)
+        finally:
+            limit = ConfigEntry(
+                "max.message.bytes", None, incremental_operation=AlterConfigOpType.DELETE
+            )
+            _alter(admin, runs, limit)
+        step_until(engine, lambda: engine.stats.transactions > commits, "never committed")
+        step_until(engine, lambda: tail.runs_of(job), "the job never fired after the abort")
+        token = engine.tasks[p].epoch
+    [run] = tail.runs_of(job)
+    assert run.fencing_token == token == first_token + 1
+    assert changelog_epoch(settings, p) == token, "the claim's epoch is not in the changelog"
+
+
+def _alter(admin, topic: str, entry: ConfigEntry) -> None:  # type: ignore[no-untyped-def]
+    resource = ConfigResource("topic", topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=scaled(30))
+
+
+def changelog_epoch(settings: Settings, partition: int) -> int | None:
+    """The last fencing token the changelog partition holds (committed records only)."""
+    topic = settings.topics.changelog(settings.scheduler_app_id)
+    consumer = Consumer(
+        settings.librdkafka(
+            **{
+                "group.id": f"{settings.scheduler_app_id}-epoch-check",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    try:
+        _low, end = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=scaled(30)
+        )
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        epoch = None
+        position = 0
+        deadline = now_ms() + scaled(30) * 1000
+        while position < end:
+            if now_ms() > deadline:
+                raise HarnessError(f"the changelog was not read to its end {end} in time")
+            for msg in consumer.consume(500, 0.5):
+                if msg.error() is not None:
+                    raise HarnessError(f"reading the changelog failed: {msg.error()}")
+                if msg.key() == EPOCH_KEY:
+                    epoch = struct.unpack(">q", msg.value())[0]
+            [tp] = consumer.position([TopicPartition(topic, partition)])
+            position = max(position, tp.offset)
+        return epoch
+    finally:
+        consumer.close()
+
+
+def wait_written(
+    settings: Settings, topic: str, partition: int, key: bytes, timeout_s: float = 30
+) -> None:
+    """Wait until a record with ``key`` is on the partition, committed or not (a transaction
+    still open wrote it)."""
+    consumer = Consumer(
+        settings.librdkafka(
+            **{
+                "group.id": f"{settings.scheduler_app_id}-uncommitted",
+                "isolation.level": "read_uncommitted",
+                "enable.auto.commit": False,
+            }
+        )
+    )
+    consumer.assign([TopicPartition(topic, partition, 0)])
+
+    def seen() -> bool:
+        for msg in consumer.consume(100, 0.1):
+            if msg.error() is not None:
+                raise HarnessError(f"reading {topic} failed: {msg.error()}")
+            if msg.key() == key:
+                return True
+        return False
+
+    try:
+        wait_until(
+            seen, scaled(timeout_s), 0, f"no record {key!r} was written to {topic}/{partition}"
+        )
+    finally:
+        consumer.close()
+
+
+def stop_in_commit_hook(pid: int) -> None:
+    """SIGSTOP a scheduler run with ``JOBWHEEL_SCHEDULER_FAULT_COMMIT_DELAY_MS`` while it
+    sleeps in that hook: its offsets are in the open transaction, not committed yet. The hook
+    is its process's only sleep in ``clock_nanosleep`` (wchan ``hrtimer_nanosleep``)."""
+    wchan = Path(f"/proc/{pid}/wchan")
+    wait_until(
+        lambda: "nanosleep" in wchan.read_text(),
+        scaled(30),
+        0.005,
+        f"the scheduler never slept in its commit hook (wchan {wchan.read_text()!r})",
+    )
+    os.kill(pid, signal.SIGSTOP)
+
+
+def test_a_claim_reads_the_committed_offsets_before_it_measures_the_changelog(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """The old owner is stopped inside a transaction that schedules a job: its offsets are
+    sent (pending), its changelog record written (open). The new owner claims the partition
+    once the old one's session times out. Measuring the changelog's end first, it stopped
+    before the open transaction; its read of the committed offsets then waited for that
+    transaction (``require_stable``), which committed when the old owner woke: the new owner
+    took offsets past the command and never restored the job, which never fired. Reading the
+    offsets first, it measures the end after the transaction ended and restores the job."""
+    old = start_scheduler(
+        procs,
+        jobwheel_env,
+        tmp_path / "old",
+        extra_env={
+            # Longer than the session timeout (6 s) and the claim that follows, shorter than the
+            # new owner's wait for the committed offsets (10 s) on top of them.
+            "JOBWHEEL_SCHEDULER_FAULT_COMMIT_DELAY_MS": "12000",
+            # Inside the transaction timeout, past the session timeout (6 s).
+            "JOBWHEEL_SCHEDULER_TRANSACTION_TIMEOUT_MS": "120000",
+        },
+    )
+    wait_owns_all(old, settings.partitions)
+    job = "stalled-claim"
+    due = now_ms() + 40_000
+    p = partition_for(job, settings.partitions)
+    with JobClient(settings) as client:
+        client.schedule(
+            job,
+            task="demo.echo",
+            at=datetime.fromtimestamp(due / 1000, UTC),
+            visibility_timeout=VISIBILITY,
+        )
+    # The transaction that schedules it is open: stop its owner in the hook before its commit.
+    changelog = settings.topics.changelog(settings.scheduler_app_id)
+    wait_written(settings, changelog, p, job.encode(), timeout_s=90)
+    stop_in_commit_hook(old.pid)
+    try:
+        new = start_scheduler(procs, jobwheel_env, tmp_path / "new", wait=False)
+        # Wake the old owner once the new one has measured the changelog, or has waited for
+        # the committed offsets (require_stable holds them back while the transaction is
+        # open) until its read gave up: what comes first in the claim. The old owner then
+        # sleeps out the rest of its hook (the stop counts), and commits.
+        wait_until(
+            lambda: (
+                [e for e in log_events(new.log_path, "changelog measured") if e["partition"] == p]
+                or log_events(new.log_path, "cannot read committed offsets yet")
+            ),
+            scaled(60),
+            0.01,
+            f"the new owner never claimed the partition:\n{log_tail(new.log_path)}",
+        )
+    finally:
+        os.kill(old.pid, signal.SIGCONT)  # commits the transaction (its offsets are accepted)
+    # What the new owner restored: the job is pending there. (The woken old owner rejoins
+    # and may take the partition back with its own state, so the fire alone proves nothing.)
+    ready = wait_until(
+        lambda: [e for e in log_events(new.log_path, "partition ready") if e["partition"] == p],
+        scaled(60),
+        0.1,
+        f"the new owner never made the partition ready:\n{log_tail(new.log_path)}",
+    )
+    assert ready[0]["next_due_ms"] == due, "the new owner restored state without the job"
+    tail.wait(lambda: tail.runs_of(job), scaled(90), "the job never fired")
+    assert len(tail.runs_of(job)) == 1
