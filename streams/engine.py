@@ -92,6 +92,7 @@ from jobwheel.streams.kafka import (
     InputConsumer,
     Record,
     TransactionalProducer,
+    scheduler_watchdog,
 )
 from jobwheel.streams.metrics import EngineMeters
 from jobwheel.streams.processor import Output, SchedulerProcessor
@@ -232,6 +233,8 @@ class SchedulerEngine:
         self._last_status_log = 0.0
         self._logged_counters: tuple[int, ...] = ()
         self._closing = False
+        # Every blocking transactional call runs under this deadline (streams/kafka.py).
+        self.watchdog = scheduler_watchdog(settings)
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
         self.acks: AcksConsumer | None = None
@@ -265,13 +268,14 @@ class SchedulerEngine:
                 self._commit_pending()
         finally:
             self._disconnect()
+            self.watchdog.close()
             self.directory.unlock()
             log.info("scheduler stopped", extra={"instance": self._instance})
 
     def _connect(self) -> None:
         client = f"{self.settings.scheduler_app_id}-{self._instance}"
         self.joined = False
-        self.producer = TransactionalProducer(self.settings, client)
+        self.producer = TransactionalProducer(self.settings, client, self.watchdog)
         while True:
             self.turned_at = time.monotonic()
             try:
@@ -284,7 +288,7 @@ class SchedulerEngine:
                 )
                 if self._stop.wait(2.0):
                     return
-        self.input = InputConsumer(self.settings, client)
+        self.input = InputConsumer(self.settings, client, self.watchdog)
         self.acks = AcksConsumer(self.settings, client + "-acks")
         self.changelog = ChangelogReader(self.settings, client + "-restore")
         self.input.subscribe(self._on_assign, self._on_revoke, self._on_lost)
