@@ -19,6 +19,11 @@ deduplicates what is read again). Its supervisor (``jobwheel up``, Compose's ``r
 Kubernetes pod) starts a clean process. The exit code is distinct (75, ``EX_TEMPFAIL``: try
 again) so an operator tells this from a crash.
 
+Only time with Kafka reachable counts (``reachable``, a TCP probe of the bootstrap servers): a
+call waiting out a broker outage is not hung (librdkafka sends it when the broker is back, and
+exiting would not bring the broker back), one that goes on after the broker accepts connections
+again is. A frozen broker that still accepts connections counts as reachable.
+
 Health: :meth:`CallWatchdog.check_live` is a liveness check that turns red halfway to the
 deadline, so a probe or ``jobwheel health`` sees the hang before the process goes.
 """
@@ -33,6 +38,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,7 @@ class CallWatchdog:
         exit: Callable[[int], object] = os._exit,
         clock: Callable[[], float] = time.monotonic,
         check_every_s: float | None = None,
+        reachable: Callable[[], bool] | None = None,
     ) -> None:
         if deadline_s <= 0:
             raise ValueError(f"the {what}'s call deadline must be positive, not {deadline_s}")
@@ -63,6 +73,7 @@ class CallWatchdog:
         self._exit = exit
         self._clock = clock
         self._every_s = check_every_s or min(1.0, deadline_s / 10)
+        self._reachable = reachable
         self._lock = threading.Lock()
         self._calls: dict[int, tuple[str, float]] = {}
         self._ids = itertools.count()
@@ -94,12 +105,18 @@ class CallWatchdog:
     def check(self) -> bool:
         """One pass of the watchdog: take the exit path if a call is past the deadline."""
         oldest = self.oldest()
-        if oldest is None or oldest[1] <= self.deadline_s or self.fired:
+        if oldest is None or self.fired:
+            return False
+        if self._reachable is not None and oldest[1] >= self._every_s and not self._reachable():
+            self._restart_clocks()  # waiting out an outage is not hanging (module doc)
+            return False
+        if oldest[1] <= self.deadline_s:
             return False
         self.fired = True
         call, running_s = oldest
         log.critical(
-            f"{call} has not returned for {running_s:.0f} s (deadline {self.deadline_s:.0f} s, "
+            f"{call} has not returned for {running_s:.0f} s with Kafka reachable (deadline "
+            f"{self.deadline_s:.0f} s, "
             f"{self.setting}): the {self.what} is hung inside its Kafka client and exits with "
             f"code {HUNG_CALL_EXIT_CODE} for its supervisor to restart it (nothing is lost: "
             "what was not committed is read again)",
@@ -108,6 +125,11 @@ class CallWatchdog:
         _flush_logs()
         self._exit(HUNG_CALL_EXIT_CODE)
         return True
+
+    def _restart_clocks(self) -> None:
+        now = self._clock()
+        with self._lock:
+            self._calls = {token: (call, now) for token, (call, _) in self._calls.items()}
 
     def check_live(self) -> tuple[bool, str]:
         """Liveness: red once a call has run for half its deadline (the exit comes at the
@@ -118,7 +140,8 @@ class CallWatchdog:
         call, running_s = oldest
         if running_s > self.deadline_s / 2:
             return False, (
-                f"{call} has not returned for {running_s:.0f} s: the {self.what} is hung in "
+                f"{call} has not returned for {running_s:.0f} s with Kafka reachable: the "
+                f"{self.what} is hung in "
                 f"its Kafka client and exits at {self.deadline_s:.0f} s ({self.setting})"
             )
         return True, f"{call} in flight for {running_s:.1f} s"
@@ -141,6 +164,15 @@ class CallWatchdog:
         while not stop.wait(self._every_s):
             if self.check():
                 return
+
+
+def kafka_reachable(settings: Settings) -> Callable[[], bool]:
+    """The watchdog's ``reachable``: does a bootstrap server accept a TCP connection (asked
+    at most once a second, only while a call is in flight)."""
+    from jobwheel.metrics import BrokerProbe
+
+    probe = BrokerProbe(settings.bootstrap_servers, every_s=1.0, timeout_s=1.0)
+    return lambda: probe()[0]
 
 
 def _flush_logs() -> None:

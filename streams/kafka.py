@@ -52,7 +52,7 @@ from jobwheel.kafka.consumer import Record, records
 from jobwheel.kafka.errors import kafka_error, with_client_logging
 from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
-from jobwheel.watchdog import CallWatchdog
+from jobwheel.watchdog import CallWatchdog, kafka_reachable
 
 log = logging.getLogger(__name__)
 # A broker outage makes every client report every reconnect attempt: one line per kind per
@@ -88,6 +88,7 @@ def scheduler_watchdog(settings: Settings) -> CallWatchdog:
         settings.scheduler_call_deadline_s,
         what="scheduler",
         setting="JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS",
+        reachable=kafka_reachable(settings),
     )
 
 

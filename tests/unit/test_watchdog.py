@@ -68,6 +68,32 @@ def test_calls_that_return_are_forgotten() -> None:
     dog.close()
 
 
+def test_time_with_kafka_unreachable_does_not_count() -> None:
+    """A call waiting out a broker outage is not hung; once Kafka accepts connections again
+    the deadline counts from then."""
+    clock, exits, up = Clock(), [], [False]
+    dog = CallWatchdog(
+        30.0,
+        what="scheduler",
+        setting="X",
+        exit=exits.append,
+        clock=clock,
+        check_every_s=1.0,
+        reachable=lambda: up[0],
+    )
+    with dog.watch("send_offsets_to_transaction"):
+        for _ in range(10):  # a 100 s outage
+            clock.now += 10
+            assert not dog.check()
+            assert dog.check_live()[0]
+        up[0] = True
+        clock.now += 29
+        assert not dog.check() and exits == []
+        clock.now += 2
+        assert dog.check() and exits == [HUNG_CALL_EXIT_CODE]
+    dog.close()
+
+
 def test_the_watchdog_thread_ends_a_call_that_blocks_past_its_deadline() -> None:
     """The real thread and the real clock: a call blocked on an event that never comes (as
     librdkafka's would) is caught by the thread, which calls the exit function."""
