@@ -99,6 +99,12 @@ class Settings(BaseSettings):
     # scheduler's own clock may put "now": a step of its host's clock forward makes at most
     # this much of fires due at once. Above the read's latency (a held fetch).
     scheduler_clock_step_tolerance_ms: int = Field(default=10_000, ge=0)
+    # A blocking transactional call (init, send offsets, commit, abort; each is given the
+    # transaction timeout, at least 5 s) still running this long after it began is hung
+    # (librdkafka issues 5456, 5511: some ignore their timeout): the scheduler logs it and
+    # exits with code 75 for its supervisor to restart it (see jobwheel.watchdog). 0: three
+    # times the call's timeout (30 s with the default transaction timeout).
+    scheduler_call_deadline_ms: int = Field(default=0, ge=0)
     # Under load, loop iterations share one transaction for at most this long (fewer, larger
     # transactions); outputs become visible when it commits, so it adds up to this to a fire.
     scheduler_commit_interval_ms: int = 25
@@ -153,6 +159,10 @@ class Settings(BaseSettings):
     clickhouse_database: str = "jobwheel"
     status_batch_size: int = 50_000
     status_batch_ms: int = 500
+    # The status sink's blocking Kafka calls (offset commit, close) still running this long are
+    # hung: it logs it and exits with code 75 for its supervisor to restart it (see
+    # jobwheel.watchdog; a commit normally returns within the request timeout, 60 s at most).
+    status_call_deadline_ms: int = Field(default=120_000, gt=0)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_url: str | None = None
@@ -212,6 +222,34 @@ class Settings(BaseSettings):
         if not self.bootstrap_servers:
             object.__setattr__(self, "bootstrap_servers", f"127.0.0.1:{self.broker_port}")
         return self
+
+    @model_validator(mode="after")
+    def _call_deadline_past_timeout(self) -> Settings:
+        deadline_ms = self.scheduler_call_deadline_ms
+        if deadline_ms and deadline_ms <= self.scheduler_call_timeout_s * 1000:
+            raise ValueError(
+                f"JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS={deadline_ms} would end a scheduler whose "
+                f"transactional call is still within its own timeout "
+                f"({self.scheduler_call_timeout_s * 1000:.0f} ms, from "
+                "JOBWHEEL_SCHEDULER_TRANSACTION_TIMEOUT_MS): set it above that, or 0 for the "
+                "default"
+            )
+        return self
+
+    @property
+    def scheduler_call_timeout_s(self) -> float:
+        """The timeout given to each blocking transactional call (send offsets, commit,
+        abort): the transaction timeout, at least 5 s (a shorter one times out healthy commits
+        under load and makes the engine resume them over and over)."""
+        return max(5.0, self.scheduler_transaction_timeout_ms / 1000)
+
+    @property
+    def scheduler_call_deadline_s(self) -> float:
+        """How long a transactional call may block before the scheduler exits (see
+        ``scheduler_call_deadline_ms``)."""
+        if self.scheduler_call_deadline_ms:
+            return self.scheduler_call_deadline_ms / 1000
+        return 3 * self.scheduler_call_timeout_s
 
     @property
     def topics(self) -> Topics:

@@ -93,6 +93,7 @@ from jobwheel.streams.kafka import (
     InputConsumer,
     Record,
     TransactionalProducer,
+    scheduler_watchdog,
 )
 from jobwheel.streams.metrics import EngineMeters
 from jobwheel.streams.processor import Output, SchedulerProcessor
@@ -292,6 +293,8 @@ class SchedulerEngine:
         # The largest job record the processors write; lowered when the producer refuses a
         # smaller changelog record (see _produce).
         self._record_limit = settings.scheduler_max_record_bytes
+        # Every blocking transactional call runs under this deadline (streams/kafka.py).
+        self.watchdog = scheduler_watchdog(settings)
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
         self.acks: AcksConsumer | None = None
@@ -325,13 +328,14 @@ class SchedulerEngine:
                 self._commit_pending()
         finally:
             self._disconnect()
+            self.watchdog.close()
             self.directory.unlock()
             log.info("scheduler stopped", extra={"instance": self._instance})
 
     def _connect(self) -> None:
         client = f"{self.settings.scheduler_app_id}-{self._instance}"
         self.joined = False
-        self.producer = TransactionalProducer(self.settings, client)
+        self.producer = TransactionalProducer(self.settings, client, self.watchdog)
         while True:
             self.turned_at = time.monotonic()
             try:
@@ -344,7 +348,7 @@ class SchedulerEngine:
                 )
                 if self._stop.wait(2.0):
                     return
-        self.input = InputConsumer(self.settings, client)
+        self.input = InputConsumer(self.settings, client, self.watchdog)
         self.acks = AcksConsumer(self.settings, client + "-acks")
         self.changelog = ChangelogReader(self.settings, client + "-restore")
         self.input.subscribe(self._on_assign, self._on_revoke, self._on_lost)

@@ -23,6 +23,12 @@ method again (a timed-out commit or abort must be *resumed*, never replaced by a
 :class:`TransactionAbortedError` means abort and redo the batch; :class:`FencedError` means this
 producer is unusable (fenced by a newer one, or a fatal error): the engine drops its partitions,
 makes a new producer and rejoins.
+
+No blocking transactional call is trusted to return: librdkafka's
+``send_offsets_to_transaction`` can ignore its timeout and wait for good after a broker restart
+(librdkafka issues 5456, 5511). Each one (and the group consumer's close) runs under the
+engine's :class:`~jobwheel.watchdog.CallWatchdog`, which ends the process when a call outlives
+``JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS`` (the module doc there says why exit, not replace).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from jobwheel.kafka.consumer import Record, records
 from jobwheel.kafka.errors import kafka_error, with_client_logging
 from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
+from jobwheel.watchdog import CallWatchdog, kafka_reachable
 
 log = logging.getLogger(__name__)
 # A broker outage makes every client report every reconnect attempt: one line per kind per
@@ -73,6 +80,17 @@ def broker_error(exc: KafkaException, what: str) -> BrokerError:
     if err.txn_requires_abort():
         return TransactionAbortedError(message, code=err.name())
     return BrokerError(message, code=err.name())
+
+
+def scheduler_watchdog(settings: Settings) -> CallWatchdog:
+    """The deadline of the scheduler's blocking Kafka calls (one per process: it outlives the
+    producers a reset replaces)."""
+    return CallWatchdog(
+        settings.scheduler_call_deadline_s,
+        what="scheduler",
+        setting="JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS",
+        reachable=kafka_reachable(settings),
+    )
 
 
 def _client(factory: Callable[[dict[str, Any]], Any], config: dict[str, Any], what: str) -> Any:
@@ -142,8 +160,11 @@ class _TopicReader:
 class InputConsumer(_TopicReader):
     """The scheduler group's member, subscribed to the requests topic."""
 
-    def __init__(self, settings: Settings, client_id: str) -> None:
+    def __init__(
+        self, settings: Settings, client_id: str, watchdog: CallWatchdog | None = None
+    ) -> None:
         self.topic = settings.topics.requests
+        self._watchdog = watchdog or scheduler_watchdog(settings)
         protocol = settings.scheduler_group_protocol
         timing: dict[str, Any] = (
             {}  # KIP-848: assignment, session and heartbeat are the group's (broker-side) config
@@ -239,7 +260,8 @@ class InputConsumer(_TopicReader):
     def close(self) -> None:
         """Leave the group (the revoke callback runs first)."""
         try:
-            self._consumer.close()
+            with self._watchdog.watch("closing the scheduler consumer"):
+                self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("closing the scheduler consumer failed", extra={"error": str(exc)})
 
@@ -383,8 +405,14 @@ class TransactionalProducer:
     where the local state's checkpoint goes.
     """
 
-    def __init__(self, settings: Settings, transactional_id: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        transactional_id: str,
+        watchdog: CallWatchdog | None = None,
+    ) -> None:
         self.transactional_id = transactional_id
+        self.watchdog = watchdog or scheduler_watchdog(settings)
         config = {
             "acks": "all",
             "enable.idempotence": True,
@@ -408,7 +436,7 @@ class TransactionalProducer:
                 },
             ),
         }
-        self.timeout_s = max(5.0, settings.scheduler_transaction_timeout_ms / 1000)
+        self.timeout_s = settings.scheduler_call_timeout_s
         self._producer = _client(Producer, config, "transactional producer")
         self.changelog_offsets: dict[int, int] = {}
         self.in_transaction = False
@@ -423,11 +451,13 @@ class TransactionalProducer:
 
     def _resume(self, call: Callable[[], Any], what: str, give_up_s: float) -> None:
         """Call until it succeeds; a retriable failure (a timeout) is resumed by calling the
-        same method again, as librdkafka requires."""
+        same method again, as librdkafka requires. Each call runs under the watchdog: one that
+        never returns ends the process (see the module doc)."""
         deadline = time.monotonic() + give_up_s
         while True:
             try:
-                call()
+                with self.watchdog.watch(what):
+                    call()
                 return
             except KafkaException as exc:
                 err = kafka_error(exc)

@@ -206,6 +206,7 @@ class SchedulerCollector(Collector):
         )
         return {
             "loop": (live, None),
+            "kafka call": (self.engine.watchdog.check_live, None),
             "group": (None, self._ready_group),
             "partitions": (None, self._ready_parts),
         }

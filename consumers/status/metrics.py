@@ -74,7 +74,11 @@ class SinkCollector(Collector):
         self.sink = sink
 
     def checks(self) -> dict[str, tuple[Check | None, Check | None]]:
-        return {"sink thread": (self._live, None), "sink": (None, self._ready)}
+        return {
+            "sink thread": (self._live, None),
+            "sink kafka call": (self.sink.watchdog.check_live, None),
+            "sink": (None, self._ready),
+        }
 
     def _live(self) -> tuple[bool, str]:
         stats = self.sink.stats

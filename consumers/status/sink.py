@@ -35,6 +35,13 @@ overlaps inserting batch N (decoding costs about as much as inserting). Offsets 
 committed by the consumer thread once its insert returned, and batches are committed in order;
 if an insert is abandoned (stop during a ClickHouse outage) nothing is committed afterwards, so
 no later offset can skip the abandoned records.
+
+The consumer's blocking calls (the synchronous offset commit, which librdkafka gives no
+timeout, and close) run under a :class:`~jobwheel.watchdog.CallWatchdog`
+(``JOBWHEEL_STATUS_CALL_DEADLINE_MS``): a call that never returns (a coordinator request lost
+in a broker restart) ends the process for its supervisor to restart, instead of holding the
+sink's partitions with nothing inserted. Safe for the reason above: uncommitted records are read
+again and deduplicated.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from jobwheel.kafka.consumer import GroupConsumer, committing_consumer_config
 from jobwheel.retry import Backoff
 from jobwheel.schemas.codec import Codec, default_codec
 from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.watchdog import CallWatchdog, kafka_reachable
 
 if TYPE_CHECKING:
     from jobwheel.settings import Settings
@@ -315,6 +323,12 @@ class StatusSink:
         self.meters = SinkMeters()
         self.joined = False
         self._lag_at = 0.0
+        self.watchdog = CallWatchdog(
+            settings.status_call_deadline_ms / 1000,
+            what="status sink",
+            setting="JOBWHEEL_STATUS_CALL_DEADLINE_MS",
+            reachable=kafka_reachable(settings),
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -359,9 +373,11 @@ class StatusSink:
             self.stats.running = False
             self._inserter.shutdown(wait=True)
             try:
-                consumer.close()
+                with self.watchdog.watch("closing the status sink consumer"):
+                    consumer.close()
             except Exception as exc:  # closing must not hide the reason we stopped
                 log.warning("status sink consumer close failed", extra={"error": str(exc)})
+            self.watchdog.close()
             self._consumer = None
             log.info("status sink stopped", extra=self.stats.as_dict())
 
@@ -500,7 +516,8 @@ class StatusSink:
         if not offsets:
             return
         try:
-            consumer.commit(offsets, asynchronous=False)
+            with self.watchdog.watch("committing the status sink's offsets"):
+                consumer.commit(offsets, asynchronous=False)
         except BrokerError as exc:
             # Lost ownership in a rebalance: the new owner re-reads these records and the
             # event_id dedup absorbs the copies. Nothing to undo here.

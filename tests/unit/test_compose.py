@@ -205,3 +205,11 @@ def test_grafana_provisions_both_dashboards_and_their_datasources():
     dashboards = COMPOSE_FILE.parent / "grafana" / "dashboards"
     uids = {json.loads(p.read_text())["uid"] for p in dashboards.glob("*.json")}
     assert uids == {queries.grafana_dashboard()["uid"], grafana.dashboard()["uid"]}
+
+
+@pytest.mark.parametrize("service", ["scheduler", "worker", "sink", "api"])
+def test_a_long_running_service_is_restarted_when_it_exits(service: str):
+    """A scheduler or sink whose Kafka call hung past its deadline exits (code 75,
+    jobwheel.watchdog) and counts on being started again; Docker restarts on exit, not on an
+    unhealthy check."""
+    assert "restart: unless-stopped" in _services()[service]
