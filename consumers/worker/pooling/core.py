@@ -60,6 +60,14 @@ HURRIED_CLOSE_S = 1.0
 _VERDICTS_SHARE = 0.5
 #: The verdict flush waits in slices this long, so a second stop() is heard.
 _FLUSH_SLICE_S = 0.1
+#: After a revoke's grace period, how long the verdicts of the runs handed back may take before
+#: the partitions are handed over without them (their runs are then delivered again).
+REVOKE_HAND_BACK_S = 5.0
+#: A revoke's waits check for a second stop() this often.
+SETTLE_SLICE_S = 0.05
+#: Offsets one partition may keep behind its oldest unfinished run before it is paused (resumed
+#: at half): what a long run costs in memory and in commit metadata stays bounded.
+TRACKED_LIMIT = 10_000
 #: How often the consumer thread samples its partitions' lag for the metrics.
 LAG_SAMPLE_S = 0.5
 _MAX_REDELIVERY_DELAY_S = 5.0
@@ -148,10 +156,13 @@ class PoolCore:
         self._kafka_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="jobwheel-consumer"
         )
-        # Shared by the consumer thread, the delivery thread and the loop: trackers.
-        self._lock = threading.Lock()
+        # Shared by the consumer thread, the delivery thread and the loop: trackers. A
+        # condition: a revoke waits on it for the acknowledgements of its runs.
+        self._lock = threading.Condition(threading.Lock())
         self._trackers: dict[int, OffsetTracker] = {}
-        self._paused = False
+        self._held: set[int] = set()  # paused: too many offsets behind an unfinished run
+        self._paused_parts: set[int] = set()  # consumer thread: paused in the client now
+        self._hurry_seen = False  # a second stop(), for the consumer thread
         self._last_commit = 0.0
         # Handed to the loop by other threads (deque appends and pops are atomic).
         self._acked: deque[_Execution] = deque()  # verdict delivered: reap (hooks, forget)
@@ -202,6 +213,7 @@ class PoolCore:
         the broker (at most :data:`HURRIED_CLOSE_S` more). Loop thread only."""
         if self._stop_requested.is_set() and self._hurried_at is None:
             self._hurried_at = time.monotonic()
+            self._hurry_seen = True
             self._hurry.set()
         self._stop_requested.set()
 
@@ -394,7 +406,7 @@ class PoolCore:
         # Runs done since the last commit, which the next owner runs again unless the final
         # commit gets through. (It also repeats the watermarks committed asynchronously before,
         # unconfirmed; failing that loses nothing, so only these are reported.)
-        moved = self._moved_offsets()
+        moved = {p: offset for p, (offset, _meta) in self._moved_offsets().items()}
         committed = False
         left_group = self._consumer is None
         abandoned = not fetched

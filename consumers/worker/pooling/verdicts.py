@@ -22,6 +22,9 @@ class Verdicts(PoolCore):
     def _send_verdict(self, ex: _Execution, record: _AckRecord) -> None:
         assert self._producer is not None
         self._unacked.add(ex)
+        with self._lock:  # a revoke now waits for this verdict
+            for tracker, offset in ex.offsets:
+                tracker.own(offset)
         try:
             queued = self._producer.produce(
                 *record, on_delivery=functools.partial(self._verdict_delivered, ex, record)
@@ -44,6 +47,7 @@ class Verdicts(PoolCore):
                 ex.acked = True
                 for tracker, offset in ex.offsets:
                     tracker.mark_done(offset)
+                self._lock.notify_all()
             self._unacked.discard(ex)
             self._acked.append(ex)
             return

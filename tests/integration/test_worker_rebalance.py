@@ -1,0 +1,162 @@
+"""Workers joining and leaving a busy group on a real broker: a rebalance must not run anything
+twice. Executions are counted by the task itself (``demo.count`` appends ``run_id:attempt`` to a
+file when it starts), not by the events on the acks topic, whose deterministic ids would hide a
+repeat of the same attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from jobwheel.kafka.producer import producer_config
+from jobwheel.schemas.models import Run, State
+from jobwheel.schemas.partitioning import key_for
+from tests.integration.test_worker import (
+    CODEC,
+    StatusTail,
+    committed_offsets,
+    end_offsets,
+    make_run,
+    start_worker,
+)
+from tests.support import file_lines, log_tail, scaled, wait_until
+
+CONCURRENCY = "64"
+
+
+class Feeder(threading.Thread):
+    """Produces the runs in small transactions, keeping about ``ahead`` of them unexecuted: a
+    stream, as the scheduler dispatches, so every partition has runs executing at any moment
+    (one upfront batch would be fetched and run partition by partition)."""
+
+    def __init__(
+        self, settings: Any, runs: list[Run], executed: Callable[[], int], ahead: int
+    ) -> None:
+        super().__init__(name="feeder", daemon=True)
+        self.settings, self.runs, self.executed, self.ahead = settings, runs, executed, ahead
+        self.produced = 0
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            producer = Producer(
+                producer_config(
+                    self.settings, **{"transactional.id": f"test-feeder-{uuid.uuid4().hex}"}
+                )
+            )
+            producer.init_transactions(scaled(30))
+            while self.produced < len(self.runs) and not self._halt.is_set():
+                if self.produced - self.executed() >= self.ahead:
+                    self._halt.wait(0.02)  # polling the executions file, not a synchronisation
+                    continue
+                batch = self.runs[self.produced : self.produced + 16]
+                producer.begin_transaction()
+                for run in batch:
+                    producer.produce(
+                        self.settings.topics.runs, key=key_for(run.job_id), value=CODEC.encode(run)
+                    )
+                producer.commit_transaction(scaled(30))
+                self.produced += len(batch)
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(scaled(30))
+
+
+def _scenario(
+    procs: Any,
+    env: dict[str, str],
+    logs: list[Path],
+    executed: Callable[[], int],
+    busy: Callable[[], None],
+) -> None:
+    """One busy worker, a second and a third joining it, then the first leaving by SIGTERM."""
+    first = start_worker(procs, env, logs[0], "--concurrency", CONCURRENCY)
+    wait_until(lambda: executed() >= 64, scaled(60), message="the first worker runs nothing")
+    busy()
+    start_worker(procs, env, logs[1], "--concurrency", CONCURRENCY)
+    wait_until(lambda: _assigned(logs[1]), scaled(60), message="second worker got nothing")
+    busy()
+    start_worker(procs, env, logs[2], "--concurrency", CONCURRENCY)
+    wait_until(lambda: _assigned(logs[2]), scaled(60), message="third worker got nothing")
+    before = executed()
+    wait_until(lambda: executed() >= before + 64, scaled(60), message="no runs executing")
+    busy()
+    os.killpg(first.pid, signal.SIGTERM)
+    assert first.wait(scaled(60)) == 0, log_tail(logs[0])
+
+
+def _assigned(log_path: Path) -> bool:
+    return log_path.exists() and "partitions assigned" in log_path.read_text()
+
+
+@pytest.fixture
+def tail(settings: Any) -> Iterator[StatusTail]:
+    t = StatusTail(settings)
+    yield t
+    t.close()
+
+
+def test_workers_joining_and_leaving_a_busy_group_run_nothing_twice(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """A second and a third worker join one busy worker (tasks of 0.5 to 2 s, 64 in flight per
+    worker), then the first leaves by SIGTERM: each join revokes partitions whose runs are
+    executing, and the leave hands its partitions over. Every run executes exactly once."""
+    counter = tmp_path / "executions.txt"
+    rng = random.Random(26)
+    runs = [
+        make_run(settings, "demo.count", {"path": str(counter), "sleep_s": rng.uniform(0.5, 2.0)})
+        for _ in range(2400)
+    ]
+    logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
+
+    def executed() -> int:
+        return len(file_lines(counter))
+
+    def busy() -> None:
+        """The premise of each step: many runs are left (and some are executing)."""
+        assert feeder.produced < len(runs) - 3 * 64, "the load ran out before the rebalances"
+
+    feeder = Feeder(settings, runs, executed, ahead=256)
+    feeder.start()
+    try:
+        _scenario(procs, jobwheel_env, logs, executed, busy)
+        wait_until(lambda: not feeder.is_alive(), scaled(120), message="runs left unproduced")
+    finally:
+        feeder.stop()
+    assert feeder.error is None, feeder.error
+    assert feeder.produced == len(runs)
+
+    wanted = {r.run_id for r in runs}
+
+    def all_succeeded() -> bool:
+        tail.poll()
+        return wanted <= {e.run_id for e in tail.events if e.state is State.SUCCEEDED}
+
+    wait_until(all_succeeded, scaled(120), interval_s=0.0, message="runs without a SUCCEEDED")
+    # Every run record consumed and committed: no repeat can start after the count.
+    ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
+    wait_until(
+        lambda: all(committed_offsets(settings).get(p, -1) >= o - 1 for p, o in ends.items()),
+        scaled(60),
+        message=f"the worker group did not commit up to {ends}",
+    )
+    executions = Counter(file_lines(counter))
+    assert set(executions) == {f"{r.run_id}:1" for r in runs}
+    twice = {line: n for line, n in executions.items() if n > 1}
+    assert not twice, f"{len(twice)} runs executed more than once: {sorted(twice.items())[:10]}"
