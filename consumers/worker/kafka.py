@@ -207,6 +207,10 @@ class StatusProducer:
         """Wait for outstanding deliveries; returns how many are still undelivered."""
         return self._producer.flush(timeout_s)
 
+    def purge(self) -> None:
+        """Drop what is queued or in flight, without waiting (the process is about to exit)."""
+        self._producer.purge()
+
     def close(self, timeout_s: float = 10.0) -> int:
         remaining = self.flush(timeout_s)
         self._stop.set()

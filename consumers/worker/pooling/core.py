@@ -217,6 +217,14 @@ class PoolCore:
             self._hurry.set()
         self._stop_requested.set()
 
+    def purge(self) -> None:
+        """Any thread, when the process exits without its shutdown: drop the status events
+        still queued (their runs are not committed, so they are delivered again)."""
+        producer = self._producer
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.purge()
+
     @property
     def stopping(self) -> bool:
         return self._stop_requested.is_set()
