@@ -36,18 +36,18 @@ CONCURRENCY = "64"
 
 
 class Feeder(threading.Thread):
-    """Produces the runs in small transactions, keeping about ``ahead`` of them unexecuted: a
-    stream, as the scheduler dispatches, so every partition has runs executing at any moment
-    (one upfront batch would be fetched and run partition by partition)."""
+    """Produces runs in small transactions until stopped, keeping about ``ahead`` of them
+    unexecuted: a stream, as the scheduler dispatches, so every partition has runs executing at
+    any moment (one upfront batch would be fetched and run partition by partition), however
+    fast the machine runs them."""
 
-    def __init__(
-        self, settings: Any, runs: list[Run], executed: Callable[[], int], ahead: int
-    ) -> None:
+    def __init__(self, settings: Any, counter: Path, ahead: int) -> None:
         super().__init__(name="feeder", daemon=True)
-        self.settings, self.runs, self.executed, self.ahead = settings, runs, executed, ahead
-        self.produced = 0
+        self.settings, self.counter, self.ahead = settings, counter, ahead
+        self.runs: list[Run] = []
         self.error: BaseException | None = None
         self._halt = threading.Event()
+        self._rng = random.Random(26)
 
     def run(self) -> None:
         try:
@@ -57,47 +57,54 @@ class Feeder(threading.Thread):
                 )
             )
             producer.init_transactions(scaled(30))
-            while self.produced < len(self.runs) and not self._halt.is_set():
-                if self.produced - self.executed() >= self.ahead:
+            while not self._halt.is_set():
+                if len(self.runs) - len(file_lines(self.counter)) >= self.ahead:
                     self._halt.wait(0.02)  # polling the executions file, not a synchronisation
                     continue
-                batch = self.runs[self.produced : self.produced + 16]
+                batch = [
+                    make_run(
+                        self.settings,
+                        "demo.count",
+                        {"path": str(self.counter), "sleep_s": self._rng.uniform(0.5, 2.0)},
+                    )
+                    for _ in range(16)
+                ]
                 producer.begin_transaction()
                 for run in batch:
                     producer.produce(
                         self.settings.topics.runs, key=key_for(run.job_id), value=CODEC.encode(run)
                     )
                 producer.commit_transaction(scaled(30))
-                self.produced += len(batch)
+                self.runs.extend(batch)
         except BaseException as exc:
             self.error = exc
 
     def stop(self) -> None:
         self._halt.set()
-        self.join(scaled(30))
+        self.join(scaled(60))
 
 
 def _scenario(
-    procs: Any,
-    env: dict[str, str],
-    logs: list[Path],
-    executed: Callable[[], int],
-    busy: Callable[[], None],
+    procs: Any, env: dict[str, str], logs: list[Path], executed: Callable[[], int]
 ) -> None:
-    """One busy worker, a second and a third joining it, then the first leaving by SIGTERM."""
+    """One busy worker, a second and a third joining it, then the first leaving by SIGTERM;
+    each step waits for 64 more executions first, so it happens under load."""
+
+    def more_executed(what: str) -> None:
+        before = executed()
+        wait_until(lambda: executed() >= before + 64, scaled(120), message=f"{what}: idle")
+
     first = start_worker(procs, env, logs[0], "--concurrency", CONCURRENCY)
-    wait_until(lambda: executed() >= 64, scaled(60), message="the first worker runs nothing")
-    busy()
+    more_executed("one worker")
     start_worker(procs, env, logs[1], "--concurrency", CONCURRENCY)
     wait_until(lambda: _assigned(logs[1]), scaled(60), message="second worker got nothing")
-    busy()
+    more_executed("two workers")
     start_worker(procs, env, logs[2], "--concurrency", CONCURRENCY)
     wait_until(lambda: _assigned(logs[2]), scaled(60), message="third worker got nothing")
-    before = executed()
-    wait_until(lambda: executed() >= before + 64, scaled(60), message="no runs executing")
-    busy()
+    more_executed("three workers")
     os.killpg(first.pid, signal.SIGTERM)
     assert first.wait(scaled(60)) == 0, log_tail(logs[0])
+    more_executed("two workers after the leave")
 
 
 def _assigned(log_path: Path) -> bool:
@@ -111,6 +118,7 @@ def tail(settings: Any) -> Iterator[StatusTail]:
     t.close()
 
 
+@pytest.mark.timeout(600)
 def test_workers_joining_and_leaving_a_busy_group_run_nothing_twice(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:
@@ -118,30 +126,19 @@ def test_workers_joining_and_leaving_a_busy_group_run_nothing_twice(
     worker), then the first leaves by SIGTERM: each join revokes partitions whose runs are
     executing, and the leave hands its partitions over. Every run executes exactly once."""
     counter = tmp_path / "executions.txt"
-    rng = random.Random(26)
-    runs = [
-        make_run(settings, "demo.count", {"path": str(counter), "sleep_s": rng.uniform(0.5, 2.0)})
-        for _ in range(2400)
-    ]
     logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
 
     def executed() -> int:
         return len(file_lines(counter))
 
-    def busy() -> None:
-        """The premise of each step: many runs are left (and some are executing)."""
-        assert feeder.produced < len(runs) - 3 * 64, "the load ran out before the rebalances"
-
-    feeder = Feeder(settings, runs, executed, ahead=256)
+    feeder = Feeder(settings, counter, ahead=256)
     feeder.start()
     try:
-        _scenario(procs, jobwheel_env, logs, executed, busy)
-        wait_until(lambda: not feeder.is_alive(), scaled(120), message="runs left unproduced")
+        _scenario(procs, jobwheel_env, logs, executed)
     finally:
         feeder.stop()
     assert feeder.error is None, feeder.error
-    assert feeder.produced == len(runs)
-
+    runs = feeder.runs
     wanted = {r.run_id for r in runs}
 
     def all_succeeded() -> bool:
