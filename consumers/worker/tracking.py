@@ -42,6 +42,7 @@ class OffsetTracker:
         "_pending",
         "_owned",
         "_inherited",
+        "_suspect_high",
         "_watermark",
         "_committed",
         "_committed_meta",
@@ -56,6 +57,7 @@ class OffsetTracker:
         self._pending: set[int] = set()  # fetched offsets not done yet
         self._owned: set[int] = set()  # pending offsets whose run started or has a verdict
         self._inherited: set[int] = set()  # done by the previous owner, not fetched yet
+        self._suspect_high: int | None = None  # the previous owner had started runs up to it
         self._watermark: int | None = None
         self._committed: int | None = None
         self._committed_meta = ""
@@ -67,8 +69,11 @@ class OffsetTracker:
         if committed < 0 or not metadata.startswith(METADATA_PREFIX):
             return 0
         done: set[int] = set()
+        ranges, _, started = metadata[len(METADATA_PREFIX) :].partition("|")
         try:
-            for part in metadata[len(METADATA_PREFIX) :].split(","):
+            if started:
+                self._suspect_high = committed + int(started, 36)
+            for part in ranges.split(","):
                 if not part:
                     continue
                 lo, _, hi = part.partition("-")
@@ -103,6 +108,11 @@ class OffsetTracker:
         self._entries.append(offset)
         self._pending.add(offset)
         return True
+
+    def maybe_repeat(self, offset: int) -> bool:
+        """Whether the run at ``offset`` may have been executing on the previous owner when it
+        went away (it had started runs up to a later offset, and did not finish this one)."""
+        return self._suspect_high is not None and offset <= self._suspect_high
 
     def own(self, offset: int) -> None:
         """The run at ``offset`` started (or got a verdict): a revoke waits for it."""
@@ -141,13 +151,15 @@ class OffsetTracker:
         """The commit metadata of the watermark: the offsets past it that are done (fetched
         and finished, or inherited and not fetched yet), as base-36 ranges relative to the
         watermark. Cut to :data:`METADATA_MAX_CHARS` (the runs left out would run again)."""
-        base = self._watermark
+        base = self._base()
         if base is None:
             return ""
         done = [o for o in self._entries if o not in self._pending and o > base]
         done.extend(sorted(o for o in self._inherited if o > base))
+        # The runs executing: a crash makes the next owner run them again, and it says so.
+        started = f"|{_b36(max(self._owned) - base)}" if self._owned else ""
         if not done:
-            return ""
+            return METADATA_PREFIX + started if started else ""
         parts: list[str] = []
         size = len(METADATA_PREFIX)
         start = prev = done[0]
@@ -163,16 +175,26 @@ class OffsetTracker:
             size += len(part) + 1
             if o is not None:
                 start = prev = o
-        return METADATA_PREFIX + ",".join(parts)
+        return METADATA_PREFIX + ",".join(parts) + started
+
+    def _base(self) -> int | None:
+        """The offset to commit: the watermark, or before the first run finished the first
+        fetched offset (committing it says nothing is done, but carries the metadata)."""
+        if self._watermark is not None:
+            return self._watermark
+        return self._entries[0] if self._entries else None
 
     def to_commit(self) -> tuple[int, str] | None:
         """The watermark and its metadata if either changed since :meth:`committed`."""
-        if self.revoked or self._watermark is None:
+        base = self._base()
+        if self.revoked or base is None:
             return None
         meta = self.done_metadata()
-        if self._watermark == self._committed and meta == self._committed_meta:
+        if not meta and self._watermark is None:
             return None
-        return self._watermark, meta
+        if base == self._committed and meta == self._committed_meta:
+            return None
+        return base, meta
 
     def committed(self, offset: int, metadata: str = "") -> None:
         self._committed = offset

@@ -6,6 +6,7 @@ repeat of the same attempt.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.models import Run, State
@@ -28,9 +29,10 @@ from tests.integration.test_worker import (
     committed_offsets,
     end_offsets,
     make_run,
+    produce_runs,
     start_worker,
 )
-from tests.support import file_lines, log_tail, scaled, wait_until
+from tests.support import file_lines, log_tail, scaled, stop, wait_until
 
 CONCURRENCY = "64"
 
@@ -157,3 +159,46 @@ def test_workers_joining_and_leaving_a_busy_group_run_nothing_twice(
     assert set(executions) == {f"{r.run_id}:1" for r in runs}
     twice = {line: n for line, n in executions.items() if n > 1}
     assert not twice, f"{len(twice)} runs executed more than once: {sorted(twice.items())[:10]}"
+
+
+def _committed_metadata(settings: Any, partition: int) -> str:
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.worker_group}))
+    try:
+        (tp,) = consumer.committed([TopicPartition(settings.topics.runs, partition)], timeout=10)
+    finally:
+        consumer.close()
+    return tp.metadata or ""
+
+
+def test_a_run_repeated_after_a_crash_says_so_in_its_started_event(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """kill -9 of a worker with a run executing: the next owner runs it again (at-least-once,
+    same attempt), and its STARTED event names it a possible repeat, because the dead worker's
+    last commit said which runs it had started."""
+    started, gate = tmp_path / "started.txt", tmp_path / "gate"
+    run = make_run(settings, "test.gate", {"gate": str(gate), "started": str(started)})
+    fresh = make_run(settings, "demo.echo", {"n": 1})
+    produce_runs(settings, [run])
+    env = {**jobwheel_env, "JOBWHEEL_KAFKA_CONFIG": json.dumps({"session.timeout.ms": 6000})}
+    first = start_worker(procs, env, tmp_path / "first.log")
+    (first_start,) = tail.wait_for(run.run_id, State.STARTED, timeout_s=scaled(60))
+    assert first_start.reason is None
+    wait_until(
+        lambda: "|" in _committed_metadata(settings, run.partition),
+        scaled(30),
+        message="the worker never committed which runs it had started",
+    )
+    stop(first, signal.SIGKILL)
+    gate.touch()
+    produce_runs(settings, [fresh])
+    second = start_worker(procs, env, tmp_path / "second.log")
+    tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=scaled(60))
+    tail.wait_for(fresh.run_id, State.SUCCEEDED, timeout_s=scaled(60))
+    tail.poll_to_end()
+    again = [e for e in tail.of(run.run_id, State.STARTED) if e.worker.endswith(f":{second.pid}")]
+    assert again, tail.of(run.run_id)
+    assert again[0].reason is not None and again[0].reason.startswith("possibly a repeat")
+    # A run the dead worker never started is not called a repeat.
+    assert all(e.reason is None for e in tail.of(fresh.run_id, State.STARTED))
+    assert file_lines(started) == [f"{run.run_id}:1", f"{run.run_id}:1"]

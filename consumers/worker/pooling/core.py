@@ -68,6 +68,11 @@ SETTLE_SLICE_S = 0.05
 #: Offsets one partition may keep behind its oldest unfinished run before it is paused (resumed
 #: at half): what a long run costs in memory and in commit metadata stays bounded.
 TRACKED_LIMIT = 10_000
+#: The ``reason`` of the STARTED event of a run that may be running for the second time.
+REPEAT_REASON = (
+    "possibly a repeat: the partition's previous owner had started it and went away without "
+    "a verdict (a crash?); this execution has the same attempt"
+)
 #: How often the consumer thread samples its partitions' lag for the metrics.
 LAG_SAMPLE_S = 0.5
 _MAX_REDELIVERY_DELAY_S = 5.0
@@ -100,6 +105,9 @@ class _Execution:
     last_heartbeat_ms: int = 0
     holds_slot: bool = False
     handing_back: bool = False
+    #: The partition's previous owner may have been executing it when it went away (a crash):
+    #: its STARTED event says so.
+    repeat: bool = False
     outcome: Outcome | None = None
     acked: bool = False
     #: Sending its verdict again after a failed delivery: 0.1 s, doubling up to the cap.

@@ -65,7 +65,12 @@ class Execution(PoolCore):
         ex.next_beat = ex.started + ex.beat_interval
         self._active.add(ex)
         self._hook("before_process", run)
-        if self._started_event_s == 0:
+        if ex.repeat:
+            log.warning(
+                "run possibly executed before by the partition's previous owner",
+                extra={"run_id": run.run_id, "attempt": run.attempt},
+            )
+        if self._started_event_s == 0 or ex.repeat:
             self._send_started(ex)
         if prepared.spec.is_async:
             if prepared.timeout_ms:  # asyncio.timeout's; this one is for a task ignoring it

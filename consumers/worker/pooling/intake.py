@@ -310,6 +310,7 @@ class Intake(PoolCore):
             self._hook("after_skip", run, None, "duplicate delivery of a known attempt")
             return
         execution = _Execution(run, [(tracker, record.offset)])
+        execution.repeat = tracker.maybe_repeat(record.offset)
         self._inflight[execution.key] = execution
         self._backlog.append(execution)
 

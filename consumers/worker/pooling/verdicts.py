@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from jobwheel.consumers.worker.pooling.core import (
+    REPEAT_REASON,
     PoolCore,
     _AckRecord,
     _Execution,
@@ -82,6 +83,7 @@ class Verdicts(PoolCore):
             State.STARTED,
             now_ms=ex.started_ms,  # when it started, not when this record is sent
             deadline_ms=now + ex.run.visibility_timeout_ms,
+            reason=REPEAT_REASON if ex.repeat else None,
         )
         self._send_info(ex, event)
 
