@@ -171,6 +171,14 @@ async def stubborn(started: str) -> None:
             pass
 
 
+@task("test.blocks_loop")
+async def blocks_loop(started: str) -> None:
+    """Blocks the worker's event loop for an hour (``time.sleep`` in a coroutine): no
+    cancellation, timer or signal handled by the loop can reach the worker while it runs."""
+    Path(started).touch()  # noqa: ASYNC240 (a test task: one small file)
+    time.sleep(3600)  # noqa: ASYNC251 (the point of this task)
+
+
 @task("test.stops_loop")
 async def stops_loop() -> str:
     """Stops the worker's event loop from inside a task."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -31,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "starting more processes. SIGTERM/SIGINT stop gracefully (JOBWHEEL_WORKER_SHUTDOWN_"
         "GRACE_MS), then give the broker 10 s to take the verdicts and offsets (exit 1 if it "
         "did not: those runs are delivered again); a second signal hands running runs back "
-        "and exits at once.",
+        "and exits at once. Whatever holds it (a task blocking the event loop, a broker that "
+        "does not answer), the worker exits at most 25 s after its grace period.",
     )
     p.add_argument(
         "--tasks",
@@ -166,11 +168,76 @@ def _threads_left() -> int:
     return left
 
 
+#: Past its grace period (``JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS``), the most a stopping worker
+#: takes to exit, whatever holds it: the hand-back of runs ignoring their cancellation (10 s),
+#: the broker's share (10 s), and 5 s for the rest of the way out. Past it the exit watchdog
+#: ends the process.
+EXIT_BOUND_S = 25.0
+
+
+class ExitWatchdog:
+    """Ends the process when a stop signal was not followed by an exit in time.
+
+    The pool's own shutdown is bounded, but it runs on the event loop: a task that blocks the
+    loop (``time.sleep`` in an ``async def``, a CPU-bound loop) kept the worker from ever
+    seeing SIGTERM (asyncio hears signals through the loop), so it ran until SIGKILL. The
+    signal's Python handler runs on the main thread between two bytecodes, also while the loop
+    is blocked, and arms a timer thread; when it expires the producer's queue is purged (its
+    verdicts were never acknowledged, so those runs are delivered again to another worker) and
+    the process exits 1 after one warning line."""
+
+    def __init__(self, pool: object, bound_s: float = EXIT_BOUND_S) -> None:
+        from jobwheel.consumers.worker.pool import WorkerPool
+
+        assert isinstance(pool, WorkerPool)
+        self.pool = pool
+        self.bound_s = bound_s
+        self._armed = threading.Event()
+        self._lock = threading.Lock()
+
+    def arm(self, signum: int, _frame: object = None) -> None:
+        """The signal handler: start the clock once (later signals change nothing here)."""
+        with self._lock:
+            if self._armed.is_set():
+                return
+            self._armed.set()
+        after = self.pool.grace_s + self.bound_s
+        threading.Thread(
+            target=self._expire, args=(after, signum), name="jobwheel-exit-watchdog", daemon=True
+        ).start()
+
+    def _expire(self, after_s: float, signum: int) -> None:
+        time.sleep(after_s)  # a deadline, not a synchronisation: exiting first ends this thread
+        log.warning(
+            "worker did not exit in time after a stop signal; exiting now",
+            extra={
+                "signal": signal.Signals(signum).name,
+                "waited_s": after_s,
+                "grace_s": self.pool.grace_s,
+                "bound_s": self.bound_s,
+                "loop_stalled_s": round(time.monotonic() - self.pool.turned_at, 1),
+                "detail": "its event loop is blocked (a task that does not await?) or the "
+                "broker does not answer; runs without an acknowledged verdict are delivered "
+                "again to another worker",
+            },
+        )
+        self.pool.purge()
+        logging.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(1)
+
+
 async def _serve(pool: object) -> None:
     from jobwheel.consumers.worker.pool import WorkerPool
 
     assert isinstance(pool, WorkerPool)
     loop = asyncio.get_running_loop()
+    watchdog = ExitWatchdog(pool)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pool.stop)
+        # After asyncio's: the loop still hears the signal (the wakeup fd is asyncio's), and
+        # this Python-level handler, which asyncio leaves a no-op, arms the watchdog.
+        signal.signal(sig, watchdog.arm)
     await pool.run()

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from jobwheel.errors import DeliveryError
+from jobwheel.errors import BrokerError, DeliveryError
 from jobwheel.kafka.consumer import GroupConsumer, Record, committing_consumer_config
 from jobwheel.kafka.producer import Producer, producer_config
 from jobwheel.settings import Settings
@@ -59,6 +60,13 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 PartitionsCallback = Callable[[list[int]], None]
 
+#: How long a synchronous offset commit, or reading the committed offsets, may take before the
+#: worker gives up on it. A reachable broker answers in milliseconds; librdkafka itself would
+#: wait for as long as the broker is down.
+COMMIT_TIMEOUT_S = 10.0
+#: Between two reads of the committed offsets while a synchronous commit is confirmed.
+_CONFIRM_SLICE_S = 0.01
+
 
 class RunsConsumer:
     """A consumer group member on one topic, speaking partitions as ints. One thread only."""
@@ -91,10 +99,49 @@ class RunsConsumer:
         """Fetch up to ``max_records``; transient errors are logged, fatal ones raised."""
         return self._group.consume(max_records, timeout_s)
 
-    def commit(self, offsets: dict[int, int], *, asynchronous: bool) -> None:
-        """Commit ``partition -> next offset to read``."""
-        pairs = {(self.topic, p): o for p, o in offsets.items()}
-        self._group.commit(pairs, asynchronous=asynchronous)
+    def commit(
+        self,
+        offsets: dict[int, tuple[int, str]],
+        *,
+        asynchronous: bool,
+        timeout_s: float = COMMIT_TIMEOUT_S,
+    ) -> None:
+        """Commit ``partition -> (next offset to read, metadata)``.
+
+        A synchronous commit is bounded by ``timeout_s``: librdkafka's own waits for the
+        coordinator's answer without a timeout (for as long as the broker is unreachable), which
+        would wedge the consumer thread, and with it every partition of the worker. So the
+        commit is sent asynchronously and then confirmed by reading the committed offsets back
+        (a call with a timeout; the coordinator answers requests of one connection in order).
+        Not confirmed in time: :class:`BrokerError` (those runs are delivered again to the
+        partition's next owner). A synchronous commit from another thread instead hung for good
+        inside a rebalance callback."""
+        pairs = {(self.topic, p): o for p, (o, _meta) in offsets.items()}
+        metadata = {(self.topic, p): meta for p, (_o, meta) in offsets.items()}
+        self._group.commit(pairs, asynchronous=True, metadata=metadata)
+        if asynchronous:
+            return
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BrokerError(
+                    f"committing offsets {pairs} was not confirmed within {timeout_s:g} s "
+                    "(broker unreachable?); those runs are delivered again to the partition's "
+                    "next owner"
+                )
+            try:
+                got = self._group.committed(list(pairs), left)
+            except BrokerError:
+                continue  # timed out or refused: the deadline decides
+            if all(got.get(pair, (-1, ""))[0] >= offset for pair, offset in pairs.items()):
+                return
+            time.sleep(min(_CONFIRM_SLICE_S, max(0.0, left)))
+
+    def committed(self, partitions: list[int], timeout_s: float) -> dict[int, tuple[int, str]]:
+        """The group's committed offset and its metadata per partition (none: left out)."""
+        got = self._group.committed([(self.topic, p) for p in partitions], timeout_s)
+        return {p: v for (t, p), v in got.items() if t == self.topic}
 
     def pause(self, partitions: list[int]) -> None:
         self._group.pause([(self.topic, p) for p in partitions])
@@ -159,6 +206,10 @@ class StatusProducer:
     def flush(self, timeout_s: float) -> int:
         """Wait for outstanding deliveries; returns how many are still undelivered."""
         return self._producer.flush(timeout_s)
+
+    def purge(self) -> None:
+        """Drop what is queued or in flight, without waiting (the process is about to exit)."""
+        self._producer.purge()
 
     def close(self, timeout_s: float = 10.0) -> int:
         remaining = self.flush(timeout_s)

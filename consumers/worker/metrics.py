@@ -10,7 +10,10 @@ name                             type      what
 runs_total{task,state}           counter   verdicts sent: SUCCEEDED, FAILED (a hand-back at
                                            shutdown is a FAILED too), STALE
 run_duration_seconds{task}       histogram execution time of SUCCEEDED and FAILED runs
-handed_back_total                counter   runs handed back at shutdown (re-dispatched at once)
+handed_back_total                counter   runs handed back at shutdown or when their partition
+                                           moved after the grace (re-dispatched at once)
+skipped_done_total               counter   runs not run: the partition's previous owner had
+                                           finished them (named in its offset commit)
 inflight_runs                    gauge     runs executing now
 waiting_runs                     gauge     runs fetched and waiting for a free slot
 concurrency                      gauge     runs that may execute at once
@@ -59,6 +62,8 @@ class WorkerMeters:
     runs: dict[tuple[str, str], int] = field(default_factory=dict)
     durations: dict[tuple[str], Histogram] = field(default_factory=dict)
     handed_back: int = 0
+    #: Consumer thread: runs skipped because the previous owner finished them.
+    inherited_done: int = 0
     tasks: LabelLimiter = field(default_factory=LabelLimiter)
 
     def verdict(self, task: str, state: str, duration_ms: int | None = None) -> None:
@@ -110,7 +115,16 @@ class WorkerCollector(Collector):
             ("task",),
             scale=MS,
         )
-        yield counter(n + "handed_back_total", "Runs handed back at shutdown.", meters.handed_back)
+        yield counter(
+            n + "handed_back_total",
+            "Runs handed back at shutdown or when their partition moved.",
+            meters.handed_back,
+        )
+        yield counter(
+            n + "skipped_done_total",
+            "Runs skipped: their partition's previous owner had finished them.",
+            meters.inherited_done,
+        )
         yield gauge(n + "inflight_runs", "Runs executing now.", pool.inflight)
         yield gauge(n + "waiting_runs", "Runs fetched, waiting for a slot.", pool.waiting)
         yield gauge(n + "concurrency", "Runs that may execute at once.", pool.concurrency)

@@ -22,11 +22,19 @@ Consequences:
 * Why not commit on fetch (at-most-once) or after execution but before the event? The scheduler
   learns the outcome only from the event; an offset committed before the event is delivered can
   lose the run for good if the process dies in between.
-* On revoke (a rebalance moves a partition away) the watermark of what is done is committed
-  synchronously and the partition is dropped: nothing beyond done work is ever committed, and
-  nothing is committed for a partition this member no longer owns. Runs of that partition still
-  executing finish and emit their events; fetched runs not started yet are left to the new
-  owner.
+* Runs done past the watermark (behind a longer one still running) go with every commit as
+  its metadata, and the partition's next owner skips them: after a rebalance or a crash only
+  the runs that were executing (and those finished within the last commit interval) are
+  delivered again, not every run finished after the oldest one in flight.
+* On revoke (a rebalance moves a partition away: a worker joins or leaves) no run of the
+  partition starts any more; its runs executing get the grace period
+  (``JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS``) to finish and have their verdicts acknowledged, and
+  those still running then are handed back (FAILED, "worker shutdown": the scheduler dispatches
+  the next attempt at once). Then the watermark and the runs done past it are committed, and
+  the commit is confirmed (bounded) before the partition moves. Fetched runs never started are
+  left to the new owner. So a deploy or a scale-out runs nothing twice under the same attempt.
+* A partition holding ``TRACKED_LIMIT`` (10,000) offsets behind an unfinished run is paused
+  until half of them are done: a long run bounds what the partition keeps, not the runs rate.
 * The scheduler's visibility timeout is the second safety net: a run whose worker is gone
   stops heartbeating and is re-dispatched with attempt + 1, whether or not any offset moves.
 

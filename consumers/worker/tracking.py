@@ -8,32 +8,88 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+#: Prefix of the commit metadata this worker writes next to a committed offset: the offsets
+#: past it that are done already (version 1 of the format).
+METADATA_PREFIX = "jw1:"
+#: Metadata kept under the broker's ``offset.metadata.max.bytes`` (4,096 by default) with room
+#: to spare: a commit whose metadata is too large is refused as a whole.
+METADATA_MAX_CHARS = 3_000
+
 
 class OffsetTracker:
-    """Which offset of one partition is safe to commit.
+    """Which offset of one partition is safe to commit, and which runs past it are done.
 
     Runs finish out of order (a 1 s task fetched after a 1 h one finishes first), but a committed
     offset means "everything before it is done". So the tracker keeps the fetched offsets in order
-    with a done flag and commits only up to the first one still pending: the contiguous watermark.
-    A crash then re-delivers every unfinished run (and possibly some finished ones: at-least-once),
-    never skips one.
+    with a done flag and commits up to the first one still pending: the contiguous watermark.
+    A crash then re-delivers every unfinished run, never skips one.
+
+    The runs done *past* the watermark go with the commit as its metadata
+    (:meth:`done_metadata`), and the partition's next owner skips them (:meth:`inherit`): a run
+    that finished behind a longer one is not run again after a rebalance or a crash. Without
+    that, every run finished after the oldest one in flight ran twice, with the same attempt.
 
     Offsets arrive in increasing order per partition (Kafka guarantees it within an assignment);
     gaps (transaction markers, aborted records under ``read_committed``) are harmless because only
     fetched offsets are tracked.
     """
 
-    __slots__ = ("partition", "revoked", "_entries", "_pending", "_watermark", "_committed")
+    __slots__ = (
+        "partition",
+        "revoked",
+        "closing",
+        "_entries",
+        "_pending",
+        "_owned",
+        "_inherited",
+        "_suspect_high",
+        "_watermark",
+        "_committed",
+        "_committed_meta",
+    )
 
     def __init__(self, partition: int) -> None:
         self.partition = partition
         self.revoked = False
+        #: Being revoked: no run of it starts any more (its in-flight runs may finish).
+        self.closing = False
         self._entries: deque[int] = deque()  # fetched offsets, ascending, done or not
         self._pending: set[int] = set()  # fetched offsets not done yet
+        self._owned: set[int] = set()  # pending offsets whose run started or has a verdict
+        self._inherited: set[int] = set()  # done by the previous owner, not fetched yet
+        self._suspect_high: int | None = None  # the previous owner had started runs up to it
         self._watermark: int | None = None
         self._committed: int | None = None
+        self._committed_meta = ""
 
-    def add(self, offset: int) -> None:
+    def inherit(self, committed: int, metadata: str) -> int:
+        """Take over what the previous owner committed: ``metadata`` names the offsets past
+        ``committed`` it had finished. Returns how many; metadata of another format (or none)
+        is ignored (those runs are then delivered again, as before)."""
+        if committed < 0 or not metadata.startswith(METADATA_PREFIX):
+            return 0
+        done: set[int] = set()
+        ranges, _, started = metadata[len(METADATA_PREFIX) :].partition("|")
+        try:
+            if started:
+                self._suspect_high = committed + int(started, 36)
+            for part in ranges.split(","):
+                if not part:
+                    continue
+                lo, _, hi = part.partition("-")
+                first = committed + int(lo, 36)
+                last = committed + int(hi, 36) if hi else first
+                if last < first or last - first > 1_000_000:
+                    raise ValueError(part)
+                done.update(range(first, last + 1))
+        except ValueError:
+            return 0
+        self._inherited = {o for o in done if o > committed}
+        return len(self._inherited)
+
+    def add(self, offset: int) -> bool:
+        """Track a fetched offset; False if the previous owner finished its run already (it is
+        tracked as done: it must not run again)."""
         last = self._entries[-1] if self._entries else None
         if last is None and self._watermark is not None:
             last = self._watermark - 1
@@ -42,14 +98,33 @@ class OffsetTracker:
                 f"partition {self.partition}: offset {offset} after {last}; "
                 "a tracker lives for one assignment, make a new one after a rebalance"
             )
+        if offset in self._inherited:
+            self._inherited.discard(offset)
+            if self._entries:
+                self._entries.append(offset)  # done, behind a pending one
+            else:
+                self._watermark = offset + 1
+            return False
         self._entries.append(offset)
         self._pending.add(offset)
+        return True
+
+    def maybe_repeat(self, offset: int) -> bool:
+        """Whether the run at ``offset`` may have been executing on the previous owner when it
+        went away (it had started runs up to a later offset, and did not finish this one)."""
+        return self._suspect_high is not None and offset <= self._suspect_high
+
+    def own(self, offset: int) -> None:
+        """The run at ``offset`` started (or got a verdict): a revoke waits for it."""
+        if offset in self._pending:
+            self._owned.add(offset)
 
     def mark_done(self, offset: int) -> None:
         """Record that the run at ``offset`` finished (or was skipped) for good."""
         if offset not in self._pending:
             return
         self._pending.discard(offset)
+        self._owned.discard(offset)
         while self._entries and self._entries[0] not in self._pending:
             self._watermark = self._entries.popleft() + 1
 
@@ -58,18 +133,82 @@ class OffsetTracker:
         return len(self._pending)
 
     @property
+    def owned(self) -> int:
+        """Runs started (or with a verdict on its way) and not acknowledged yet."""
+        return len(self._owned)
+
+    @property
+    def tracked(self) -> int:
+        """Offsets kept from the oldest pending one on: what the pool bounds by pausing."""
+        return len(self._entries)
+
+    @property
     def watermark(self) -> int | None:
         """The offset to commit (next to read), or None before the first run finished."""
         return self._watermark
 
-    def to_commit(self) -> int | None:
-        """The watermark if it moved since :meth:`committed` was last called, else None."""
-        if self.revoked or self._watermark is None or self._watermark == self._committed:
-            return None
-        return self._watermark
+    def done_metadata(self) -> str:
+        """The commit metadata of the watermark: the offsets past it that are done (fetched
+        and finished, or inherited and not fetched yet), as base-36 ranges relative to the
+        watermark. Cut to :data:`METADATA_MAX_CHARS` (the runs left out would run again)."""
+        base = self._base()
+        if base is None:
+            return ""
+        done = [o for o in self._entries if o not in self._pending and o > base]
+        done.extend(sorted(o for o in self._inherited if o > base))
+        # The runs executing: a crash makes the next owner run them again, and it says so.
+        started = f"|{_b36(max(self._owned) - base)}" if self._owned else ""
+        if not done:
+            return METADATA_PREFIX + started if started else ""
+        parts: list[str] = []
+        size = len(METADATA_PREFIX)
+        start = prev = done[0]
+        for o in [*done[1:], None]:
+            if o is not None and o == prev + 1:
+                prev = o
+                continue
+            lo = _b36(start - base)
+            part = lo if start == prev else f"{lo}-{_b36(prev - base)}"
+            if size + len(part) + 1 > METADATA_MAX_CHARS:
+                break
+            parts.append(part)
+            size += len(part) + 1
+            if o is not None:
+                start = prev = o
+        return METADATA_PREFIX + ",".join(parts) + started
 
-    def committed(self, offset: int) -> None:
+    def _base(self) -> int | None:
+        """The offset to commit: the watermark, or before the first run finished the first
+        fetched offset (committing it says nothing is done, but carries the metadata)."""
+        if self._watermark is not None:
+            return self._watermark
+        return self._entries[0] if self._entries else None
+
+    def to_commit(self) -> tuple[int, str] | None:
+        """The watermark and its metadata if either changed since :meth:`committed`."""
+        base = self._base()
+        if self.revoked or base is None:
+            return None
+        meta = self.done_metadata()
+        if not meta and self._watermark is None:
+            return None
+        if base == self._committed and meta == self._committed_meta:
+            return None
+        return base, meta
+
+    def committed(self, offset: int, metadata: str = "") -> None:
         self._committed = offset
+        self._committed_meta = metadata
+
+
+def _b36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if not n:
+            return out
 
 
 class LatestAttempts:

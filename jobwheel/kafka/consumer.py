@@ -146,15 +146,45 @@ class GroupConsumer:
             raise broker_error(exc, f"{self.what}: consuming failed") from exc
         return records(messages, f"{self.what}: consuming")
 
-    def commit(self, offsets: dict[tuple[str, int], int], *, asynchronous: bool) -> None:
-        """Commit ``(topic, partition) -> next offset to read``; raises :class:`BrokerError`."""
+    def commit(
+        self,
+        offsets: dict[tuple[str, int], int],
+        *,
+        asynchronous: bool,
+        metadata: dict[tuple[str, int], str] | None = None,
+    ) -> None:
+        """Commit ``(topic, partition) -> next offset to read`` (with each pair's ``metadata``
+        string, if given); raises :class:`BrokerError`."""
         if not offsets:
             return
-        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        meta = metadata or {}
+        tps = [
+            TopicPartition(t, p, o, metadata=meta[(t, p)])
+            if meta.get((t, p))
+            else TopicPartition(t, p, o)
+            for (t, p), o in offsets.items()
+        ]
         try:
             self._consumer.commit(offsets=tps, asynchronous=asynchronous)
         except KafkaException as exc:
             raise broker_error(exc, f"committing offsets {offsets} failed") from exc
+
+    def committed(self, pairs: Pairs, timeout_s: float) -> dict[tuple[str, int], tuple[int, str]]:
+        """The group's committed offset and its metadata per pair (pairs without a committed
+        offset left out); raises :class:`BrokerError`, also when ``timeout_s`` passes."""
+        if not pairs:
+            return {}
+        try:
+            tps = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in pairs], timeout=timeout_s
+            )
+        except KafkaException as exc:
+            raise broker_error(exc, f"{self.what}: reading committed offsets failed") from exc
+        return {
+            (tp.topic, tp.partition): (tp.offset, tp.metadata or "")
+            for tp in tps
+            if tp.error is None and tp.offset >= 0
+        }
 
     def pause(self, pairs: Pairs) -> None:
         if pairs:

@@ -184,3 +184,8 @@ class Producer:
     def close(self, timeout_s: float = 10.0) -> int:
         """Flush what is queued (callbacks still run) and return how many were left behind."""
         return self.flush(timeout_s)
+
+    def purge(self) -> None:
+        """Drop every queued and in-flight record without waiting (before exiting without the
+        interpreter's teardown: nothing is then left for librdkafka to wait on)."""
+        self._producer.purge(in_queue=True, in_flight=True, blocking=False)

@@ -14,14 +14,15 @@ def test_watermark_waits_for_the_oldest_unfinished_run() -> None:
     assert t.to_commit() is None
     t.mark_done(11)
     t.mark_done(12)
-    assert t.to_commit() is None  # 10 still running: committing 13 would lose it on a crash
+    # 10 still running: committing 13 would lose it on a crash. 10 is committed, naming 11-12.
+    assert t.to_commit() == (10, "jw1:1-2")
     t.mark_done(10)
-    assert t.to_commit() == 13
+    assert t.to_commit() == (13, "")
     t.committed(13)
     assert t.to_commit() is None
     assert t.pending == 1
     t.mark_done(15)
-    assert t.to_commit() == 16
+    assert t.to_commit() == (16, "")
 
 
 def test_marking_unknown_or_repeated_offsets_changes_nothing() -> None:
@@ -32,7 +33,7 @@ def test_marking_unknown_or_repeated_offsets_changes_nothing() -> None:
     assert t.to_commit() is None
     t.mark_done(5)
     t.mark_done(5)
-    assert t.to_commit() == 6
+    assert t.to_commit() == (6, "")
 
 
 def test_a_revoked_tracker_never_offers_a_commit() -> None:
@@ -51,6 +52,79 @@ def test_offsets_must_increase() -> None:
     t.mark_done(3)
     with pytest.raises(ValueError):
         t.add(2)
+
+
+def test_runs_done_past_an_unfinished_one_go_with_the_commit_and_the_next_owner_skips_them() -> (
+    None
+):
+    old = OffsetTracker(0)
+    for offset in range(10, 20):
+        old.add(offset)
+    for offset in (10, 12, 13, 14, 17, 19):
+        old.mark_done(offset)
+    # 11 still runs: the watermark stays at 11, the commit names 12-14, 17 and 19 as done.
+    assert old.to_commit() == (11, "jw1:1-3,6,8")
+    old.committed(11, "jw1:1-3,6,8")
+    assert old.to_commit() is None
+
+    new = OffsetTracker(0)
+    assert new.inherit(11, "jw1:1-3,6,8") == 5
+    ran = [o for o in range(11, 20) if new.add(o)]
+    assert ran == [11, 15, 16, 18]  # the previous owner's finished runs are not run again
+    # Until 11 is done, its own commit keeps naming what the previous owner finished.
+    new.mark_done(15)
+    # 11 still runs: the commit stays at 11 and keeps naming what the previous owner finished.
+    assert new.to_commit() == (11, "jw1:1-4,6,8")
+    new.mark_done(11)
+    assert new.to_commit() == (16, "jw1:1,3")  # 16 and 18 run: 17 and 19 done past them
+    new.mark_done(16)
+    new.mark_done(18)
+    assert new.to_commit() == (20, "")
+
+
+def test_inherited_runs_not_fetched_yet_stay_in_the_commit() -> None:
+    new = OffsetTracker(0)
+    new.inherit(100, "jw1:5,a")  # 105 and 110
+    assert new.add(100)
+    new.mark_done(100)
+    assert new.to_commit() == (101, "jw1:4,9")
+
+
+def test_the_runs_executing_go_with_the_commit_and_the_next_owner_calls_them_repeats() -> None:
+    old = OffsetTracker(0)
+    for offset in range(50, 56):
+        old.add(offset)
+    old.own(50)
+    old.own(52)
+    old.mark_done(51)
+    assert old.to_commit() == (50, "jw1:1|2")  # 51 done; runs started up to 52
+    new = OffsetTracker(0)
+    new.inherit(50, "jw1:1|2")
+    assert [o for o in range(50, 56) if new.add(o)] == [50, 52, 53, 54, 55]
+    assert [o for o in (50, 52, 53) if new.maybe_repeat(o)] == [50, 52]
+
+
+def test_foreign_or_corrupt_metadata_skips_nothing() -> None:
+    for metadata in ("", "something else", "jw1:zz-1", "jw1:1-!"):
+        t = OffsetTracker(0)
+        assert t.inherit(5, metadata) == 0
+        assert t.add(6)
+
+
+def test_commit_metadata_is_cut_to_fit_the_brokers_limit() -> None:
+    from jobwheel.consumers.worker.tracking import METADATA_MAX_CHARS
+
+    t = OffsetTracker(0)
+    for offset in range(20_000):
+        t.add(offset)
+    for offset in range(1, 20_000, 2):  # every other run done: 10,000 single ranges
+        t.mark_done(offset)
+    assert t.to_commit() is not None
+    offset, meta = t.to_commit() or (-1, "")
+    assert offset == 0 and len(meta) <= METADATA_MAX_CHARS  # offset 0 still runs
+    t.mark_done(0)
+    offset, meta = t.to_commit() or (0, "")
+    assert offset == 2 and len(meta) <= METADATA_MAX_CHARS
 
 
 def test_older_attempt_after_a_newer_one_is_stale() -> None:

@@ -60,6 +60,19 @@ HURRIED_CLOSE_S = 1.0
 _VERDICTS_SHARE = 0.5
 #: The verdict flush waits in slices this long, so a second stop() is heard.
 _FLUSH_SLICE_S = 0.1
+#: After a revoke's grace period, how long the verdicts of the runs handed back may take before
+#: the partitions are handed over without them (their runs are then delivered again).
+REVOKE_HAND_BACK_S = 5.0
+#: A revoke's waits check for a second stop() this often.
+SETTLE_SLICE_S = 0.05
+#: Offsets one partition may keep behind its oldest unfinished run before it is paused (resumed
+#: at half): what a long run costs in memory and in commit metadata stays bounded.
+TRACKED_LIMIT = 10_000
+#: The ``reason`` of the STARTED event of a run that may be running for the second time.
+REPEAT_REASON = (
+    "possibly a repeat: the partition's previous owner had started it and went away without "
+    "a verdict (a crash?); this execution has the same attempt"
+)
 #: How often the consumer thread samples its partitions' lag for the metrics.
 LAG_SAMPLE_S = 0.5
 _MAX_REDELIVERY_DELAY_S = 5.0
@@ -92,6 +105,9 @@ class _Execution:
     last_heartbeat_ms: int = 0
     holds_slot: bool = False
     handing_back: bool = False
+    #: The partition's previous owner may have been executing it when it went away (a crash):
+    #: its STARTED event says so.
+    repeat: bool = False
     outcome: Outcome | None = None
     acked: bool = False
     #: Sending its verdict again after a failed delivery: 0.1 s, doubling up to the cap.
@@ -148,10 +164,13 @@ class PoolCore:
         self._kafka_thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="jobwheel-consumer"
         )
-        # Shared by the consumer thread, the delivery thread and the loop: trackers.
-        self._lock = threading.Lock()
+        # Shared by the consumer thread, the delivery thread and the loop: trackers. A
+        # condition: a revoke waits on it for the acknowledgements of its runs.
+        self._lock = threading.Condition(threading.Lock())
         self._trackers: dict[int, OffsetTracker] = {}
-        self._paused = False
+        self._held: set[int] = set()  # paused: too many offsets behind an unfinished run
+        self._paused_parts: set[int] = set()  # consumer thread: paused in the client now
+        self._hurry_seen = False  # a second stop(), for the consumer thread
         self._last_commit = 0.0
         # Handed to the loop by other threads (deque appends and pops are atomic).
         self._acked: deque[_Execution] = deque()  # verdict delivered: reap (hooks, forget)
@@ -202,8 +221,17 @@ class PoolCore:
         the broker (at most :data:`HURRIED_CLOSE_S` more). Loop thread only."""
         if self._stop_requested.is_set() and self._hurried_at is None:
             self._hurried_at = time.monotonic()
+            self._hurry_seen = True
             self._hurry.set()
         self._stop_requested.set()
+
+    def purge(self) -> None:
+        """Any thread, when the process exits without its shutdown: drop the status events
+        still queued (their runs are not committed, so they are delivered again)."""
+        producer = self._producer
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.purge()
 
     @property
     def stopping(self) -> bool:
@@ -394,7 +422,7 @@ class PoolCore:
         # Runs done since the last commit, which the next owner runs again unless the final
         # commit gets through. (It also repeats the watermarks committed asynchronously before,
         # unconfirmed; failing that loses nothing, so only these are reported.)
-        moved = self._moved_offsets()
+        moved = {p: offset for p, (offset, _meta) in self._moved_offsets().items()}
         committed = False
         left_group = self._consumer is None
         abandoned = not fetched

@@ -30,8 +30,8 @@ class Execution(PoolCore):
             ex = self._backlog.popleft()
             if not self._room.is_set() and len(self._backlog) <= self._high_water // 2:
                 self._room.set()
-            if all(tracker.revoked for tracker, _ in ex.offsets):
-                self._inflight.pop(ex.key, None)  # the partition moved: its new owner runs it
+            if all(tracker.revoked or tracker.closing for tracker, _ in ex.offsets):
+                self._inflight.pop(ex.key, None)  # the partition moves: its new owner runs it
                 continue
             newer = self._latest.newer_attempt(ex.run.run_id, ex.run.attempt)
             if newer is not None:
@@ -58,11 +58,19 @@ class Execution(PoolCore):
         self._running += 1
         ex.holds_slot = True
         ex.prepared = prepared
+        with self._lock:  # a revoke now waits for this run (or hands it back)
+            for tracker, offset in ex.offsets:
+                tracker.own(offset)
         ex.beat_interval = max(0.05, run.visibility_timeout_ms / 3000)
         ex.next_beat = ex.started + ex.beat_interval
         self._active.add(ex)
         self._hook("before_process", run)
-        if self._started_event_s == 0:
+        if ex.repeat:
+            log.warning(
+                "run possibly executed before by the partition's previous owner",
+                extra={"run_id": run.run_id, "attempt": run.attempt},
+            )
+        if self._started_event_s == 0 or ex.repeat:
             self._send_started(ex)
         if prepared.spec.is_async:
             if prepared.timeout_ms:  # asyncio.timeout's; this one is for a task ignoring it
@@ -235,11 +243,42 @@ class Execution(PoolCore):
         )
         self._send_info(ex, event)
 
-    def _hand_back_outcome(self, ex: _Execution) -> Outcome:
+    def _hand_back_revoked(self) -> None:
+        """A revoke's grace period is over: hand back the runs of the revoked partitions that
+        still execute (FAILED, retried at once with a new attempt), so the partitions move with
+        every run accounted for. A sync task's thread cannot be stopped: it goes on, its
+        outcome ignored."""
+        for ex in list(self._active):
+            if not any(tracker.closing for tracker, _ in ex.offsets):
+                continue
+            log.warning(
+                "run handed back",
+                extra={
+                    "run_id": ex.run.run_id,
+                    "attempt": ex.run.attempt,
+                    "reason": "partition revoked",
+                },
+            )
+            ex.handing_back = True
+            if ex.task is not None and not ex.task.done():
+                ex.task.cancel()
+            self._finish(
+                ex,
+                self._hand_back_outcome(
+                    ex, "WorkerRebalance: the run's partition moved to another worker"
+                ),
+            )
+        self._start_ready()
+
+    def _hand_back_outcome(
+        self,
+        ex: _Execution,
+        error: str = "WorkerShutdown: the worker stopped before the run finished",
+    ) -> Outcome:
         return Outcome(
             State.FAILED,
             int((time.monotonic() - ex.started) * 1000),
-            error="WorkerShutdown: the worker stopped before the run finished",
+            error=error,
             reason=HANDBACK_REASON,
             retry_delay_ms=0,
         )

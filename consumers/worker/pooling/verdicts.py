@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from jobwheel.consumers.worker.pooling.core import (
+    REPEAT_REASON,
     PoolCore,
     _AckRecord,
     _Execution,
@@ -22,6 +23,9 @@ class Verdicts(PoolCore):
     def _send_verdict(self, ex: _Execution, record: _AckRecord) -> None:
         assert self._producer is not None
         self._unacked.add(ex)
+        with self._lock:  # a revoke now waits for this verdict
+            for tracker, offset in ex.offsets:
+                tracker.own(offset)
         try:
             queued = self._producer.produce(
                 *record, on_delivery=functools.partial(self._verdict_delivered, ex, record)
@@ -44,6 +48,7 @@ class Verdicts(PoolCore):
                 ex.acked = True
                 for tracker, offset in ex.offsets:
                     tracker.mark_done(offset)
+                self._lock.notify_all()
             self._unacked.discard(ex)
             self._acked.append(ex)
             return
@@ -78,6 +83,7 @@ class Verdicts(PoolCore):
             State.STARTED,
             now_ms=ex.started_ms,  # when it started, not when this record is sent
             deadline_ms=now + ex.run.visibility_timeout_ms,
+            reason=REPEAT_REASON if ex.repeat else None,
         )
         self._send_info(ex, event)
 
