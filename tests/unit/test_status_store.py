@@ -239,6 +239,55 @@ def test_worker_event_for_an_older_seq_does_not_override_newer_scheduler_state(
     assert r["state"] == "DISPATCHED" and r["attempts"] == 2 and r["finished_ms"] is None
 
 
+def test_a_job_scheduled_again_with_another_task_shows_the_new_task_after_the_merges(
+    store: StatusStore,
+) -> None:
+    """The fix for a misspelt task: the job scheduled again under its id with the right name,
+    its dead run replayed (which runs the job's current definition). Every event after that
+    names the new task, so every view does, also once the parts are merged (the old any(task)
+    kept the oldest name there)."""
+    t0 = now_ms()
+    run = "job-t@1"
+    store.add_events(
+        [
+            event("job-t", State.SCHEDULED, seq=1, t=t0, task="demo.ecko"),
+            event(
+                "job-t", State.DISPATCHED, seq=2, t=t0 + 1, run_id=run, attempt=1, task="demo.ecko"
+            ),
+            event("job-t", State.DEAD, seq=3, t=t0 + 2, run_id=run, attempt=1, task="demo.ecko"),
+            event("job-t", State.DEAD, seq=4, t=t0 + 3, task="demo.ecko"),
+        ]
+    )
+    store.add_events([event("job-t", State.SCHEDULED, seq=5, t=t0 + 10, task="demo.echo")])
+    store.add_events(
+        [
+            event(
+                "job-t", State.DISPATCHED, seq=6, t=t0 + 20, run_id=run, attempt=2, task="demo.echo"
+            ),
+            event(
+                "job-t", State.SUCCEEDED, seq=6, t=t0 + 21, run_id=run, attempt=2, task="demo.echo"
+            ),
+            event("job-t", State.COMPLETED, seq=7, t=t0 + 22, task="demo.echo"),
+        ]
+    )
+    for table in ("job_state", "run_state"):
+        store.client.command(f"OPTIMIZE TABLE {table} FINAL")
+        (parts,) = store.query(
+            "SELECT count() FROM system.parts WHERE database = currentDatabase() "
+            "AND table = {table:String} AND active",
+            {"table": table},
+        )[2]
+        assert parts == (1,), (table, parts)  # merged: one part holds every row of the job
+
+    job = queries.get_job(store, "job-t")
+    assert job is not None and (job["task"], job["state"]) == ("demo.echo", "COMPLETED")
+    (r,) = queries.job_runs(store, "job-t")
+    assert (r["task"], r["state"]) == ("demo.echo", "SUCCEEDED")
+    listed = queries.list_jobs(store, queries.JobFilter(task="demo.echo")).jobs
+    assert [j["job_id"] for j in listed] == ["job-t"]
+    assert queries.list_jobs(store, queries.JobFilter(task="demo.ecko")).jobs == []
+
+
 def test_same_seq_ties_break_by_source_then_state_rank(store: StatusStore) -> None:
     t0 = now_ms()
     # worker beats scheduler at the same seq; a late HEARTBEAT is never "the state"
@@ -694,7 +743,7 @@ def test_jobs_recorded_before_the_model_are_backfilled(engine_dsn: str) -> None:
             ]
         )
         assert queries.state_counts(store) == {"COMPLETED": 1, "DEAD": 1, "REJECTED": 1}
-        assert store.migrate() == [5, 6, 7]
+        assert store.migrate(migrations[:7]) == [5, 6, 7]
         assert queries.state_counts(store) == {"COMPLETED": 1, "PAUSED": 1}
         job = queries.get_job(store, "done")
         assert job is not None and job["created_ms"] == t0 and job["task"] == "demo.echo"
@@ -758,6 +807,35 @@ def _random_history(rng: random.Random, t0: int, jobs: int, prefix: str) -> list
     return out
 
 
+def test_a_store_with_events_gets_each_latest_task_from_migration_0008(engine_dsn: str) -> None:
+    """Migration 0008 on a store that already holds a job scheduled again with another task,
+    merged: it read the oldest task before, the latest after, and events after it too."""
+    migrations = load_migrations()
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
+    try:
+        store.migrate(migrations[:7])
+        t0 = now_ms()
+        store.add_events([event("j", State.SCHEDULED, seq=1, t=t0, task="demo.ecko")])
+        store.add_events(
+            [
+                event("j", State.SCHEDULED, seq=2, t=t0 + 1, task="demo.echo"),
+                event("j", State.DISPATCHED, seq=3, t=t0 + 2, run_id="j@1", task="demo.echo"),
+            ]
+        )
+        store.client.command("OPTIMIZE TABLE job_state FINAL")
+        assert queries.get_job(store, "j")["task"] == "demo.ecko"  # type: ignore[index]
+        assert store.migrate() == [8]
+        assert queries.get_job(store, "j")["task"] == "demo.echo"  # type: ignore[index]
+        assert [r["task"] for r in queries.job_runs(store, "j")] == ["demo.echo"]
+        store.add_events([event("j", State.SCHEDULED, seq=4, t=t0 + 3, task="demo.sleep")])
+        store.client.command("OPTIMIZE TABLE job_state FINAL")
+        assert queries.get_job(store, "j")["task"] == "demo.sleep"  # type: ignore[index]
+    finally:
+        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        store.close()
+
+
 def test_the_plain_state_tables_answer_as_the_aggregate_states_did(engine_dsn: str) -> None:
     """Migration 0007 (tuples under max instead of argMax states) on a store that holds events:
     every column of `jobs` and `runs` reads the same before and after it, and events inserted
@@ -791,7 +869,7 @@ def test_the_plain_state_tables_answer_as_the_aggregate_states_did(engine_dsn: s
             insert_shuffled(store, before_events)
         jobs_before, runs_before = read(new)
         assert len(jobs_before) > 25 and len(runs_before) > 60  # the mix has both kinds
-        assert new.migrate() == [7]
+        assert new.migrate(migrations[:7]) == [7]
         assert read(new) == (jobs_before, runs_before)
         for store in (old, new):
             insert_shuffled(store, after_events)
