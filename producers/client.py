@@ -43,7 +43,6 @@ from jobwheel.errors import (
     ValidationError,
 )
 from jobwheel.kafka.producer import Delivered, Producer, producer_config
-from jobwheel.producers import validation as v
 from jobwheel.producers.spec import JobSpec, build_schedule, spec_from_mapping
 from jobwheel.reach import require_reachable
 from jobwheel.schemas import validation as rules
@@ -56,6 +55,7 @@ from jobwheel.schemas.models import (
     TriggerJob,
 )
 from jobwheel.schemas.partitioning import key_for
+from jobwheel.schemas.timetext import instant_value_ms
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class JobClient(_Client):
         job_id: str,
         timeout: float | timedelta = 60.0,
         *,
-        since: datetime | None = None,
+        since: datetime | str | None = None,
     ) -> Any:
         """Block until the one-off job ``job_id`` has finished and return its result: the
         task's return value (JSON-decoded), like Celery's ``AsyncResult.get()``.
@@ -285,7 +285,8 @@ class JobClient(_Client):
         The outcome is read from the job's partition of the status and acks topics (see
         :mod:`jobwheel.producers.results`): no status API needed. For a job this client scheduled
         reading starts just before it was scheduled; for another, at ``since`` (default an
-        hour ago). A recurring job never finishes: wait for a one-off (now, at, in) job.
+        hour ago; an aware datetime or ISO 8601 text with an offset). A recurring job never
+        finishes: wait for a one-off (now, at, in) job.
         """
         from jobwheel.producers.results import wait_for_result
 
@@ -294,7 +295,7 @@ class JobClient(_Client):
         with self._scheduled_lock:
             known = self._scheduled.get(job_id)
         if since is not None:
-            since_ms = v.aware_ms(since, "since")
+            since_ms = instant_value_ms(since, "since")
         else:
             since_ms = known[0] if known else None
         return wait_for_result(
