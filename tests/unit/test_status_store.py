@@ -82,12 +82,12 @@ def test_stale_migration_lock_is_broken(store: StatusStore) -> None:
     store.client.command(
         f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory COMMENT 'dead-host:1 1000'"
     )
-    # a starter died in the middle of the newest migration (it rebuilds the jobs view)
+    # a starter died in the middle of the newest migration (it rebuilds the runs view)
     newest = load_migrations()[-1].version
-    store.client.command("DROP VIEW jobs")
+    store.client.command("DROP VIEW runs")
     store.client.command(f"ALTER TABLE schema_migrations DELETE WHERE version = {newest}")
     assert store.migrate(lock_stale_s=60) == [newest]
-    assert store.query("EXISTS TABLE jobs")[2] == [(1,)]
+    assert store.query("EXISTS TABLE runs")[2] == [(1,)]
 
 
 def test_a_held_lock_times_out_with_advice(store: StatusStore) -> None:
@@ -286,6 +286,76 @@ def test_a_job_scheduled_again_with_another_task_shows_the_new_task_after_the_me
     listed = queries.list_jobs(store, queries.JobFilter(task="demo.echo")).jobs
     assert [j["job_id"] for j in listed] == ["job-t"]
     assert queries.list_jobs(store, queries.JobFilter(task="demo.ecko")).jobs == []
+
+
+def test_a_run_shows_the_error_and_duration_of_what_it_is_now(store: StatusStore) -> None:
+    """Attempt 1 failed, attempt 2 succeeded: the run shows its result, not attempt 1's error.
+    A run handed back by a stopping worker and running again shows neither the hand-back's
+    error nor its duration while it runs."""
+    t0 = now_ms()
+    ok, again = "job-r@1", "job-h@1"
+    store.add_events(
+        [
+            event("job-r", State.SCHEDULED, seq=1, t=t0, task="t"),
+            event("job-r", State.DISPATCHED, seq=2, t=t0 + 1, run_id=ok, attempt=1),
+            event(
+                "job-r",
+                State.FAILED,
+                seq=2,
+                t=t0 + 2,
+                run_id=ok,
+                attempt=1,
+                error="E: boom",
+                duration_ms=5,
+            ),
+            event("job-r", State.RETRYING, seq=3, t=t0 + 3, run_id=ok, attempt=1),
+        ]
+    )
+    (r,) = queries.job_runs(store, "job-r")
+    assert (r["state"], r["error"], r["duration_ms"]) == ("RETRYING", "E: boom", None)
+    store.add_events(
+        [
+            event("job-r", State.DISPATCHED, seq=4, t=t0 + 10, run_id=ok, attempt=2),
+            event(
+                "job-r",
+                State.SUCCEEDED,
+                seq=4,
+                t=t0 + 12,
+                run_id=ok,
+                attempt=2,
+                duration_ms=2,
+                result_json="1",
+            ),
+        ]
+    )
+    (r,) = queries.job_runs(store, "job-r")
+    assert (r["state"], r["error"], r["duration_ms"], r["result"]) == ("SUCCEEDED", None, 2, 1)
+
+    store.add_events(
+        [
+            event("job-h", State.SCHEDULED, seq=1, t=t0, task="t"),
+            event("job-h", State.DISPATCHED, seq=2, t=t0 + 1, run_id=again, attempt=1),
+            event("job-h", State.STARTED, seq=2, t=t0 + 2, run_id=again, attempt=1),
+            event(
+                "job-h",
+                State.FAILED,
+                seq=2,
+                t=t0 + 9,
+                run_id=again,
+                attempt=1,
+                error="worker shutdown",
+                reason="worker shutdown",
+                duration_ms=7,
+            ),
+            event("job-h", State.DISPATCHED, seq=3, t=t0 + 10, run_id=again, attempt=2),
+            event("job-h", State.STARTED, seq=3, t=t0 + 11, run_id=again, attempt=2),
+        ]
+    )
+    (h,) = queries.job_runs(store, "job-h")
+    assert (h["state"], h["error"], h["duration_ms"]) == ("STARTED", None, None)
+    # the events keep every attempt's error
+    errors = [e["error"] for e in queries.run_events(store, again) if e["error"]]
+    assert errors == ["worker shutdown"]
 
 
 def test_same_seq_ties_break_by_source_then_state_rank(store: StatusStore) -> None:
@@ -825,7 +895,7 @@ def test_a_store_with_events_gets_each_latest_task_from_migration_0008(engine_ds
         )
         store.client.command("OPTIMIZE TABLE job_state FINAL")
         assert queries.get_job(store, "j")["task"] == "demo.ecko"  # type: ignore[index]
-        assert store.migrate() == [8]
+        assert store.migrate(migrations[:8]) == [8]
         assert queries.get_job(store, "j")["task"] == "demo.echo"  # type: ignore[index]
         assert [r["task"] for r in queries.job_runs(store, "j")] == ["demo.echo"]
         store.add_events([event("j", State.SCHEDULED, seq=4, t=t0 + 3, task="demo.sleep")])
