@@ -30,12 +30,20 @@ rest stays usable, and the log says what crashed. A broker that dies ends the st
 :data:`SERVICES` order, or a free port when one is taken. The banner prints them, and
 ``<data_dir>/stack.json`` lists them while the stack runs, which is where ``jobwheel health``
 finds them.
+
+**One stack per data dir.** The services of a stack own its data dir (the scheduler's state, the
+embedded ClickHouse, the log files, ``stack.json``), so a second ``jobwheel up`` on it would
+only crash-loop against the first one's locks and, on its way out, delete the first one's
+``stack.json``. ``jobwheel up`` holds a lock on ``<data_dir>/stack.lock`` while it runs (the
+kernel drops it however the process ends) and a second one, finding it held, is refused
+before it touches anything, naming the running stack (its pid and API URL) and what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -49,9 +57,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from jobwheel.deploy.broker import LocalBroker, tail
+from jobwheel.errors import ConfigError
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.retry import Backoff
 from jobwheel.settings import Settings
@@ -68,6 +77,8 @@ METRICS_BASE_PORT = 9400
 #: What ``jobwheel up`` writes in its data dir while it runs: its pid and its services'
 #: metrics/health URLs (read by ``jobwheel health``).
 STACK_FILE = "stack.json"
+#: Locked (``flock``) by the ``jobwheel up`` running on a data dir, for as long as it runs.
+LOCK_FILE = "stack.lock"
 #: Lines of a traceback (or other continuation lines) shown after a service's error line.
 MAX_CONTINUATION_LINES = 40
 
@@ -272,6 +283,7 @@ class Stack:
         self._owns_broker = False
         self._asks = 0  # stop requests after the first (a second Ctrl-C hurries, a third kills)
         self._asked = threading.Event()
+        self._lock_fd: int | None = None
 
     def _say(self, line: str) -> None:
         with self._out_lock:
@@ -322,9 +334,11 @@ class Stack:
 
     def _write_stack_file(self) -> None:
         """``stack.json``: where ``jobwheel health`` finds the services' health endpoints."""
+        api = any(s.enabled and s.name == "api" for s in self.services)
         doc = {
             "pid": os.getpid(),
             "bootstrap_servers": self.settings.bootstrap_servers,
+            "api_url": self.settings.status_api_url if api else None,
             "services": {name: self.metrics_url(name) for name in self.metrics_ports},
         }
         tmp = self.stack_file.with_suffix(".tmp")
@@ -337,7 +351,11 @@ class Stack:
         self._asked.set()
 
     def run(self, stop: threading.Event) -> int:
-        """Bring the stack up, supervise until ``stop`` is set, then take it down in order."""
+        """Bring the stack up, supervise until ``stop`` is set, then take it down in order.
+
+        Raises :class:`ConfigError` at once, having changed nothing, when another ``jobwheel
+        up`` runs on the same data dir."""
+        self._claim_data_dir()
         try:
             self._start_broker()
             if stop.is_set():
@@ -365,7 +383,31 @@ class Stack:
                 self._supervise()
             return 0
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._release_data_dir()
+
+    def _claim_data_dir(self) -> None:
+        """Lock the data dir for this stack, or refuse: another ``jobwheel up`` holds it.
+
+        The lock is taken before anything else (broker, topics, services, log files), and
+        ``stack.json`` is written at once with this process's pid and API URL, so a second
+        stack can say which one runs."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(running_stack_message(self.data_dir)) from None
+        self._lock_fd = fd
+        self._write_stack_file()
+
+    def _release_data_dir(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the file drops the lock
+            self._lock_fd = None
 
     def _start_broker(self) -> None:
         if self.external is not None:
@@ -557,11 +599,11 @@ def _port_free(host: str, port: int) -> bool:
 def read_stack_file(data_dir: Path) -> dict[str, str]:
     """Service name -> metrics/health URL of the ``jobwheel up`` running on ``data_dir``
     (empty when none runs: no file, or its supervisor is gone)."""
+    doc = read_stack_doc(data_dir)
     try:
-        doc = json.loads((data_dir / STACK_FILE).read_text())
         services = {str(k): str(v) for k, v in dict(doc["services"]).items()}
         pid = int(doc["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return {}
     try:
         os.kill(pid, 0)
@@ -570,6 +612,32 @@ def read_stack_file(data_dir: Path) -> dict[str, str]:
     except OSError:
         return {}  # left behind by a stack that was killed
     return services
+
+
+def read_stack_doc(data_dir: Path) -> dict[str, Any]:
+    """The ``stack.json`` of ``data_dir`` as written (empty when there is none, or unreadable)."""
+    try:
+        doc = json.loads((data_dir / STACK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def running_stack_message(data_dir: Path) -> str:
+    """Why a second ``jobwheel up`` on ``data_dir`` is refused, and what to do, in one line."""
+    doc = read_stack_doc(data_dir)
+    pid = doc.get("pid")
+    facts = [f"pid {pid}" if pid else "pid not written yet: it is starting"]
+    if doc.get("api_url"):
+        facts.append(f"API {doc['api_url']}")
+    if doc.get("bootstrap_servers"):
+        facts.append(f"Kafka {doc['bootstrap_servers']}")
+    stop = f"Ctrl-C in its terminal or `kill {pid}`" if pid else "Ctrl-C in its terminal"
+    return (
+        f"a jobwheel stack is already running on the data dir {data_dir} ({', '.join(facts)}); "
+        f"use that one, stop it first ({stop}), or start this one on another data dir "
+        "(--data-dir DIR or JOBWHEEL_DATA_DIR=DIR)"
+    )
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -8,6 +8,15 @@ order, murmur2-partitioned like the scheduler expects), encode with the codec, a
 once the broker acknowledged the record: a job id returned by ``schedule`` is durable, and a
 failed delivery raises :class:`jobwheel.errors.DeliveryError` at the call site.
 
+Kafka not there at all is said as such, soon: before a client's first command (and the first
+after a failed delivery) a TCP probe of the bootstrap servers (:mod:`jobwheel.reach`, at most
+:data:`CONNECT_TIMEOUT_S` per server; a refused connection answers at once) raises
+:class:`jobwheel.errors.BrokerConnectionError` naming the address and what to do, and a
+delivery that timed out while no server accepts a connection raises the same. Without the
+probe librdkafka retried the refused connection until the record's ``message.timeout.ms``
+(30 s) and the caller got "Local: Message timed out" after warnings about the connection. The
+probe comes before the producer is made, so a client that cannot reach Kafka prints nothing.
+
 High rates: ``schedule_many`` validates the whole batch, produces it, and waits for the
 acknowledgements once (one flush instead of one round trip per job).
 """
@@ -26,9 +35,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobwheel.clock import Clock, SystemClock
-from jobwheel.errors import DeliveryError, UnknownTaskWarning, ValidationError
+from jobwheel.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    DeliveryError,
+    UnknownTaskWarning,
+    ValidationError,
+)
 from jobwheel.kafka.producer import Delivered, Producer, producer_config
-from jobwheel.producers import validation as v
 from jobwheel.producers.spec import JobSpec, build_schedule, spec_from_mapping
 from jobwheel.reach import require_reachable
 from jobwheel.schemas import validation as rules
@@ -41,12 +55,18 @@ from jobwheel.schemas.models import (
     TriggerJob,
 )
 from jobwheel.schemas.partitioning import key_for
+from jobwheel.schemas.timetext import instant_value_ms
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
 
 #: Jobs a client remembers having scheduled (for ``wait``), the most recent.
 REMEMBERED_JOBS = 10_000
+#: How long the probe before a client's first command waits for each bootstrap server to
+#: accept a TCP connection (a refused one answers at once).
+CONNECT_TIMEOUT_S = 2.0
+#: Delivery failures that may mean Kafka is gone: the client then probes, and says so if it is.
+_UNREACHABLE_CODES = frozenset({"_MSG_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN"})
 
 
 def _spec(item: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -78,9 +98,47 @@ class _Commands:
         self.clock = clock or SystemClock()
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.known_tasks = None if known_tasks is None else frozenset(known_tasks)
-        self.producer = producer or Producer(
-            producer_config(settings, **dict(producer_overrides or {}))
-        )
+        self._producer = producer
+        self._producer_overrides = dict(producer_overrides or {})
+        self._producer_lock = threading.Lock()
+        #: probe the bootstrap servers before the next send (the first, or after a failure)
+        self._probe = True
+
+    @property
+    def producer(self) -> Producer:
+        """The producer, made on first use: a client that cannot reach Kafka never starts
+        librdkafka's reconnect loop (and its log lines)."""
+        if self._producer is None:
+            with self._producer_lock:
+                if self._producer is None:
+                    self._producer = Producer(
+                        producer_config(self.settings, **self._producer_overrides)
+                    )
+        return self._producer
+
+    @property
+    def started(self) -> bool:
+        return self._producer is not None
+
+    def reach(self) -> None:
+        """Before the client's first send and the first after a failed one: raise
+        :class:`BrokerConnectionError` when no bootstrap server accepts a connection."""
+        if self._probe:
+            require_reachable(self.settings.bootstrap_servers, CONNECT_TIMEOUT_S)
+            self._probe = False
+
+    def failed(self, err: BrokerError) -> BrokerError:
+        """What the caller gets for a failed delivery: :class:`BrokerConnectionError` when it
+        may mean Kafka is gone and no bootstrap server accepts a connection now, else ``err``.
+        The next send probes first either way."""
+        self._probe = True
+        if err.code not in _UNREACHABLE_CODES:
+            return err
+        try:
+            self.reach()
+        except BrokerConnectionError as exc:
+            return BrokerConnectionError(f"{exc}; not delivered: {err}", code=exc.code)
+        return err
 
     def build_schedule(self, spec: JobSpec, now_ms: int) -> JobCommand:
         command = build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
@@ -215,7 +273,7 @@ class JobClient(_Client):
         job_id: str,
         timeout: float | timedelta = 60.0,
         *,
-        since: datetime | None = None,
+        since: datetime | str | None = None,
     ) -> Any:
         """Block until the one-off job ``job_id`` has finished and return its result: the
         task's return value (JSON-decoded), like Celery's ``AsyncResult.get()``.
@@ -227,7 +285,8 @@ class JobClient(_Client):
         The outcome is read from the job's partition of the status and acks topics (see
         :mod:`jobwheel.producers.results`): no status API needed. For a job this client scheduled
         reading starts just before it was scheduled; for another, at ``since`` (default an
-        hour ago). A recurring job never finishes: wait for a one-off (now, at, in) job.
+        hour ago; an aware datetime or ISO 8601 text with an offset). A recurring job never
+        finishes: wait for a one-off (now, at, in) job.
         """
         from jobwheel.producers.results import wait_for_result
 
@@ -236,7 +295,7 @@ class JobClient(_Client):
         with self._scheduled_lock:
             known = self._scheduled.get(job_id)
         if since is not None:
-            since_ms = v.aware_ms(since, "since")
+            since_ms = instant_value_ms(since, "since")
         else:
             since_ms = known[0] if known else None
         return wait_for_result(
@@ -264,18 +323,21 @@ class JobClient(_Client):
         def delivered(err: DeliveryError | None, _: Delivered | None) -> None:
             done.append(err)
 
+        self._c.reach()
         self._c.producer.produce(self._c.topic, value, key, delivered, headers=headers)
         deadline = time.monotonic() + self.delivery_timeout_s
         while not done and time.monotonic() < deadline:
             self._c.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         if not done:
-            raise DeliveryError(
-                f"record not acknowledged within {self.delivery_timeout_s:.0f}s; is the broker "
-                "reachable?",
-                code="_TIMED_OUT",
+            raise self._c.failed(
+                DeliveryError(
+                    f"record not acknowledged within {self.delivery_timeout_s:.0f}s; is the "
+                    "broker reachable?",
+                    code="_TIMED_OUT",
+                )
             )
         if done[0] is not None:
-            raise done[0]
+            raise self._c.failed(done[0])
 
     def cancel(self, job_id: str, reason: str | None = None) -> str:
         """No further fires; an active run finishes. Returns the command id."""
@@ -307,6 +369,7 @@ class JobClient(_Client):
 
     def _send(self, commands: list[JobCommand]) -> None:
         encoded = [self._c.encode(c) for c in commands]  # all encodable before any is sent
+        self._c.reach()
         failures: list[tuple[str, DeliveryError]] = []
         pending = [len(commands)]
         lock = threading.Lock()
@@ -331,19 +394,23 @@ class JobClient(_Client):
         while pending[0] > 0 and time.monotonic() < deadline:
             self._c.producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         if pending[0] > 0:
-            raise DeliveryError(
-                f"{pending[0]} of {len(commands)} commands not acknowledged within "
-                f"{self.delivery_timeout_s:.0f}s; is the broker reachable?",
-                code="_TIMED_OUT",
+            raise self._c.failed(
+                DeliveryError(
+                    f"{pending[0]} of {len(commands)} commands not acknowledged within "
+                    f"{self.delivery_timeout_s:.0f}s; is the broker reachable?",
+                    code="_TIMED_OUT",
+                )
             )
         if failures:
             if len(commands) == 1:
-                raise failures[0][1]
-            raise _batch_error(failures, len(commands))
+                raise self._c.failed(failures[0][1])
+            raise self._c.failed(_batch_error(failures, len(commands)))
         log.debug("commands delivered", extra={"count": len(commands), "topic": self._c.topic})
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until nothing is queued (every method already waits for its own records)."""
+        if not self._c.started:
+            return
         remaining = self._c.producer.flush(
             self.delivery_timeout_s if timeout_s is None else timeout_s
         )
@@ -351,7 +418,8 @@ class JobClient(_Client):
             raise DeliveryError(f"{remaining} records still queued after flush", "_TIMED_OUT")
 
     def close(self) -> None:
-        self._c.producer.close()
+        if self._c.started:
+            self._c.producer.close()
 
     def __enter__(self) -> JobClient:
         return self
@@ -380,8 +448,9 @@ class AsyncJobClient(_Client):
             self._poller.start()
 
     def _poll_loop(self) -> None:
+        producer = self._c.producer
         while not self._stop.is_set():
-            self._c.producer.poll(0.1)
+            producer.poll(0.1)
 
     async def schedule(self, job_id: str | None = None, **options: Any) -> str:
         """See :meth:`JobClient.schedule`."""
@@ -416,8 +485,9 @@ class AsyncJobClient(_Client):
 
     async def _send(self, commands: list[JobCommand]) -> None:
         encoded = [self._c.encode(c) for c in commands]
-        self._start()
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._c.reach)  # a black-holed address takes its time
+        self._start()
         waiting: list[tuple[str, asyncio.Future[Delivered]]] = []
         failures: list[tuple[str, DeliveryError]] = []
         deadline = time.monotonic() + self.delivery_timeout_s
@@ -441,20 +511,20 @@ class AsyncJobClient(_Client):
                 timeout=max(0.0, deadline - time.monotonic()),
             )
         except TimeoutError as exc:
-            raise DeliveryError(
+            timed_out = DeliveryError(
                 f"commands not acknowledged within {self.delivery_timeout_s:.0f}s; "
                 "is the broker reachable?",
                 code="_TIMED_OUT",
-            ) from exc
+            )
+            raise await loop.run_in_executor(None, self._c.failed, timed_out) from exc
         for (job_id, _), result in zip(waiting, results, strict=True):
             if isinstance(result, DeliveryError):
                 failures.append((job_id, result))
             elif isinstance(result, BaseException):
                 raise result
         if failures:
-            if len(commands) == 1:
-                raise failures[0][1]
-            raise _batch_error(failures, len(commands))
+            error = failures[0][1] if len(commands) == 1 else _batch_error(failures, len(commands))
+            raise await loop.run_in_executor(None, self._c.failed, error)
 
     async def flush(self) -> None:
         """Wait for every command sent so far to be acknowledged (or to fail)."""
@@ -467,7 +537,8 @@ class AsyncJobClient(_Client):
         poller, self._poller = self._poller, None
         if poller is not None:
             await asyncio.get_running_loop().run_in_executor(None, poller.join)
-        await asyncio.get_running_loop().run_in_executor(None, self._c.producer.close)
+        if self._c.started:
+            await asyncio.get_running_loop().run_in_executor(None, self._c.producer.close)
 
     async def __aenter__(self) -> AsyncJobClient:
         return self

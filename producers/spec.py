@@ -54,7 +54,9 @@ class JobSpec:
     """The options of ``schedule`` as a value (``schedule_many`` takes a list of them).
 
     Exactly one of ``now``/``at``/``in_``/``every``/``cron`` is required. ``at`` and
-    ``start_at`` must be time-zone-aware. ``tz`` applies to ``cron`` only.
+    ``start_at`` are aware datetimes or ISO 8601 text with an offset
+    (``"2030-01-01T09:00:00+01:00"``), durations timedeltas or duration text (``"5s"``), as on
+    the command line. ``tz`` applies to ``cron`` only.
     """
 
     task: str = _option(dataclasses.MISSING, "registered task name, e.g. demo.echo", metavar="NAME")
@@ -68,13 +70,13 @@ class JobSpec:
         None, "task arguments as JSON (an object becomes kwargs)", form="json", metavar="JSON"
     )
     now: bool = _option(False, "run once, now", form="flag")
-    at: datetime | None = _option(
+    at: datetime | str | None = _option(
         None, "run once at an ISO 8601 time with an offset or Z", form="instant", metavar="ISO8601"
     )
-    in_: timedelta | None = _option(
+    in_: timedelta | str | None = _option(
         None, "run once after DURATION", form="duration", metavar="DURATION", cli="in", json="in"
     )
-    every: timedelta | None = _option(
+    every: timedelta | str | None = _option(
         None,
         f"run every DURATION (at least {rules.MIN_EVERY_MS // 1000}s)",
         form="duration",
@@ -82,20 +84,20 @@ class JobSpec:
     )
     cron: str | None = _option(None, "five-field cron expression", metavar="EXPR")
     tz: str = _option("UTC", "IANA time zone of cron (default UTC)", metavar="ZONE")
-    start_at: datetime | None = _option(
+    start_at: datetime | str | None = _option(
         None, "first fire of every (ISO 8601)", form="instant", metavar="ISO8601"
     )
     max_attempts: int = _option(3, "attempts per run (default 3)", form="int", metavar="N")
-    timeout: timedelta | None = _option(
+    timeout: timedelta | str | None = _option(
         None, "per-attempt time limit", form="duration", metavar="DURATION"
     )
-    visibility_timeout: timedelta = _option(
+    visibility_timeout: timedelta | str = _option(
         DEFAULT_VISIBILITY_TIMEOUT,
         "redeliver after this (default 30s)",
         form="duration",
         metavar="DURATION",
     )
-    starting_deadline: timedelta | None = _option(
+    starting_deadline: timedelta | str | None = _option(
         None, "a fire later than this is MISSED", form="duration", metavar="DURATION"
     )
     concurrency_policy: ConcurrencyPolicy | str = _option(
@@ -187,10 +189,17 @@ def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCom
         trigger=trigger,
         args_json=rules.args_json(spec.args, max_args_bytes),
         max_attempts=rules.max_attempts(spec.max_attempts),
-        timeout_ms=rules.positive_ms(spec.timeout, "timeout", allow_none=True),
-        visibility_timeout_ms=rules.positive_ms(spec.visibility_timeout, "visibility_timeout"),  # type: ignore[arg-type]
+        timeout_ms=rules.positive_ms(
+            timetext.duration_value(spec.timeout, "timeout"), "timeout", allow_none=True
+        ),
+        visibility_timeout_ms=rules.positive_ms(  # type: ignore[arg-type]
+            timetext.duration_value(spec.visibility_timeout, "visibility_timeout"),
+            "visibility_timeout",
+        ),
         starting_deadline_ms=rules.positive_ms(
-            spec.starting_deadline, "starting_deadline", allow_none=True
+            timetext.duration_value(spec.starting_deadline, "starting_deadline"),
+            "starting_deadline",
+            allow_none=True,
         ),
         concurrency_policy=rules.concurrency_policy(spec.concurrency_policy),
         idempotency_key=rules.idempotency_key(spec.idempotency_key),

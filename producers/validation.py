@@ -22,7 +22,7 @@ from jobwheel.schemas.models import After, At, Every, Now, Trigger
 
 # The one grammar of durations and instants (:mod:`jobwheel.schemas.timetext`), under the names
 # the CLI and the API have always called here.
-from jobwheel.schemas.timetext import DURATION_EXAMPLES
+from jobwheel.schemas.timetext import DURATION_EXAMPLES, duration_value, instant_value_ms
 from jobwheel.schemas.timetext import aware_ms as aware_ms
 from jobwheel.schemas.timetext import parse_duration as parse_duration
 from jobwheel.schemas.timetext import parse_instant as parse_instant
@@ -33,15 +33,17 @@ MAX_PAST = timedelta(milliseconds=rules.MAX_PAST_MS)
 def trigger(
     *,
     now: bool = False,
-    at: datetime | None = None,
-    in_: timedelta | None = None,
-    every: timedelta | None = None,
+    at: datetime | str | None = None,
+    in_: timedelta | str | None = None,
+    every: timedelta | str | None = None,
     cron: str | None = None,
     tz: str = "UTC",
-    start_at: datetime | None = None,
+    start_at: datetime | str | None = None,
     now_ms: int,
 ) -> Trigger:
-    """Exactly one of now/at/in_/every/cron, checked and turned into a trigger model."""
+    """Exactly one of now/at/in_/every/cron, checked and turned into a trigger model. Times
+    are aware datetimes or ISO 8601 text with an offset, durations timedeltas or duration
+    text (``5s``): one grammar with the CLI (:mod:`jobwheel.schemas.timetext`)."""
     given = [
         name
         for name, value in (("now", now), ("at", at), ("in", in_), ("every", every), ("cron", cron))
@@ -60,14 +62,14 @@ def trigger(
             raise ValidationError("now", f"must be True, got {clip(now)}")
         return Now()
     if at is not None:
-        return At(rules.not_too_old(aware_ms(at, "at"), now_ms))
+        return At(rules.not_too_old(instant_value_ms(at, "at"), now_ms))
     if in_ is not None:
-        return After(rules.positive_ms(in_, "in"))  # type: ignore[arg-type]
+        return After(rules.positive_ms(duration_value(in_, "in"), "in"))  # type: ignore[arg-type]
     if every is not None:
-        interval = rules.every_ms(every)
+        interval = rules.every_ms(duration_value(every, "every"))  # type: ignore[arg-type]
         first = None
         if start_at is not None:
-            first = rules.not_too_old(aware_ms(start_at, "start_at"), now_ms, "start_at")
+            first = rules.not_too_old(instant_value_ms(start_at, "start_at"), now_ms, "start_at")
         return Every(interval, first)  # type: ignore[arg-type]
     return rules.cron(cron, tz)
 

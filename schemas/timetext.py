@@ -11,6 +11,10 @@
   would schedule a job (or cut a filter) hours off.
 - Where a point in time is a filter (:func:`instant_ms`), it may also be epoch milliseconds or
   an age: a duration meaning "that long before now" (``--since 2h``).
+- The SDK takes a point in time as an aware ``datetime`` or as the same text
+  (:func:`instant_value_ms`), and a duration as a ``timedelta`` or the same text
+  (:func:`duration_value`), so ``at="2030-01-01T09:00:00+01:00"`` or ``in_="5s"`` mean there
+  what they mean to ``jobwheel submit``.
 
 Pure: "now" is an argument. Every failure is a :class:`~jobwheel.errors.ValidationError`
 naming the field.
@@ -72,7 +76,11 @@ def parse_duration(text: Any, field: str) -> timedelta:
 def aware_ms(value: Any, field: str) -> int:
     """A time-zone-aware datetime as epoch milliseconds; naive datetimes are ambiguous."""
     if not isinstance(value, datetime):
-        raise ValidationError(field, f"must be a datetime, got {type(value).__name__}")
+        raise ValidationError(
+            field,
+            f"must be an aware datetime or an ISO 8601 time with an offset (e.g. "
+            f"{INSTANT_EXAMPLE}), got {type(value).__name__} {clip(value)}",
+        )
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError(
             field,
@@ -107,6 +115,20 @@ def parse_instant(text: Any, field: str = "at") -> datetime:
         )
     aware_ms(value, field)
     return value
+
+
+def instant_value_ms(value: Any, field: str) -> int:
+    """A point in time given to the SDK, as epoch milliseconds: an aware ``datetime``, or ISO
+    8601 text with an offset (:func:`parse_instant`)."""
+    if isinstance(value, str):
+        value = parse_instant(value, field)
+    return aware_ms(value, field)
+
+
+def duration_value(value: Any, field: str) -> Any:
+    """A duration given to the SDK: duration text (``5s``, :func:`parse_duration`) becomes a
+    ``timedelta``; anything else is returned for the caller's own checks."""
+    return parse_duration(value, field) if isinstance(value, str) else value
 
 
 def _is_duration(text: str) -> bool:

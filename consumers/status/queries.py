@@ -1,7 +1,9 @@
 """The reads behind the status API, the CLI and the dashboards, in one place.
 
 Everything reads the ``jobs`` and ``runs`` views or ``status_events FINAL`` (migrations 0001 and
-0004), so a redelivered event never counts twice and the answer never depends on arrival order.
+0008), so a redelivered event never counts twice and the answer never depends on arrival order
+or on the store's merges: each field of a job or a run is the value of its latest event that
+sets it (by the ordering token), never "any" one.
 Times are epoch milliseconds UTC, as in the contract.
 """
 

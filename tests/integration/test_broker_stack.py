@@ -224,3 +224,69 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     again = tail.wait_for(run_id, State.STARTED, count=2, timeout_s=90)
     tail.poll_to_end()
     assert [e.attempt for e in tail.of(run_id, State.STARTED)] == [1, 2], again
+
+
+# Its waits: the first stack up (90) and ready (90), the second's answer (90), its stop when it
+# was not refused (90), the health calls (3 x 60).
+@pytest.mark.timeout(90 + 90 + 90 + 90 + 3 * 60)
+def test_a_second_jobwheel_up_on_the_same_data_dir_is_refused_and_leaves_the_first_alone(
+    settings: Settings,
+    jobwheel_env: dict[str, str],
+    kafka_bootstrap: str,
+    procs: Procs,
+    tmp_path: Path,
+) -> None:
+    """`make run` in a second terminal while the first one runs: refused in one line naming the
+    running stack (pid, API URL) and what to do, before it starts a service, writes a log line
+    or touches the first one's stack.json (which `jobwheel health` reads)."""
+    from tests.support import stop, wait_for_log
+
+    env = {**jobwheel_env, "JOBWHEEL_LOG_FORMAT": "text"}  # as `make run`
+    data = settings.data_dir
+    first_log = tmp_path / "first.log"
+    first = procs.spawn(["jobwheel", "up", "--bootstrap", kafka_bootstrap], env, first_log)
+    wait_for_log(first_log, "jobwheel stack up", 90, proc=first)
+
+    def health() -> str:
+        result = subprocess.run(
+            jobwheel_argv(["jobwheel", "health"]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=scaled(60),
+        )
+        return result.stdout + result.stderr
+
+    ready = [f"ok    ready:{name}" for name in ("scheduler", "worker", "api")]
+    wait_until(
+        lambda: all(line in health() for line in ready), 90, 1.0, "the first stack never ready"
+    )
+    stack_file = (data / "stack.json").read_text()
+
+    second_log = tmp_path / "second.log"
+    second = procs.spawn(["jobwheel", "up", "--bootstrap", kafka_bootstrap], env, second_log)
+    wait_until(
+        lambda: second.poll() is not None or "jobwheel stack up" in second_log.read_text(),
+        90,
+        message=second_log.read_text(),
+    )
+    if second.poll() is None:  # not refused: stopped as its user would, with Ctrl-C
+        stop(second, signal.SIGINT, timeout_s=90)
+    said = second_log.read_text()
+    assert second.returncode == 1, said
+    (line,) = said.splitlines()
+    assert line.startswith(
+        f"jobwheel up: a jobwheel stack is already running on the data dir {data} "
+        f"(pid {first.pid}, API {settings.status_api_url}, Kafka {kafka_bootstrap}); "
+        f"use that one, stop it first (Ctrl-C in its terminal or `kill {first.pid}`), or start "
+        "this one on another data dir"
+    ), line
+
+    # The first stack is untouched and still answers for itself.
+    assert first.poll() is None
+    assert (data / "stack.json").read_text() == stack_file
+    for name in ("scheduler", "api"):
+        own = (data / "logs" / f"{name}.log").read_text()
+        assert "another scheduler is running" not in own and "Cannot lock file" not in own
+    report = health()
+    assert all(line in report for line in ready), report

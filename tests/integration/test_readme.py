@@ -211,6 +211,20 @@ def test_the_readme_examples_run_as_written_from_a_scratch_folder(
         f"job {cron_job}  CANCELLED  "
     )
 
+    # --- every SDK snippet that runs next to `make run`, as written, in a file of its own -----
+    sdk = section("Client SDK")
+    snippets = []
+    for code in blocks(sdk, "python"):
+        first = code.splitlines()[0]
+        if "with `make run` up" not in first:
+            continue
+        name, run_it = re.fullmatch(r"# (\S+\.py); .*: (python \S+\.py)", first).groups()
+        (scratch / name).write_text(code + "\n")
+        ran = user.ok(run_it)
+        assert (ran.stdout, ran.stderr) == ("{'x': 1}\n", ""), (name, ran)
+        snippets.append(name)
+    assert snippets == ["wait_for_echo.py"]  # the `client.wait` example ran
+
     # --- my_tasks.py and its worker, started in its folder -----------------------------------
     execution = section("Execution: workers and at-least-once")
     (tasks_code,) = [b for b in blocks(execution, "python") if "# my_tasks.py" in b]

@@ -84,12 +84,12 @@ def test_stale_migration_lock_is_broken(store: StatusStore) -> None:
     store.client.command(
         f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory COMMENT 'dead-host:1 1000'"
     )
-    # a starter died in the middle of the newest migration (it rebuilds the jobs view)
+    # a starter died in the middle of the newest migration (it rebuilds the runs view)
     newest = load_migrations()[-1].version
-    store.client.command("DROP VIEW jobs")
+    store.client.command("DROP VIEW runs")
     store.client.command(f"ALTER TABLE schema_migrations DELETE WHERE version = {newest}")
     assert store.migrate(lock_stale_s=60) == [newest]
-    assert store.query("EXISTS TABLE jobs")[2] == [(1,)]
+    assert store.query("EXISTS TABLE runs")[2] == [(1,)]
 
 
 def test_a_held_lock_times_out_with_advice(store: StatusStore) -> None:
@@ -239,6 +239,125 @@ def test_worker_event_for_an_older_seq_does_not_override_newer_scheduler_state(
     assert job is not None and job["state"] == "SCHEDULED" and job["attempts"] == 2
     (r,) = queries.job_runs(store, "job-b")
     assert r["state"] == "DISPATCHED" and r["attempts"] == 2 and r["finished_ms"] is None
+
+
+def test_a_job_scheduled_again_with_another_task_shows_the_new_task_after_the_merges(
+    store: StatusStore,
+) -> None:
+    """The fix for a misspelt task: the job scheduled again under its id with the right name,
+    its dead run replayed (which runs the job's current definition). Every event after that
+    names the new task, so every view does, also once the parts are merged (the old any(task)
+    kept the oldest name there)."""
+    t0 = now_ms()
+    run = "job-t@1"
+    store.add_events(
+        [
+            event("job-t", State.SCHEDULED, seq=1, t=t0, task="demo.ecko"),
+            event(
+                "job-t", State.DISPATCHED, seq=2, t=t0 + 1, run_id=run, attempt=1, task="demo.ecko"
+            ),
+            event("job-t", State.DEAD, seq=3, t=t0 + 2, run_id=run, attempt=1, task="demo.ecko"),
+            event("job-t", State.DEAD, seq=4, t=t0 + 3, task="demo.ecko"),
+        ]
+    )
+    store.add_events([event("job-t", State.SCHEDULED, seq=5, t=t0 + 10, task="demo.echo")])
+    store.add_events(
+        [
+            event(
+                "job-t", State.DISPATCHED, seq=6, t=t0 + 20, run_id=run, attempt=2, task="demo.echo"
+            ),
+            event(
+                "job-t", State.SUCCEEDED, seq=6, t=t0 + 21, run_id=run, attempt=2, task="demo.echo"
+            ),
+            event("job-t", State.COMPLETED, seq=7, t=t0 + 22, task="demo.echo"),
+        ]
+    )
+    for table in ("job_state", "run_state"):
+        store.client.command(f"OPTIMIZE TABLE {table} FINAL")
+        (parts,) = store.query(
+            "SELECT count() FROM system.parts WHERE database = currentDatabase() "
+            "AND table = {table:String} AND active",
+            {"table": table},
+        )[2]
+        assert parts == (1,), (table, parts)  # merged: one part holds every row of the job
+
+    job = queries.get_job(store, "job-t")
+    assert job is not None and (job["task"], job["state"]) == ("demo.echo", "COMPLETED")
+    (r,) = queries.job_runs(store, "job-t")
+    assert (r["task"], r["state"]) == ("demo.echo", "SUCCEEDED")
+    listed = queries.list_jobs(store, queries.JobFilter(task="demo.echo")).jobs
+    assert [j["job_id"] for j in listed] == ["job-t"]
+    assert queries.list_jobs(store, queries.JobFilter(task="demo.ecko")).jobs == []
+
+
+def test_a_run_shows_the_error_and_duration_of_what_it_is_now(store: StatusStore) -> None:
+    """Attempt 1 failed, attempt 2 succeeded: the run shows its result, not attempt 1's error.
+    A run handed back by a stopping worker and running again shows neither the hand-back's
+    error nor its duration while it runs."""
+    t0 = now_ms()
+    ok, again = "job-r@1", "job-h@1"
+    store.add_events(
+        [
+            event("job-r", State.SCHEDULED, seq=1, t=t0, task="t"),
+            event("job-r", State.DISPATCHED, seq=2, t=t0 + 1, run_id=ok, attempt=1),
+            event(
+                "job-r",
+                State.FAILED,
+                seq=2,
+                t=t0 + 2,
+                run_id=ok,
+                attempt=1,
+                error="E: boom",
+                duration_ms=5,
+            ),
+            event("job-r", State.RETRYING, seq=3, t=t0 + 3, run_id=ok, attempt=1),
+        ]
+    )
+    (r,) = queries.job_runs(store, "job-r")
+    assert (r["state"], r["error"], r["duration_ms"]) == ("RETRYING", "E: boom", None)
+    store.add_events(
+        [
+            event("job-r", State.DISPATCHED, seq=4, t=t0 + 10, run_id=ok, attempt=2),
+            event(
+                "job-r",
+                State.SUCCEEDED,
+                seq=4,
+                t=t0 + 12,
+                run_id=ok,
+                attempt=2,
+                duration_ms=2,
+                result_json="1",
+            ),
+        ]
+    )
+    (r,) = queries.job_runs(store, "job-r")
+    assert (r["state"], r["error"], r["duration_ms"], r["result"]) == ("SUCCEEDED", None, 2, 1)
+
+    store.add_events(
+        [
+            event("job-h", State.SCHEDULED, seq=1, t=t0, task="t"),
+            event("job-h", State.DISPATCHED, seq=2, t=t0 + 1, run_id=again, attempt=1),
+            event("job-h", State.STARTED, seq=2, t=t0 + 2, run_id=again, attempt=1),
+            event(
+                "job-h",
+                State.FAILED,
+                seq=2,
+                t=t0 + 9,
+                run_id=again,
+                attempt=1,
+                error="worker shutdown",
+                reason="worker shutdown",
+                duration_ms=7,
+            ),
+            event("job-h", State.DISPATCHED, seq=3, t=t0 + 10, run_id=again, attempt=2),
+            event("job-h", State.STARTED, seq=3, t=t0 + 11, run_id=again, attempt=2),
+        ]
+    )
+    (h,) = queries.job_runs(store, "job-h")
+    assert (h["state"], h["error"], h["duration_ms"]) == ("STARTED", None, None)
+    # the events keep every attempt's error
+    errors = [e["error"] for e in queries.run_events(store, again) if e["error"]]
+    assert errors == ["worker shutdown"]
 
 
 def test_same_seq_ties_break_by_source_then_state_rank(store: StatusStore) -> None:
@@ -698,7 +817,7 @@ def test_jobs_recorded_before_the_model_are_backfilled(engine_dsn: str) -> None:
             ]
         )
         assert queries.state_counts(store) == {"COMPLETED": 1, "DEAD": 1, "REJECTED": 1}
-        assert store.migrate() == [5, 6, 7]
+        assert store.migrate(migrations[:7]) == [5, 6, 7]
         assert queries.state_counts(store) == {"COMPLETED": 1, "PAUSED": 1}
         job = queries.get_job(store, "done")
         assert job is not None and job["created_ms"] == t0 and job["task"] == "demo.echo"
@@ -762,6 +881,35 @@ def _random_history(rng: random.Random, t0: int, jobs: int, prefix: str) -> list
     return out
 
 
+def test_a_store_with_events_gets_each_latest_task_from_migration_0008(engine_dsn: str) -> None:
+    """Migration 0008 on a store that already holds a job scheduled again with another task,
+    merged: it read the oldest task before, the latest after, and events after it too."""
+    migrations = load_migrations()
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
+    try:
+        store.migrate(migrations[:7])
+        t0 = now_ms()
+        store.add_events([event("j", State.SCHEDULED, seq=1, t=t0, task="demo.ecko")])
+        store.add_events(
+            [
+                event("j", State.SCHEDULED, seq=2, t=t0 + 1, task="demo.echo"),
+                event("j", State.DISPATCHED, seq=3, t=t0 + 2, run_id="j@1", task="demo.echo"),
+            ]
+        )
+        store.client.command("OPTIMIZE TABLE job_state FINAL")
+        assert queries.get_job(store, "j")["task"] == "demo.ecko"  # type: ignore[index]
+        assert store.migrate(migrations[:8]) == [8]
+        assert queries.get_job(store, "j")["task"] == "demo.echo"  # type: ignore[index]
+        assert [r["task"] for r in queries.job_runs(store, "j")] == ["demo.echo"]
+        store.add_events([event("j", State.SCHEDULED, seq=4, t=t0 + 3, task="demo.sleep")])
+        store.client.command("OPTIMIZE TABLE job_state FINAL")
+        assert queries.get_job(store, "j")["task"] == "demo.sleep"  # type: ignore[index]
+    finally:
+        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        store.close()
+
+
 def test_the_plain_state_tables_answer_as_the_aggregate_states_did(engine_dsn: str) -> None:
     """Migration 0007 (tuples under max instead of argMax states) on a store that holds events:
     every column of `jobs` and `runs` reads the same before and after it, and events inserted
@@ -795,7 +943,7 @@ def test_the_plain_state_tables_answer_as_the_aggregate_states_did(engine_dsn: s
             insert_shuffled(store, before_events)
         jobs_before, runs_before = read(new)
         assert len(jobs_before) > 25 and len(runs_before) > 60  # the mix has both kinds
-        assert new.migrate() == [7]
+        assert new.migrate(migrations[:7]) == [7]
         assert read(new) == (jobs_before, runs_before)
         for store in (old, new):
             insert_shuffled(store, after_events)

@@ -94,6 +94,11 @@ def test_defaults_and_generated_ids() -> None:
         ({"at": NOW + timedelta(hours=1)}, At(NOW_MS + 3_600_000)),
         ({"at": datetime(2030, 6, 1, 14, 0, tzinfo=ZoneInfo("Europe/Berlin"))}, At(NOW_MS)),
         ({"cron": "@hourly"}, Cron("@hourly", "UTC")),
+        # the CLI's text forms (schemas/timetext.py) mean the same in the SDK
+        ({"at": "2030-06-01T13:00:00Z"}, At(NOW_MS + 3_600_000)),
+        ({"at": "2030-06-01T14:00:00+02:00"}, At(NOW_MS)),
+        ({"in_": "5s"}, After(5000)),
+        ({"every": "1m", "start_at": "2030-06-01T12:00:30Z"}, Every(60_000, NOW_MS + 30_000)),
     ],
 )
 def test_triggers(kwargs: dict[str, object], trigger: object) -> None:
@@ -113,7 +118,12 @@ def test_slightly_past_at_is_accepted_and_fires_immediately() -> None:
         ({"cron": "*/5 * * * *", "tz": "Mars/Olympus"}, "timezone"),
         ({"at": datetime(2030, 6, 1, 13, 0)}, "at"),  # naive
         ({"at": NOW - timedelta(hours=1, seconds=1)}, "at"),
-        ({"at": "2030-06-01T13:00:00Z"}, "at"),
+        ({"at": "2030-06-01T13:00:00"}, "at"),  # text without an offset
+        ({"at": "tomorrow"}, "at"),
+        ({"at": 1_900_000_000_000}, "at"),  # epoch ms: the SDK takes a datetime or ISO text
+        ({"in_": "5 s"}, "in"),
+        ({"every": "0s"}, "every"),
+        ({"timeout": "1y"}, "timeout"),
         ({"in_": timedelta(0)}, "in"),
         ({"in_": timedelta(seconds=-1)}, "in"),
         ({"in_": timedelta(microseconds=500)}, "in"),
@@ -299,3 +309,24 @@ def test_the_scheduler_check_agrees_on_random_and_broken_json(
             assert _verdict(rules.check_args_text, candidate, limit) == _verdict(
                 rules.parse_args_text, candidate, limit
             ), candidate
+
+
+def test_the_sdk_takes_the_cli_text_for_times_and_durations() -> None:
+    """`at="...Z"` used to raise "must be a datetime, got str" while the message for a naive
+    datetime suggested an ISO string: the SDK now reads both forms by the CLI's grammar."""
+    as_text = build(at="2030-06-01T13:00:00+01:00", timeout="2m", visibility_timeout="10s")
+    as_values = build(
+        at=NOW, timeout=timedelta(minutes=2), visibility_timeout=timedelta(seconds=10)
+    )
+    assert as_text.body == as_values.body
+    with pytest.raises(ValidationError) as info:
+        build(at="2030-06-01T13:00:00")
+    assert str(info.value) == (
+        "at: '2030-06-01T13:00:00' has no time zone offset; add one, e.g. "
+        "2030-06-01T13:00:00+01:00 or 2030-06-01T13:00:00Z"
+    )
+    with pytest.raises(ValidationError) as info:
+        build(at=1_900_000_000_000)
+    assert str(info.value).startswith(
+        "at: must be an aware datetime or an ISO 8601 time with an offset (e.g. "
+    )
