@@ -448,12 +448,19 @@ def replace_acls(
 def metadata_answers(config: dict[str, Any], timeout_s: float) -> bool:
     """Does a broker of ``config`` answer a metadata request within ``timeout_s``? Quiet:
     asked in a loop while a broker starts, whose refusals are expected."""
+    return bool(live_brokers(config, timeout_s))
+
+
+def live_brokers(config: dict[str, Any], timeout_s: float) -> frozenset[int]:
+    """The ids of the brokers a metadata answer of ``config`` lists (registered and not
+    fenced); empty when nothing answers within ``timeout_s``. Quiet, like
+    :func:`metadata_answers`: asked in a loop while the brokers of a cluster start."""
     from confluent_kafka.admin import AdminClient
 
     quiet = logging.getLogger("jobwheel.kafka.probe.librdkafka")
     quiet.setLevel(logging.CRITICAL)
     admin = AdminClient({**config, "logger": quiet})
     try:
-        return bool(admin.list_topics(timeout=timeout_s).brokers)
+        return frozenset(admin.list_topics(timeout=timeout_s).brokers)
     except Exception:
-        return False
+        return frozenset()
