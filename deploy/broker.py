@@ -1138,7 +1138,8 @@ class LocalCluster:
         live: frozenset[int] = frozenset()
         while time.monotonic() < deadline:
             for broker in self._brokers.values():
-                broker._raise_if_dead()
+                if broker._proc is not None:  # started here: its exit is an error to report
+                    broker._raise_if_dead()
             live = live_brokers(self.client_config(), 2.0)
             if wanted <= live:
                 return

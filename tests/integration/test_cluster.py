@@ -1,20 +1,40 @@
-"""jobwheel on a three-node KRaft cluster: the local cluster itself (`jobwheel broker start
---nodes 3` and its per-node stop and start)."""
+"""jobwheel on a three-node KRaft cluster: the local cluster itself, topics sized for it, the
+replication health.
+
+All tests but the first share the session's cluster (``kafka_cluster``): starting three JVMs
+is the slow part. A test may stop or kill nodes; ``on_cluster`` brings every node back, and
+every partition back into its full ISR, before the next test starts.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from jobwheel.deploy.broker import LocalCluster, free_port
-from jobwheel.kafka.admin import live_brokers
+from jobwheel.errors import ConfigError
+from jobwheel.kafka.admin import ensure_topics, live_brokers
+from jobwheel.kafka.replication import (
+    ReplicationCollector,
+    jobwheel_topics,
+    replication_report,
+)
+from jobwheel.settings import Settings
+from tests.conftest import settings_env
 from tests.support import scaled, wait_until
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]
+PARTITIONS = 4
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -97,3 +117,158 @@ def test_cli_starts_a_three_node_cluster_stops_and_starts_one_node(tmp_path: Pat
         assert _cli("broker", "status", *where).returncode == 3
     finally:
         LocalCluster.load(data).stop(timeout_s=10) if (data / "cluster.json").exists() else None
+
+
+# --- the session's cluster ---------------------------------------------------------------------
+
+
+def _partitions_not_in_full_isr(bootstrap: str) -> list[str]:
+    """Every partition of the cluster (internal topics too) without a leader or full ISR."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=scaled(10))
+    return [
+        f"{name}[{pid}] leader {p.leader} isr {p.isrs} of {p.replicas}"
+        for name, topic in metadata.topics.items()
+        for pid, p in topic.partitions.items()
+        if p.leader < 0 or len(p.isrs) < len(p.replicas)
+    ]
+
+
+def _all_back(cluster: LocalCluster) -> None:
+    """Every node running, listed as a live broker, and every partition in its full ISR."""
+    for node_id in cluster.node_ids:
+        if cluster.node(node_id).running_pid() is None:
+            cluster.start_node(
+                node_id, die_with_parent=not os.environ.get("JOBWHEEL_TEST_CLUSTER_DIR")
+            )
+    cluster.wait_ready(scaled(120))
+    last: list[list[str]] = [[]]
+
+    def full() -> bool:
+        last[0] = _partitions_not_in_full_isr(cluster.bootstrap)
+        return not last[0]
+
+    wait_until(full, scaled(120), 0.5, f"partitions not back in full ISR: {last[0][:10]}")
+
+
+@pytest.fixture
+def on_cluster(kafka_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    _all_back(kafka_cluster)
+    yield kafka_cluster
+
+
+def _settings(cluster: LocalCluster, tmp_path: Path, **overrides: Any) -> Settings:
+    prefix = f"c{uuid.uuid4().hex[:10]}"
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        bootstrap_servers=cluster.bootstrap,
+        topic_prefix=prefix,
+        partitions=PARTITIONS,
+        data_dir=tmp_path / f"data-{prefix}",
+        log_format="text",
+        scheduler_app_id=f"{prefix}-scheduler",
+        worker_group=f"{prefix}-workers",
+        status_group=f"{prefix}-status",
+        api_port=free_port(),
+        **overrides,
+    )
+
+
+def test_topics_ensure_sizes_topics_for_the_cluster(
+    on_cluster: LocalCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three replicas and min.insync.replicas 2 by default; settings override both; one
+    warning when a setting asks for one replica on a cluster; a factor the cluster cannot hold
+    is refused before anything is created."""
+    sized = _settings(on_cluster, tmp_path)
+    assert len(ensure_topics(sized)) == 6
+    report = replication_report(sized, scaled(10))
+    assert not report.missing and len(report.partitions) == 6 * PARTITIONS
+    assert {len(p.replicas) for p in report.partitions} == {3}
+    for name in jobwheel_topics(sized):
+        assert _topic_config(on_cluster.bootstrap, name, "min.insync.replicas") == "2", name
+
+    chosen = _settings(on_cluster, tmp_path, replication_factor=2, min_insync_replicas=2)
+    ensure_topics(chosen)
+    assert {len(p.replicas) for p in replication_report(chosen, scaled(10)).partitions} == {2}
+    assert _topic_config(on_cluster.bootstrap, chosen.topics.runs, "min.insync.replicas") == "2"
+
+    single = _settings(on_cluster, tmp_path, replication_factor=1)
+    with caplog.at_level(logging.WARNING, logger="jobwheel.kafka.admin"):
+        ensure_topics(single)
+        ensure_topics(single)  # nothing created: nothing to warn about
+    warnings = [r for r in caplog.records if "one replica on a cluster" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert set(warnings[0].topics) == set(jobwheel_topics(single))  # type: ignore[attr-defined]
+    assert _topic_config(on_cluster.bootstrap, single.topics.runs, "min.insync.replicas") == "1"
+
+    too_many = _settings(on_cluster, tmp_path, replication_factor=4)
+    with pytest.raises(ConfigError, match="replication factor 4 but the cluster has 3"):
+        ensure_topics(too_many)
+    assert replication_report(too_many, scaled(10)).missing == tuple(jobwheel_topics(too_many))
+
+
+def _gauges(collector: ReplicationCollector) -> dict[tuple[str, str], float]:
+    """``(metric name, topic) -> value`` of the per-topic gauges of one scrape."""
+    return {
+        (family.name, sample.labels["topic"]): sample.value
+        for family in collector.collect()
+        for sample in family.samples
+        if "partition" not in sample.labels
+    }
+
+
+def test_health_reports_under_replicated_and_offline_partitions(
+    on_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A broker killed: the three-replica topics are under-replicated (still led), the
+    one-replica topic's partitions on it are offline; `jobwheel health` and the metrics say
+    so, and both are fine again once the broker is back."""
+    replicated = _settings(on_cluster, tmp_path)
+    single = _settings(on_cluster, tmp_path, replication_factor=1)
+    ensure_topics(replicated)
+    ensure_topics(single)
+    env = settings_env(replicated)
+
+    def health() -> dict[str, Any]:
+        import json
+
+        out = subprocess.run(
+            [*JOBWHEEL, "health", "--json"], env=env, capture_output=True, text=True,
+            timeout=scaled(120),
+        )  # fmt: skip
+        return {c["check"]: c for c in json.loads(out.stdout)["checks"]}
+
+    fine = health()["replication"]
+    assert fine["ok"], fine  # the same reader sees a healthy cluster first
+    runs = single.topics.runs
+    victim = Counter(
+        p.leader for p in replication_report(single, scaled(10)).partitions
+    ).most_common(1)[0][0]
+    on_cluster.kill_node(victim)
+
+    def fenced() -> bool:
+        r = replication_report(single, scaled(10))
+        return bool(r.offline) and victim not in r.brokers
+
+    wait_until(fenced, scaled(60), 0.5, f"node {victim} was never fenced")
+    under = replication_report(replicated, scaled(10))
+    assert under.under_replicated and not under.offline, under.detail()
+    assert all(victim not in p.isr for p in under.partitions)
+    offline = replication_report(single, scaled(10))
+    assert {p.partition for p in offline.offline if p.topic == runs} == {
+        p.partition for p in offline.partitions if p.topic == runs and p.replicas == (victim,)
+    }
+    check = health()["replication"]
+    assert not check["ok"] and "under-replicated" in check["detail"], check
+
+    gauges = _gauges(ReplicationCollector(replicated, every_s=0))
+    assert gauges[("jobwheel_kafka_partitions_under_replicated", replicated.topics.runs)] > 0
+    assert gauges[("jobwheel_kafka_partitions_offline", replicated.topics.runs)] == 0
+    single_gauges = _gauges(ReplicationCollector(single, every_s=0))
+    assert single_gauges[("jobwheel_kafka_partitions_offline", runs)] == len(
+        [p for p in offline.offline if p.topic == runs]
+    )
+
+    _all_back(on_cluster)
+    assert health()["replication"]["ok"]
+    assert replication_report(single, scaled(10)).ok
