@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
@@ -39,6 +40,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,32 +244,64 @@ def new_cluster_id() -> str:
             return cid
 
 
-def server_properties(*, port: int, controller_port: int, log_dirs: Path, host: str = HOST) -> str:
-    """The single-node KRaft config.
+def replication_of(nodes: int) -> tuple[int, int]:
+    """``(replication factor, min.insync.replicas)`` of a cluster of ``nodes`` brokers.
 
-    Kafka's defaults assume three nodes (offsets/transaction topics with replication factor 3,
-    min ISR 2): on one node consumer groups and transactions would just fail. The internal
-    topics get few partitions because creating 50 of them is most of a cold start on 2 cores.
-    Auto-creation is off: a topic made by a stray producer would have 1 partition and break
-    the co-partitioning of requests/runs/acks/status, so topics come from ``topics ensure``.
+    Three replicas, two of which must have a write before it is acknowledged, is what a
+    production cluster runs: one broker may be down (restart, upgrade) while writes go on, and
+    an acknowledged write survives losing any one broker. Fewer brokers cannot hold three
+    copies, and a min ISR of 2 on 2 replicas would stop writes whenever one broker is down.
     """
+    factor = min(3, max(1, nodes))
+    return factor, 2 if factor >= 3 else 1
+
+
+def server_properties(
+    *,
+    port: int,
+    controller_port: int,
+    log_dirs: Path,
+    host: str = HOST,
+    node_id: int = NODE_ID,
+    voters: Sequence[tuple[int, int]] | None = None,
+) -> str:
+    """The KRaft config of one node, alone (``voters`` None) or in a cluster.
+
+    ``voters`` lists ``(node id, controller port)`` of every node of a cluster on this host,
+    each broker and controller at once (a static quorum: the voters never change, and it starts
+    faster than a dynamic one). Kafka's defaults assume three nodes (offsets/transaction topics
+    with replication factor 3, min ISR 2): on one node consumer groups and transactions would
+    just fail, so the internal topics are sized by :func:`replication_of`. They get few
+    partitions because creating 50 of them is most of a cold start on 2 cores. Auto-creation is
+    off: a topic made by a stray producer would have 1 partition and break the co-partitioning
+    of requests/runs/acks/status, so topics come from ``topics ensure``.
+    """
+    quorum = list(voters) if voters else [(node_id, controller_port)]
+    factor, min_isr = replication_of(len(quorum))
     props = {
         "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.voters": f"{NODE_ID}@{host}:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": ",".join(f"{n}@{host}:{c}" for n, c in quorum),
         "controller.listener.names": "CONTROLLER",
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(log_dirs.resolve()),
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": str(factor),
         "offsets.topic.num.partitions": "8",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": str(factor),
+        "transaction.state.log.min.isr": str(min_isr),
         "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": str(factor),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
+        # Topics created without their own settings (jobwheel's own set theirs).
+        "default.replication.factor": str(factor),
+        "min.insync.replicas": str(min_isr),
+        # Kafka's default, said out loud: a replica that missed acknowledged writes never
+        # becomes leader, so a write acknowledged by min.insync.replicas brokers is never lost
+        # (a partition whose in-sync replicas are all gone stays offline instead).
+        "unclean.leader.election.enable": "false",
         "group.initial.rebalance.delay.ms": "0",
         # The new consumer group protocol (KIP-848) keeps member timing on the broker: members
         # learn of new assignments in heartbeat responses, so a 1 s heartbeat moves partitions
@@ -441,7 +475,8 @@ class BrokerStatus:
 
 
 class LocalBroker:
-    """One single-node KRaft broker, identified by its data directory."""
+    """One KRaft broker (and controller), identified by its data directory: a single-node
+    broker, or one node of a :class:`LocalCluster` (``node_id``, ``voters``, ``cluster_id``)."""
 
     def __init__(
         self,
@@ -454,8 +489,14 @@ class LocalBroker:
         host: str = HOST,
         startup_timeout_s: float = 120.0,
         secure: bool = False,
+        node_id: int = NODE_ID,
+        voters: Sequence[tuple[int, int]] | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
+        self.node_id = node_id
+        self.voters = list(voters) if voters else None
+        self.cluster_id = cluster_id
         # once secure, always: the data dir holds the admin credential and the ACLs
         self.secure = secure or self.admin_config_path.is_file()
         self.port = port
@@ -582,34 +623,13 @@ class LocalBroker:
             if wait:
                 self.wait_ready()
             return time.monotonic() - began
-        self._check_ports()
-        java = find_java()
-        ensure_jars(self.lib_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        (self.data_dir / "logs").mkdir(exist_ok=True)
-        properties = server_properties(
-            port=self.port,
-            controller_port=self.controller_port,
-            log_dirs=self.log_dirs,
-            host=self.host,
-        )
-        admin_password = None
-        if self.secure:
-            admin_password = self._ensure_admin_credentials()
-            properties = merge_properties(
-                properties,
-                secure_overrides(
-                    port=self.port,
-                    controller_port=self.controller_port,
-                    admin_password=admin_password,
-                    host=self.host,
-                ),
+        if self.voters is None and is_cluster_dir(self.data_dir):
+            raise ConfigError(
+                f"{self.data_dir} holds a local cluster ({CLUSTER_FILE}): start it with "
+                "`jobwheel broker start --nodes N`, or give a single broker another --data-dir"
             )
-        # it may hold the admin password: readable by its owner only
-        self.properties_path.touch(mode=0o600, exist_ok=True)
-        self.properties_path.chmod(0o600)
-        self.properties_path.write_text(properties)
-        self._format_storage(java, admin_password)
+        self._check_ports()
+        java = self.prepare()
         cmd = self._java_command(java)
         with open(self.out_path, "ab") as out:
             self._proc = subprocess.Popen(
@@ -637,6 +657,41 @@ class LocalBroker:
                 self.stop(timeout_s=5.0)
                 raise
         return time.monotonic() - began
+
+    def prepare(self) -> str:
+        """Write the node's config and format its storage (once per data dir); returns the
+        java to run it with. :meth:`start` does it too: a cluster calls it for all its nodes
+        at once, as each format is a JVM start of its own."""
+        java = find_java()
+        ensure_jars(self.lib_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        properties = server_properties(
+            port=self.port,
+            controller_port=self.controller_port,
+            log_dirs=self.log_dirs,
+            host=self.host,
+            node_id=self.node_id,
+            voters=self.voters,
+        )
+        admin_password = None
+        if self.secure:
+            admin_password = self._ensure_admin_credentials()
+            properties = merge_properties(
+                properties,
+                secure_overrides(
+                    port=self.port,
+                    controller_port=self.controller_port,
+                    admin_password=admin_password,
+                    host=self.host,
+                ),
+            )
+        # it may hold the admin password: readable by its owner only
+        self.properties_path.touch(mode=0o600, exist_ok=True)
+        self.properties_path.chmod(0o600)
+        self.properties_path.write_text(properties)
+        self._format_storage(java, admin_password)
+        return java
 
     def _check_ports(self) -> None:
         for port, what, env in (
@@ -672,7 +727,7 @@ class LocalBroker:
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "-c",
             str(self.properties_path),
             "--ignore-formatted",
@@ -752,9 +807,11 @@ class LocalBroker:
             return False
 
     def _metadata_ok(self, timeout_s: float = 2.0) -> bool:
-        from jobwheel.kafka.admin import metadata_answers
+        """The node answers metadata, listing itself: a cluster node that restarts serves
+        requests only once the controller has unfenced it, and then it may lead partitions."""
+        from jobwheel.kafka.admin import live_brokers
 
-        return metadata_answers(self.client_config(), timeout_s)
+        return self.node_id in live_brokers(self.client_config(), timeout_s)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """SIGTERM (a clean shutdown), then SIGKILL after ``timeout_s``. False if not running."""
@@ -803,6 +860,345 @@ class LocalBroker:
         ready = False
         if bootstrap:
             host, _, port = bootstrap.rpartition(":")
-            probe = LocalBroker(self.data_dir, port=int(port), host=host, secure=self.secure)
+            probe = LocalBroker(
+                self.data_dir, port=int(port), host=host, secure=self.secure, node_id=self.node_id
+            )
             ready = probe._accepts() and probe._metadata_ok()
         return BrokerStatus(True, pid, bootstrap, self.data_dir, ready)
+
+
+#: A cluster's data dir holds this file: its nodes, their ports and the cluster id, written at
+#: the first start and read back by every later command (stop, status, a node's restart).
+CLUSTER_FILE = "cluster.json"
+#: Heap of each node of a local cluster: three of them run beside the stack on 2 cores.
+CLUSTER_NODE_HEAP = "384m"
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """One node of a local cluster as its manifest records it."""
+
+    node_id: int
+    port: int
+    controller_port: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    data_dir: Path
+    bootstrap: str
+    nodes: dict[int, BrokerStatus]
+
+    @property
+    def running(self) -> int:
+        return sum(1 for s in self.nodes.values() if s.running)
+
+    def describe(self) -> str:
+        lines = [
+            f"cluster of {len(self.nodes)} nodes, {self.running} running: bootstrap "
+            f"{self.bootstrap}, data dir {self.data_dir}"
+        ]
+        for node_id, st in sorted(self.nodes.items()):
+            if not st.running:
+                lines.append(f"  node {node_id}: stopped (data dir {st.data_dir})")
+            else:
+                state = "ready" if st.ready else "not answering"
+                lines.append(f"  node {node_id}: running, {state}, {st.bootstrap}, pid {st.pid}")
+        return "\n".join(lines)
+
+
+def is_cluster_dir(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds a :class:`LocalCluster` (else a single broker, or nothing)."""
+    return (Path(data_dir) / CLUSTER_FILE).is_file()
+
+
+class LocalCluster:
+    """A KRaft cluster of ``nodes`` brokers on this host, each broker and controller at once,
+    from the same jars as :class:`LocalBroker`; identified by its data directory::
+
+        cluster.json        the nodes, their ports and the cluster id (fixed at the first start)
+        node1/ node2/ ...   each node's LocalBroker data dir (config, pid, logs, storage)
+
+    Why on one host: the faults only a cluster has (a partition leader, a transaction or group
+    coordinator moving to another broker mid-transaction, writes stopping without a quorum of
+    in-sync replicas) can be produced with real processes and real signals on a laptop or a CI
+    machine. Node 1 takes the given ports; the others take the next free ones above them.
+    Nodes can be stopped, killed and started one at a time (rolling restarts, fault tests).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        nodes: int = 3,
+        port: int = 9092,
+        controller_port: int = 9093,
+        heap: str = CLUSTER_NODE_HEAP,
+        lib_dir: Path = LIB_DIR,
+        host: str = HOST,
+        startup_timeout_s: float = 180.0,
+        ports: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """``ports`` gives every node's ``(port, controller port)`` (tests pick free ones);
+        otherwise node 1 takes ``port``/``controller_port`` and the others the next free ones.
+        A cluster already recorded in ``data_dir`` keeps its own nodes and ports."""
+        self.data_dir = Path(data_dir).resolve()
+        self.heap = heap
+        self.lib_dir = lib_dir
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        recorded = self._read_manifest()
+        if recorded is not None:
+            self.cluster_id, self.nodes = recorded
+            if nodes != len(self.nodes):
+                raise ConfigError(
+                    f"the cluster in {self.data_dir} has {len(self.nodes)} nodes, not {nodes}: "
+                    f"start it with --nodes {len(self.nodes)}, or use another --data-dir"
+                )
+        else:
+            if nodes < 2:
+                raise ConfigError(f"a local cluster needs 2 nodes or more, not {nodes}")
+            self.cluster_id = new_cluster_id()
+            self.nodes = self._pick_ports(nodes, port, controller_port, ports)
+        self._brokers = {n.node_id: self._broker(n) for n in self.nodes}
+
+    @classmethod
+    def load(cls, data_dir: Path, **kwargs: Any) -> LocalCluster:
+        """The cluster recorded in ``data_dir`` (see :func:`is_cluster_dir`)."""
+        path = Path(data_dir) / CLUSTER_FILE
+        try:
+            count = len(json.loads(path.read_text())["nodes"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot read the local cluster's manifest {path}: {exc}") from exc
+        return cls(data_dir, nodes=count, **kwargs)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        nodes: int,
+        data_dir: Path | None = None,
+        port: int | None = None,
+        controller_port: int | None = None,
+    ) -> LocalCluster:
+        return cls(
+            data_dir or settings.data_dir / "kafka",
+            nodes=nodes,
+            port=port or settings.broker_port,
+            controller_port=controller_port or settings.broker_controller_port,
+        )
+
+    # --- layout -----------------------------------------------------------------------------
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.data_dir / CLUSTER_FILE
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client listener: a client reaches the cluster while any one is up."""
+        return ",".join(f"{self.host}:{n.port}" for n in self.nodes)
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [n.node_id for n in self.nodes]
+
+    def node(self, node_id: int) -> LocalBroker:
+        try:
+            return self._brokers[node_id]
+        except KeyError:
+            raise ConfigError(
+                f"the cluster in {self.data_dir} has no node {node_id}; its nodes are "
+                f"{', '.join(map(str, self.node_ids))}"
+            ) from None
+
+    def client_config(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap}
+
+    def _broker(self, n: ClusterNode) -> LocalBroker:
+        return LocalBroker(
+            self.data_dir / f"node{n.node_id}",
+            port=n.port,
+            controller_port=n.controller_port,
+            heap=self.heap,
+            lib_dir=self.lib_dir,
+            host=self.host,
+            startup_timeout_s=self.startup_timeout_s,
+            node_id=n.node_id,
+            voters=[(m.node_id, m.controller_port) for m in self.nodes],
+            cluster_id=self.cluster_id,
+        )
+
+    def _pick_ports(
+        self,
+        count: int,
+        port: int,
+        controller_port: int,
+        ports: Sequence[tuple[int, int]] | None,
+    ) -> list[ClusterNode]:
+        if ports is not None:
+            if len(ports) != count:
+                raise ConfigError(f"{count} nodes need {count} port pairs, got {len(ports)}")
+            return [ClusterNode(i + 1, p, c) for i, (p, c) in enumerate(ports)]
+        taken = {port, controller_port}
+        candidate = max(taken) + 1
+        picked: list[int] = []
+        while len(picked) < 2 * (count - 1):
+            if candidate > 65_535:
+                raise ConfigError(
+                    f"no free ports above {max(taken)} for the other nodes: give lower "
+                    "--port/--controller-port values"
+                )
+            if candidate not in taken and port_free(candidate, self.host):
+                picked.append(candidate)
+            candidate += 1
+        nodes = [ClusterNode(1, port, controller_port)]
+        nodes += [ClusterNode(i + 2, picked[2 * i], picked[2 * i + 1]) for i in range(count - 1)]
+        return nodes
+
+    def _read_manifest(self) -> tuple[str, list[ClusterNode]] | None:
+        if not self.manifest_path.is_file():
+            return None
+        try:
+            raw = json.loads(self.manifest_path.read_text())
+            nodes = [
+                ClusterNode(int(n["node_id"]), int(n["port"]), int(n["controller_port"]))
+                for n in raw["nodes"]
+            ]
+            return str(raw["cluster_id"]), nodes
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"the local cluster's manifest {self.manifest_path} is unreadable ({exc}): "
+                "remove the data dir to start a new cluster"
+            ) from exc
+
+    def _write_manifest(self) -> None:
+        if self.manifest_path.is_file():
+            return
+        if (self.data_dir / "server.properties").is_file():
+            raise ConfigError(
+                f"{self.data_dir} holds a single-node broker; a cluster needs a data dir of its "
+                "own (--data-dir), or stop that broker and remove the dir"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "cluster_id": self.cluster_id,
+            "nodes": [
+                {"node_id": n.node_id, "port": n.port, "controller_port": n.controller_port}
+                for n in self.nodes
+            ],
+        }
+        self.manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self, *, wait: bool = True, die_with_parent: bool = False) -> float:
+        """Start every node that is not running; with ``wait`` return once metadata lists all
+        of them as live brokers. Returns the seconds it took.
+
+        The nodes start together: none can finish starting alone, as each waits for a quorum
+        of controllers to elect a leader.
+        """
+        began = time.monotonic()
+        self._write_manifest()
+        try:
+            # Formatted together, in threads (each format is a JVM start of its own), but
+            # started from this thread: PR_SET_PDEATHSIG (die_with_parent) fires when the
+            # thread that started the JVM ends, not the process.
+            idle = [b for b in self._brokers.values() if b.running_pid() is None]
+            with concurrent.futures.ThreadPoolExecutor(max(1, len(idle))) as pool:
+                for _ in pool.map(lambda b: b.prepare(), idle):
+                    pass
+            for node_id in self.node_ids:
+                self.start_node(node_id, wait=False, die_with_parent=die_with_parent)
+            if wait:
+                self.wait_ready()
+        except BaseException:
+            self.stop(timeout_s=10.0)
+            raise
+        return time.monotonic() - began
+
+    def start_node(
+        self, node_id: int, *, wait: bool = True, die_with_parent: bool = False
+    ) -> float:
+        """Start one node (a restart after :meth:`stop_node` or a kill); with ``wait`` return
+        once it serves requests again, which needs a quorum of controllers (itself included)."""
+        self._write_manifest()
+        return self.node(node_id).start(wait=wait, die_with_parent=die_with_parent)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until metadata lists every node as a live broker, or raise with the log tail
+        of the nodes that are missing."""
+        timeout = timeout_s or self.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        from jobwheel.kafka.admin import live_brokers
+
+        wanted = set(self.node_ids)
+        live: frozenset[int] = frozenset()
+        while time.monotonic() < deadline:
+            for broker in self._brokers.values():
+                if broker._proc is not None:  # started here: its exit is an error to report
+                    broker._raise_if_dead()
+            live = live_brokers(self.client_config(), 2.0)
+            if wanted <= live:
+                return
+            time.sleep(0.2)
+        missing = sorted(wanted - live)
+        logs = "\n".join(
+            f"--- node {n}: {self.node(n).log_path}\n{tail(self.node(n).log_path, 15)}"
+            for n in missing
+        )
+        raise BrokerStartError(
+            f"the cluster at {self.bootstrap} did not list nodes {missing} as live brokers "
+            f"within {timeout:.0f}s.\n{logs}"
+        )
+
+    def stop_node(self, node_id: int, timeout_s: float = 30.0) -> bool:
+        """Stop one node cleanly (SIGTERM: it hands its leaderships over first), SIGKILL after
+        ``timeout_s``. The last node of a cluster hangs in its controlled shutdown (no quorum
+        is left to confirm it), so give that one a short timeout. False if it was not running."""
+        return self.node(node_id).stop(timeout_s=timeout_s)
+
+    def kill_node(self, node_id: int, sig: int = signal.SIGKILL) -> int | None:
+        """Send ``sig`` to one node's JVM (a crash, or SIGSTOP/SIGCONT); returns its pid."""
+        pid = self.node(node_id).running_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pid
+
+    def stop(self, timeout_s: float = 30.0) -> list[int]:
+        """Stop every node: SIGTERM to all at once (one after another, the last one would wait
+        for a quorum that has gone), SIGKILL to those still running after ``timeout_s``.
+        Returns the ids of the nodes that were running."""
+        pids = {n: b.running_pid() for n, b in self._brokers.items()}
+        running = {n: pid for n, pid in pids.items() if pid is not None}
+        for pid in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for node_id, pid in running.items():
+            broker = self._brokers[node_id]
+            if not broker._wait_exit(pid, max(0.0, deadline - time.monotonic())):
+                log.warning(
+                    "cluster node ignored SIGTERM; killing it",
+                    extra={"node": node_id, "pid": pid},
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                broker._wait_exit(pid, 10.0)
+        for broker in self._brokers.values():
+            broker.stop(timeout_s=1.0)  # reaps a child and removes the pid file
+        if running:
+            log.info(
+                "cluster stopped", extra={"nodes": sorted(running), "data_dir": str(self.data_dir)}
+            )
+        return sorted(running)
+
+    def status(self) -> ClusterStatus:
+        return ClusterStatus(
+            self.data_dir,
+            self.bootstrap,
+            {n: b.status() for n, b in self._brokers.items()},
+        )

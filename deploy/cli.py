@@ -20,13 +20,26 @@ from jobwheel.settings import get_settings
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this package's subcommands; each sets ``handler=`` to a function of the args."""
-    broker = sub.add_parser("broker", help="run a local single-node Kafka broker (no Docker)")
+    broker = sub.add_parser(
+        "broker", help="run a local Kafka broker, or a cluster of them (no Docker)"
+    )
     broker_sub = broker.add_subparsers(dest="broker_command", required=True, metavar="ACTION")
 
     start = broker_sub.add_parser(
         "start", help="start the broker in the background and wait until it answers"
     )
     _broker_args(start, ports=True)
+    _node_arg(start, "start only this node of the data dir's cluster (after a stop or a kill)")
+    start.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a KRaft cluster of N nodes on this host, each broker and controller (node 1 on "
+        "--port/--controller-port, the others on the next free ports; internal topics with "
+        "replication factor min(3, N) and min ISR 2 from 3 nodes); default 1, or the count "
+        "of the cluster already in the data dir",
+    )
     start.add_argument(
         "--foreground",
         action="store_true",
@@ -40,11 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     start.set_defaults(handler=_broker_start)
 
-    stop = broker_sub.add_parser("stop", help="stop the broker of the data dir")
+    stop = broker_sub.add_parser("stop", help="stop the broker (or every node) of the data dir")
     _broker_args(stop, ports=False)
+    _node_arg(stop, "stop only this node of the data dir's cluster (SIGTERM, a clean stop)")
     stop.set_defaults(handler=_broker_stop)
 
-    status = broker_sub.add_parser("status", help="is the broker of the data dir running?")
+    status = broker_sub.add_parser(
+        "status", help="is the broker (or each node) of the data dir running?"
+    )
     _broker_args(status, ports=False)
     status.set_defaults(handler=_broker_status)
 
@@ -122,9 +138,38 @@ def _broker_args(
         )
 
 
-def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from jobwheel.deploy.broker import LocalBroker
+def _node_arg(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("node", type=int, nargs="?", default=None, metavar="NODE", help=help_text)
 
+
+def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The data dir's cluster when it holds one or ``--nodes`` asks for one, else its broker."""
+    from jobwheel.deploy.broker import LocalBroker, LocalCluster, is_cluster_dir
+    from jobwheel.errors import ConfigError
+
+    settings = get_settings()
+    nodes = getattr(args, "nodes", None)
+    data_dir = args.data_dir or settings.data_dir / "kafka"
+    if is_cluster_dir(data_dir) or (nodes or 1) > 1:
+        if getattr(args, "secure", False):
+            raise ConfigError(
+                "--secure is not available for a local cluster yet: start a secure single "
+                "broker (no --nodes), or a plain cluster"
+            )
+        if is_cluster_dir(data_dir) and nodes is None:
+            return LocalCluster.load(data_dir)
+        return LocalCluster.from_settings(
+            settings,
+            nodes=nodes or 1,
+            data_dir=data_dir,
+            port=getattr(args, "port", None),
+            controller_port=getattr(args, "controller_port", None),
+        )
+    if getattr(args, "node", None) is not None:
+        raise ConfigError(
+            f"NODE is for the nodes of a local cluster, and {data_dir} holds none: "
+            "start one with `jobwheel broker start --nodes 3`"
+        )
     return LocalBroker.from_settings(
         get_settings(),
         data_dir=args.data_dir,
@@ -144,7 +189,11 @@ def _print_secure(broker) -> None:  # type: ignore[no-untyped-def]
 
 
 def _broker_start(args: argparse.Namespace) -> int:
+    from jobwheel.deploy.broker import LocalCluster
+
     broker = _broker(args)
+    if isinstance(broker, LocalCluster):
+        return _cluster_start(broker, args)
     if not args.foreground:
         seconds = broker.start()
         print(f"broker ready at {broker.bootstrap} ({seconds:.1f}s); data dir {broker.data_dir}")
@@ -166,8 +215,49 @@ def _broker_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_start(cluster, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    if args.node is not None:
+        node = cluster.node(args.node)
+        seconds = cluster.start_node(args.node)
+        print(f"node {args.node} ready at {node.bootstrap} ({seconds:.1f}s); log {node.log_path}")
+        return 0
+    stop = _stop_event() if args.foreground else None
+    seconds = cluster.start(die_with_parent=args.foreground)
+    print(
+        f"cluster of {len(cluster.nodes)} nodes ready at {cluster.bootstrap} ({seconds:.1f}s); "
+        f"data dir {cluster.data_dir}"
+    )
+    print(
+        f'use it with JOBWHEEL_BOOTSTRAP_SERVERS="{cluster.bootstrap}"; logs in '
+        f"{cluster.data_dir}/node*/logs; stop with `jobwheel broker stop` (one node: "
+        "`jobwheel broker stop NODE`)",
+        flush=True,
+    )
+    if stop is None:
+        return 0
+    try:
+        while not stop.wait(0.5):
+            if cluster.status().running == 0:
+                print(f"every node exited; see {cluster.data_dir}/node*/logs", file=sys.stderr)
+                return 1
+    finally:
+        cluster.stop()
+    return 0
+
+
 def _broker_stop(args: argparse.Namespace) -> int:
+    from jobwheel.deploy.broker import LocalCluster
+
     broker = _broker(args)
+    if isinstance(broker, LocalCluster):
+        if args.node is not None:
+            stopped = broker.stop_node(args.node)
+            print(f"node {args.node} {'stopped' if stopped else 'was not running'}")
+            return 0
+        nodes = broker.stop()
+        shown = ", ".join(map(str, nodes)) or "none was running"
+        print(f"cluster stopped (nodes: {shown}; data dir {broker.data_dir})")
+        return 0
     if broker.stop():
         print(f"broker stopped (data dir {broker.data_dir})")
     else:
@@ -176,8 +266,15 @@ def _broker_stop(args: argparse.Namespace) -> int:
 
 
 def _broker_status(args: argparse.Namespace) -> int:
+    """Exit 0 when the broker (every node) runs, 3 when none does, 1 for a partial cluster."""
+    from jobwheel.deploy.broker import ClusterStatus
+
     status = _broker(args).status()
     print(status.describe())
+    if isinstance(status, ClusterStatus):
+        if status.running == len(status.nodes):
+            return 0
+        return 3 if status.running == 0 else 1
     return 0 if status.running else 3
 
 

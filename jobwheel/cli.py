@@ -36,9 +36,10 @@ if TYPE_CHECKING:
 
 #: Subcommands that run until stopped and log for their log files; every other one is a
 #: one-shot command. ``jobwheel up`` is neither: it talks to a person at a terminal itself, so
-#: its own log shows warnings and errors only (its services' logs are in their files).
+#: its own log shows warnings and errors only (its services' logs are in their files);
+#: ``topics ensure`` shows its warnings (topics created with one replica on a cluster).
 SERVICES = frozenset({"scheduler", "worker", "serve", "sink"})
-_QUIET_LEVEL = {"up": "WARNING"}
+_QUIET_LEVEL = {"up": "WARNING", "topics": "WARNING"}
 #: Exit code of a command whose reader went away (128 + SIGPIPE, as a C tool would end).
 BROKEN_PIPE = 141
 

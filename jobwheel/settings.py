@@ -55,7 +55,11 @@ class Settings(BaseSettings):
     status_kafka_consumer_config: dict[str, Any] = Field(default_factory=dict)
     topic_prefix: str = DEFAULT_PREFIX
     partitions: int = DEFAULT_PARTITIONS
-    replication_factor: int = DEFAULT_REPLICATION_FACTOR
+    # Replicas of each topic `topics ensure` creates; unset: min(3, brokers in the cluster).
+    replication_factor: int | None = Field(default=DEFAULT_REPLICATION_FACTOR, ge=1)
+    # min.insync.replicas of the topics it creates; unset: 2 with 3+ replicas, else 1. With
+    # acks=all a write is acknowledged once this many replicas have it.
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     schema_registry_url: str | None = None
 
     # Local state (scheduler RocksDB state, embedded ClickHouse, local broker, stack logs).

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 DEFAULT_PREFIX = "jobwheel"
 DEFAULT_PARTITIONS = 12
-DEFAULT_REPLICATION_FACTOR = 1
+#: None: ``topics ensure`` picks min(3, brokers) when it creates a topic, and
+#: min.insync.replicas 2 when that is 3 (see :func:`jobwheel.kafka.admin.ensure_topics`).
+DEFAULT_REPLICATION_FACTOR: int | None = None
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -46,11 +48,12 @@ SOURCE_OFFSET_HEADER = "jobwheel.source.offset"
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """What a topic must look like on the broker."""
+    """What a topic must look like on the broker. ``replication_factor`` None: sized for the
+    cluster when it is created (the broker count is known only then)."""
 
     name: str
     partitions: int
-    replication_factor: int
+    replication_factor: int | None
     config: dict[str, str] = field(default_factory=dict)
 
 
@@ -60,7 +63,7 @@ class Topics:
 
     prefix: str = DEFAULT_PREFIX
     partitions: int = DEFAULT_PARTITIONS
-    replication_factor: int = DEFAULT_REPLICATION_FACTOR
+    replication_factor: int | None = DEFAULT_REPLICATION_FACTOR
 
     @property
     def requests(self) -> str:

@@ -14,6 +14,7 @@ import os
 import signal
 from types import FrameType
 
+from jobwheel.kafka.replication import ReplicationCollector
 from jobwheel.settings import Settings
 from jobwheel.streams.engine import SchedulerEngine
 from jobwheel.streams.metrics import SchedulerCollector
@@ -40,9 +41,12 @@ def run_scheduler(settings: Settings) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     uninstall = SchedulerCollector(engine).install()  # served when JOBWHEEL_METRICS_PORT is set
+    # The topics' replication (under-replicated, offline partitions), asked at scrape time.
+    uninstall_replication = ReplicationCollector(settings).install()
     try:
         engine.run()
     finally:
+        uninstall_replication()
         uninstall()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

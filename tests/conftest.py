@@ -194,6 +194,54 @@ def _local_broker(data_dir: Path) -> Iterator[str]:
     raise RuntimeError(f"could not start a local Kafka broker after 3 attempts: {last}")
 
 
+#: Heap of each node of the test cluster: three JVMs beside the single broker and the tests'
+#: processes, on 2 cores.
+CLUSTER_NODE_HEAP = "320m"
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A three-node KRaft cluster (:class:`jobwheel.deploy.broker.LocalCluster`) for the whole
+    session, started on first use, each node broker and controller on free ports.
+
+    One per pytest process: ``make test`` keeps a file's tests in one process, so the cluster
+    tests live in one file and share this one cluster (starting three JVMs is the slow part).
+    Tests stop, kill and restart its nodes; the cluster tests' own fixture brings every node
+    back before each test. ``JOBWHEEL_TEST_CLUSTER_DIR`` uses a cluster already running in
+    that data dir (`jobwheel broker start --nodes 3 --data-dir DIR`) instead.
+    """
+    from jobwheel.deploy.broker import BrokerStartError, LocalCluster, free_port
+    from jobwheel.errors import ConfigError
+
+    external = os.environ.get("JOBWHEEL_TEST_CLUSTER_DIR")
+    if external:
+        yield LocalCluster.load(Path(external))
+        return
+    root = tmp_path_factory.mktemp("kafka-cluster")
+    last: Exception | None = None
+    for attempt in range(3):  # another session may take a free port before a JVM binds it
+        cluster = LocalCluster(
+            root / f"attempt{attempt}",
+            nodes=3,
+            ports=[(free_port(), free_port()) for _ in range(3)],
+            heap=CLUSTER_NODE_HEAP,
+            startup_timeout_s=scaled(180),
+        )
+        try:
+            cluster.start(die_with_parent=True)
+        except (BrokerStartError, ConfigError) as exc:
+            if "Java" in str(exc) or "Maven" in str(exc) or "jars" in str(exc):
+                raise
+            last = exc
+            continue
+        try:
+            yield cluster
+        finally:
+            cluster.stop(timeout_s=20)
+        return
+    raise RuntimeError(f"could not start a local Kafka cluster after 3 attempts: {last}")
+
+
 def _test_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 

@@ -690,6 +690,7 @@ def _require_broker(settings: Settings) -> None:
 
 
 def health(args: argparse.Namespace) -> int:
+    from jobwheel.kafka.replication import check_replication
     from jobwheel.reach import unreachable
 
     settings = _settings()
@@ -709,6 +710,7 @@ def health(args: argparse.Namespace) -> int:
         return 1
     checks: list[tuple[str, Any]] = [
         ("broker", lambda: _check_broker(settings, args.timeout)),
+        ("replication", lambda: check_replication(settings, args.timeout)),
         (
             "schedulers",
             lambda: _check_group(settings, settings.scheduler_app_id, args.timeout),

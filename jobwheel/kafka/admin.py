@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from jobwheel.errors import BrokerConnectionError, BrokerError, TopicMismatchError
+from jobwheel.errors import BrokerConnectionError, BrokerError, ConfigError, TopicMismatchError
 from jobwheel.kafka.errors import broker_error
 from jobwheel.schemas import progress
 from jobwheel.schemas.topics import TopicSpec
@@ -83,6 +83,7 @@ def ensure_topics(
     missing = [s for s in specs if s.name not in metadata.topics]
     if not missing:
         return []
+    missing = sized_for_cluster(missing, len(metadata.brokers), settings.min_insync_replicas)
     # The broker's metadata can lag the controller by a moment: a topic created just now may
     # be missing above. A dry run asks the controller, so a topic that exists after all is
     # checked before anything is created (a mismatch then changes nothing).
@@ -98,6 +99,54 @@ def ensure_topics(
     if created:
         log.info("topics created", extra={"topics": created})
     return created
+
+
+def sized_for_cluster(
+    specs: Sequence[TopicSpec], brokers: int, min_insync_replicas: int | None = None
+) -> list[TopicSpec]:
+    """``specs`` with their replication decided for a cluster of ``brokers`` brokers.
+
+    A spec without a replication factor gets min(3, brokers); every spec gets
+    ``min.insync.replicas`` (``min_insync_replicas``, else 2 from 3 replicas on, else 1)
+    unless its config has one. With producers on acks=all, a record is acknowledged only
+    once that many replicas hold it, so losing one broker loses no acknowledged job, and
+    writes go on while one broker is down. Factors the cluster cannot hold are refused here,
+    naming the setting, rather than by the broker mid-way. Creating RF 1 topics on a cluster
+    is allowed (a setting asked for it) but warned about once: one broker's loss then loses
+    jobs.
+    """
+    out: list[TopicSpec] = []
+    for spec in specs:
+        factor = spec.replication_factor or min(3, max(1, brokers))
+        if factor > brokers:
+            raise ConfigError(
+                f"topic {spec.name} needs replication factor {factor} but the cluster has "
+                f"{brokers} broker(s) up: lower JOBWHEEL_REPLICATION_FACTOR (or unset it for "
+                "min(3, brokers)), or start the missing brokers"
+            )
+        config = dict(spec.config)
+        if "min.insync.replicas" not in config:
+            config["min.insync.replicas"] = str(min_insync_replicas or (2 if factor >= 3 else 1))
+        if int(config["min.insync.replicas"]) > factor:
+            raise ConfigError(
+                f"topic {spec.name}: min.insync.replicas {config['min.insync.replicas']} is "
+                f"more than its {factor} replicas, so no write could ever be acknowledged: "
+                "lower JOBWHEEL_MIN_INSYNC_REPLICAS or raise JOBWHEEL_REPLICATION_FACTOR"
+            )
+        out.append(TopicSpec(spec.name, spec.partitions, factor, config))
+    single = [s.name for s in out if s.replication_factor == 1]
+    if single and brokers > 1:
+        log.warning(
+            "creating topics with one replica on a cluster: losing one broker loses their "
+            "records (scheduled jobs, runs, state)",
+            extra={
+                "topics": single,
+                "brokers": brokers,
+                "fix": "unset JOBWHEEL_REPLICATION_FACTOR (min(3, brokers) is used) before "
+                "the topics are created; an existing topic keeps its replicas",
+            },
+        )
+    return out
 
 
 def _create(  # type: ignore[no-untyped-def]
@@ -492,12 +541,19 @@ def replace_acls(
 def metadata_answers(config: dict[str, Any], timeout_s: float) -> bool:
     """Does a broker of ``config`` answer a metadata request within ``timeout_s``? Quiet:
     asked in a loop while a broker starts, whose refusals are expected."""
+    return bool(live_brokers(config, timeout_s))
+
+
+def live_brokers(config: dict[str, Any], timeout_s: float) -> frozenset[int]:
+    """The ids of the brokers a metadata answer of ``config`` lists (registered and not
+    fenced); empty when nothing answers within ``timeout_s``. Quiet, like
+    :func:`metadata_answers`: asked in a loop while the brokers of a cluster start."""
     from confluent_kafka.admin import AdminClient
 
     quiet = logging.getLogger("jobwheel.kafka.probe.librdkafka")
     quiet.setLevel(logging.CRITICAL)
     admin = AdminClient({**config, "logger": quiet})
     try:
-        return bool(admin.list_topics(timeout=timeout_s).brokers)
+        return frozenset(admin.list_topics(timeout=timeout_s).brokers)
     except Exception:
-        return False
+        return frozenset()

@@ -217,6 +217,7 @@ def test_health_checks_each_part_of_the_stack(
     lines = {line.split()[1]: line.split()[0] for line in partial.stdout.splitlines()}
     assert lines == {
         "broker": "ok",
+        "replication": "ok",
         "schedulers": "FAIL",
         "partitions": "ok",  # nothing to read, no timer due: idle, not stuck
         "workers": "ok",
@@ -232,6 +233,7 @@ def test_health_checks_each_part_of_the_stack(
     )
     assert [c["check"] for c in json.loads(healthy.stdout)["checks"]] == [
         "broker",
+        "replication",
         "schedulers",
         "partitions",
         "workers",
