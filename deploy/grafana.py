@@ -179,12 +179,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         (
             Panel(
                 "Run verdicts by task and state",
-                "SUCCEEDED, FAILED and STALE per second, by task, over all workers.",
+                "SUCCEEDED, FAILED and STALE per second, by task, over all workers; and runs "
+                "not run again because the partition's previous owner had finished them.",
                 (
                     (
                         "sum by (task, state) (rate(jobwheel_worker_runs_total[1m]))",
                         "{{task}} {{state}}",
                     ),
+                    ("sum(rate(jobwheel_worker_skipped_done_total[1m]))", "already done"),
                 ),
                 unit="ops",
             ),
@@ -221,10 +223,12 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         (
             Panel(
                 "Rows inserted per second",
-                "Status rows written into ClickHouse, and records skipped as undecodable.",
+                "Status rows written into ClickHouse, records skipped as undecodable, and events "
+                "refused for a seq no scheduler writes.",
                 (
                     ("sum(rate(jobwheel_sink_rows_total[1m]))", "rows"),
                     ("sum(rate(jobwheel_sink_undecodable_total[1m]))", "undecodable"),
+                    ("sum(rate(jobwheel_sink_seq_refused_total[1m]))", "seq refused"),
                 ),
                 unit="ops",
             ),
