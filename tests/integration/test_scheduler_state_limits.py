@@ -98,13 +98,14 @@ def test_a_changelog_record_the_producer_refuses_is_never_replaced_and_state_agr
     owner and the next one (which restores from the changelog) disagreed. Now: the
     transaction aborts, the record limit comes down, the command is REJECTED naming the size,
     the partition goes on, and the local state equals what a restore reads."""
-    kafka_config = {**settings.kafka_config, "message.max.bytes": 30_000}
     data_dir = tmp_path / "s"
     scheduler = start_scheduler(
         procs,
         jobwheel_env,
         data_dir,
-        extra_env={"JOBWHEEL_KAFKA_CONFIG": json.dumps(kafka_config)},
+        extra_env={
+            "JOBWHEEL_SCHEDULER_KAFKA_PRODUCER_CONFIG": json.dumps({"message.max.bytes": 30_000})
+        },
     )
     wait_owns_all(scheduler, settings.partitions)
     big = "big-record"
