@@ -79,7 +79,7 @@ def test_every_producer_waits_for_all_in_sync_replicas(monkeypatch: pytest.Monke
     monkeypatch.setattr(producer, "_Producer", _Recorder)
     monkeypatch.setattr(streams_kafka, "Producer", _Recorder)
     settings = Settings(_env_file=None, bootstrap_servers="k1:9092")  # type: ignore[call-arg]
-    JobClient(settings)._c.producer  # made on first use
+    assert JobClient(settings)._c.producer is not None  # made on first use
     status = StatusProducer(settings, **{"client.id": "jobwheel-worker"})
     status._stop.set()
     streams_kafka.TransactionalProducer(settings, "txn-1")
