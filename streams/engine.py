@@ -748,10 +748,18 @@ class SchedulerEngine:
         ceiling = now - self.settings.scheduler_acks_silence_ms
         if seen >= ceiling or self.acks is None:
             return seen
+        # Silent means read to the end: the reader's own position (past transaction markers)
+        # once it has fetched, else where this ownership has read or committed to. Unknown is
+        # not silent: right after a claim nothing is read yet and the end not fetched, and the
+        # tail a revoke dropped may hold the very verdicts the deadlines wait for.
         end = self.acks.cached_end(task.partition)
-        position = task.acks_next if task.acks_next is not None else task.acks_committed
-        if end is not None and position is not None and position < end:
-            return seen  # acks are waiting to be read: their verdicts come first
+        position = self.acks.position(task.partition)
+        if position is None:
+            position = task.acks_next if task.acks_next is not None else task.acks_committed
+        if end == 0:
+            return ceiling  # nothing was ever acknowledged on the partition
+        if end is None or position is None or position < end:
+            return seen  # acks may be waiting to be read: their verdicts come first
         return ceiling
 
     # --- output -----------------------------------------------------------------------------

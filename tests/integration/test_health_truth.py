@@ -26,13 +26,29 @@ def test_a_partition_never_committed_is_stuck_only_once_its_oldest_input_has_wai
     settings: Settings,
 ) -> None:
     """No scheduler has ever committed (none runs). A request that arrived just now is work a
-    starting scheduler will claim within seconds, not a stall; one that has waited ten minutes
-    is. Before, both partitions were called stuck the moment they had input."""
+    starting scheduler will claim within seconds, not a stall; one that has waited longer than
+    the stuck threshold is. Before, both partitions were called stuck the moment they had input.
+
+    The requests topic stamps records with the broker's time (LogAppendTime), so the old
+    request really waits: the threshold is 3 s and the fresh request is sent once the old one's
+    broker time is past it."""
+    settings = settings.model_copy(update={"health_stuck_after_ms": 3_000})
     producer = Producer(settings.librdkafka("producer"))
-    producer.produce(settings.topics.requests, b"fresh", b"k", partition=1)
+    appended: list[int] = []
     producer.produce(
-        settings.topics.requests, b"old", b"k", partition=2, timestamp=now_ms() - 600_000
+        settings.topics.requests,
+        b"old",
+        b"k",
+        partition=2,
+        on_delivery=lambda err, msg: appended.append(msg.timestamp()[1]),
     )
+    assert producer.flush(30) == 0 and appended
+    wait_until(
+        lambda: now_ms() > appended[0] + 4_000,
+        10,
+        message="the clock never passed the old request's broker time plus 4 s",
+    )
+    producer.produce(settings.topics.requests, b"fresh", b"k", partition=1)
     assert producer.flush(30) == 0
 
     # Topics made a moment ago can answer NOT_LEADER for a while: asked again until they do.
@@ -44,7 +60,7 @@ def test_a_partition_never_committed_is_stuck_only_once_its_oldest_input_has_wai
     by_partition = {r.partition: r for r in rows}
     assert (by_partition[1].unread, by_partition[2].unread) == (1, 1)
     assert by_partition[1].stuck is None, by_partition[1].stuck
-    assert by_partition[2].stuck is not None and "the oldest waiting 6" in by_partition[2].stuck
+    assert by_partition[2].stuck is not None and "the oldest waiting " in by_partition[2].stuck
     assert [r.partition for r in rows if r.stuck] == [2]
 
     ok, detail = _check_scheduler_partitions(settings, 10.0)

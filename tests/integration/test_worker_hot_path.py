@@ -109,8 +109,11 @@ def test_an_offset_is_committed_only_once_the_broker_has_the_verdict(
         60,
         message=f"no failed deliveries:\n{log_tail(log_path)}",
     )
-    # Every run finished (and failed to report) well over a commit interval ago.
-    assert committed_offsets(settings) == {}
+    # Every run finished (and failed to report) well over a commit interval ago. A partition
+    # may commit its first fetched offset (with the mark of the runs started there, for the
+    # next owner to name a repeat), never an offset past a run without a delivered verdict.
+    committed = committed_offsets(settings)
+    assert {p: o for p, o in committed.items() if o > 0} == {}, committed
     assert proc.poll() is None, log_tail(log_path)
 
     ensure_topics(settings)  # the acks topic is back
