@@ -87,7 +87,7 @@ def end_offset(settings: Any, partition: int) -> int:
         consumer.close()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(660)  # the sum of its waits
 def test_an_undecodable_run_is_dead_lettered_and_its_run_failed(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tmp_path: Path, tail: Any
 ) -> None:
@@ -111,7 +111,7 @@ def test_an_undecodable_run_is_dead_lettered_and_its_run_failed(
             "retried", task="test.gate", args=blocked, now=True, max_attempts=2
         )
     # Both runs execute (and block): the scheduler has them in flight, DISPATCHED.
-    wait_until(lambda: len(file_lines(started)) >= 2, 60, 0.1, log_tail(worker_log))
+    wait_until(lambda: len(file_lines(started)) >= 2, 60, 0.1, "the blocked runs did not start")
 
     # The records the scheduler dispatched, with its headers, as a worker read them.
     runs = Tail(settings, [settings.topics.runs])
