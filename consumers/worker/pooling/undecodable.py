@@ -50,6 +50,8 @@ from jobwheel.schemas.topics import (
 
 #: The ``error`` of the FAILED verdict of a run whose record did not decode starts with it.
 UNDECODABLE_ERROR = "UndecodableRun"
+#: Refusals of a dead-letter copy that no retry changes (see ``_copy_refused``).
+_REFUSED_FOR_GOOD = frozenset({"TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"})
 #: Reasons quote the decoder's message: bounded, as the scheduler bounds its own.
 _MAX_REASON = 2000
 
@@ -151,6 +153,8 @@ class Undecodable(PoolCore):
                 *out, on_delivery=functools.partial(self._undecodable_delivered, item, out)
             )
         except BrokerError as exc:
+            if self._copy_refused(item, out, exc):
+                return
             queued = False
             log.warning(
                 "undecodable run record's copy or verdict not queued; retrying",
@@ -165,19 +169,48 @@ class Undecodable(PoolCore):
     ) -> None:
         """Delivery thread: once the broker has every record sent for it, the offset is done."""
         if error is None:
-            with self._lock:
-                item.waiting -= 1
-                if item.waiting:
-                    return
-                item.tracker.mark_done(item.offset)
-                self._lock.notify_all()
-            self._unacked.discard(item)
+            self._undecodable_sent(item)
+            return
+        if self._copy_refused(item, out, error):
             return
         log.warning(
             "undecodable run record's copy or verdict not delivered; retrying",
             extra={"topic": out[0], "offset": item.offset, "error": str(error)},
         )
         self._threadsafe(self._retry_undecodable, item, _without_value(out, error))
+
+    def _undecodable_sent(self, item: _Undecodable) -> None:
+        """One record sent for it is settled; the last one makes its offset done."""
+        with self._lock:
+            item.waiting -= 1
+            if item.waiting:
+                return
+            item.tracker.mark_done(item.offset)
+            self._lock.notify_all()
+        self._unacked.discard(item)
+
+    def _copy_refused(self, item: _Undecodable, out: _AckRecord, error: BrokerError) -> bool:
+        """A dead-letter copy the cluster does not let this worker write (an authorizer without
+        a worker grant on the dead-letter topic) is given up, loudly: retrying it for ever
+        would hold the partition's commit, and with it every run after it. The record stays
+        on the runs topic (for its retention) where the log line says; its verdict still
+        goes."""
+        if out[0] != self._dead_letter_topic or error.code not in _REFUSED_FOR_GOOD:
+            return False
+        log.error(
+            "undecodable run record not dead-lettered: the cluster refuses this worker's "
+            "write to the dead-letter topic (grant it WRITE there to keep copies); the record "
+            "is left on the runs topic",
+            extra={
+                "topic": self._runs_topic,
+                "partition": item.tracker.partition,
+                "offset": item.offset,
+                "dead_letter_topic": out[0],
+                "error": str(error),
+            },
+        )
+        self._undecodable_sent(item)
+        return True
 
     def _retry_undecodable(self, item: _Undecodable, out: _AckRecord) -> None:
         if self._closing or self._loop is None:
