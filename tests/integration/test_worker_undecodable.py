@@ -21,23 +21,28 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from jobwheel.deploy.broker import free_port
 from jobwheel.kafka.producer import producer_config
 from jobwheel.producers.client import JobClient
+from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
 from jobwheel.schemas.topics import (
     ERROR_HEADER,
     KIND_HEADER,
     RUN_HEADER,
+    SIZE_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
     UNDECODABLE_RUN_KIND,
     read_run_header,
+    run_header,
 )
 from tests.integration.scheduler_support import TopicTail, start_scheduler
+from tests.integration.test_worker import StatusTail, make_run, start_worker
 from tests.support import Tail, file_lines, log_tail, metric, wait_for_group, wait_until
 
 WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
@@ -198,3 +203,88 @@ def test_an_undecodable_run_is_dead_lettered_and_its_run_failed(
         f"partition {partition} not committed to {end}:\n{log_tail(worker_log)}",
     )
     assert worker.poll() is None, log_tail(worker_log)
+
+
+def test_a_copy_too_large_for_the_dead_letter_topic_goes_without_its_bytes(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tmp_path: Path
+) -> None:
+    """The dead-letter copy carries more headers than the runs record did, so a record that
+    fitted the runs topic may not fit the dead-letter topic (here its ``max.message.bytes`` is
+    made smaller). The broker's refusal is for good: the copy goes again without its value,
+    saying how large it was, rather than being retried for ever with the partition's commit
+    held behind it. The run is answered FAILED and the run after it runs."""
+    limit = 2_000
+    admin = AdminClient(settings.librdkafka())
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        settings.topics.dead_letter,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    job = "too-large-copy"
+    partition = partition_for(job, settings.partitions)
+
+    def refused() -> bool:
+        """Does the dead-letter partition refuse a record over the limit now? (The change
+        takes effect on the broker shortly after the admin call.)"""
+        probe = Producer(settings.librdkafka(**{"message.timeout.ms": 10_000}))
+        errors: list[Any] = []
+        probe.produce(
+            settings.topics.dead_letter,
+            value=b"p" * (limit * 2),
+            partition=partition,
+            on_delivery=lambda err, _msg: errors.append(err),
+        )
+        assert probe.flush(30) == 0, "the probe was neither accepted nor refused"
+        return errors[0] is not None and errors[0].name() == "MSG_SIZE_TOO_LARGE"
+
+    wait_until(refused, 30, 0.5, "the dead-letter topic's smaller limit never took effect")
+
+    run = make_run(settings, "demo.echo", job_id=job, run_id=f"{job}@1")
+    after = make_run(settings, "demo.echo", {"after": 1}, job_id=job, run_id=f"{job}@2")
+    big = b"\x00" + b"x" * (limit * 2)  # garbage, over the dead-letter topic's limit
+    produce_as_scheduler(
+        settings,
+        [
+            (job.encode(), big, [(RUN_HEADER, run_header(run))]),
+            (job.encode(), Codec().encode(after), [(RUN_HEADER, run_header(after))]),
+        ],
+    )
+    tail = StatusTail(settings)
+    dead = Tail(settings, [settings.topics.dead_letter])
+    try:
+        worker_log = tmp_path / "worker.log"
+        start_worker(procs, jobwheel_env, worker_log)
+        failed = tail.wait_for(run.run_id, State.FAILED)[0]
+        assert (failed.error or "").startswith("UndecodableRun: ")
+        tail.wait_for(after.run_id, State.SUCCEEDED)
+        copies: list[Any] = []
+
+        def copied() -> list[Any]:
+            copies.extend(
+                m
+                for m in dead.poll()
+                if dict(m.headers() or []).get(KIND_HEADER) == UNDECODABLE_RUN_KIND
+            )
+            return copies
+
+        (copy,) = wait_until(copied, 30, 0.0, "no dead-letter record of the run")
+        h = dict(copy.headers())
+        assert (copy.key(), copy.value() or b"") == (job.encode(), b"")
+        assert h[SIZE_HEADER] == str(len(big)).encode()
+        assert h[RUN_HEADER] == run_header(run)
+        end = end_offset(settings, partition)
+        wait_until(
+            lambda: committed(settings, partition) >= end - 1,
+            30,
+            0.2,
+            f"partition {partition} not committed past the runs",
+        )
+    finally:
+        tail.close()
+        dead.close()
