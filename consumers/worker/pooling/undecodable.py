@@ -20,8 +20,8 @@ committed past; but not before it is kept and answered:
 The offset counts as done only once the broker has acknowledged every record sent for it (the
 copy and the verdict), as a run's offset waits for its verdict: a crash before that delivers
 the record again to the partition's next owner, which answers it again (the scheduler ignores
-a verdict of an attempt it has moved past; the event id makes the copy a duplicate to the
-status sink).
+a verdict of an attempt it has moved past; the same event id makes the repeated verdict a
+duplicate to the status sink).
 """
 
 from __future__ import annotations
