@@ -81,7 +81,8 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Dead letters by kind",
                 "Records sent to the dead-letter topic in 5 minutes, by kind (as `jobwheel dlq "
                 "list --kind`): dead-run (attempts used up), request (refused), ack "
-                "(undecodable), too-large; commands replayed from it (`jobwheel dlq replay`); "
+                "(undecodable), too-large, undecodable-run (a runs record a worker could not "
+                "decode); commands replayed from it (`jobwheel dlq replay`); "
                 "and changes the scheduler refused or undid, each with its event: "
                 "record-too-large (a job record past JOBWHEEL_SCHEDULER_MAX_RECORD_BYTES), "
                 "timer-failed (a job paused or its run ended DEAD by a timer that failed).",
@@ -89,6 +90,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                     (
                         "sum by (kind) (increase(jobwheel_scheduler_dead_letters_total[5m]))",
                         "{{kind}}",
+                    ),
+                    (
+                        "sum(increase(jobwheel_worker_undecodable_runs_total[5m]))",
+                        "undecodable-run",
                     ),
                     ("sum(increase(jobwheel_scheduler_replays_total[5m]))", "replayed"),
                     (

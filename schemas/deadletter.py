@@ -17,6 +17,9 @@ Kinds, told apart by the ``jobwheel.kind`` header and ``jobwheel.source.topic``:
   scheduler error, a producer that used the wrong partitioner: a replay is keyed and partitioned
   correctly), and an invalid command does not: unchanged it would be rejected again, so fix it
   and submit it anew.
+- ``undecodable-run``: a runs record a worker could not decode (original bytes, key and
+  headers). Never replayed: the worker answered the run it names FAILED, and the scheduler
+  retried it or ended it DEAD (a DEAD run has its own ``dead-run`` record to replay).
 - ``ack``: a worker's event the scheduler could not read. Never replayed (an old verdict
   re-sent later could be taken for a new one).
 - ``too-large``: only a reference (the record was too large to copy): nothing to replay.
@@ -35,9 +38,11 @@ from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
     ERROR_HEADER,
     KIND_HEADER,
+    SIZE_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
+    UNDECODABLE_RUN_KIND,
 )
 from jobwheel.schemas.validation import check_command, check_key
 
@@ -49,7 +54,8 @@ DEAD_RUN = "dead-run"
 REQUEST = "request"
 ACK = "ack"
 TOO_LARGE = "too-large"
-KINDS = (DEAD_RUN, REQUEST, ACK, TOO_LARGE)
+UNDECODABLE_RUN = UNDECODABLE_RUN_KIND.decode()
+KINDS = (DEAD_RUN, REQUEST, ACK, TOO_LARGE, UNDECODABLE_RUN)
 
 
 @dataclass(frozen=True)
@@ -160,8 +166,22 @@ def parse(
     }
     kind_header = h.get(KIND_HEADER)
     if kind_header == TOO_LARGE:
-        size = h.get("jobwheel.size", "")
+        size = h.get(SIZE_HEADER, "")
         return DeadLetter(kind=TOO_LARGE, size=int(size) if size.isdigit() else None, **common)
+    if kind_header == UNDECODABLE_RUN:
+        size = h.get(SIZE_HEADER, "")
+        try:  # a newer reader may read what the worker could not
+            run = codec.decode(value or b"")
+            if not isinstance(run, Run):
+                raise SchemaDecodeError(f"a {type(run).__name__}, not a Run")
+        except SchemaDecodeError as exc:
+            return DeadLetter(
+                kind=UNDECODABLE_RUN,
+                undecodable=str(exc),
+                size=int(size) if size.isdigit() else None,
+                **common,
+            )
+        return DeadLetter(kind=UNDECODABLE_RUN, run=run, **common)
     if kind_header == DEAD_RUN_KIND.decode():
         try:
             run = codec.decode(value or b"")
@@ -209,6 +229,12 @@ def plan(
         return Replay(letter, skip="only a reference is kept (the record was too large to copy)")
     if letter.kind == ACK:
         return Replay(letter, skip="a worker's event; acknowledgements are never replayed")
+    if letter.kind == UNDECODABLE_RUN:
+        return Replay(
+            letter,
+            skip="a run record no worker could decode; its run was answered FAILED and "
+            "retried or ended DEAD by the scheduler (replay its dead-run record)",
+        )
     if letter.kind == DEAD_RUN:
         run = letter.run
         if run is None:

@@ -10,7 +10,12 @@ ensure`` refuses a mismatch rather than silently re-hashing jobs to other owners
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobwheel.schemas.models import Run
 
 DEFAULT_PREFIX = "jobwheel"
 DEFAULT_PARTITIONS = 12
@@ -40,10 +45,82 @@ ERROR_HEADER = "jobwheel.error"
 #: On dead-letter records: ``dead-run`` for a run out of attempts; absent for a bad request.
 KIND_HEADER = "jobwheel.kind"
 DEAD_RUN_KIND = b"dead-run"
+#: On dead-letter records: ``undecodable-run`` for a runs record a worker could not decode
+#: (the original bytes, with the source headers); never replayed, the scheduler's retry
+#: policy already answered the worker's FAILED verdict of it.
+UNDECODABLE_RUN_KIND = b"undecodable-run"
+#: On a dead-letter record kept without its bytes (too large to copy): how many there were.
+SIZE_HEADER = "jobwheel.size"
+#: On runs records: the run the record dispatches, readable without decoding the value (see
+#: :class:`RunRef`), so a worker that cannot decode a run (a newer schema, damaged bytes) can
+#: still name it in a FAILED verdict instead of leaving the job to its deadline.
+RUN_HEADER = "jobwheel.run"
 #: On dead-letter copies of bad input: where the original record was.
 SOURCE_TOPIC_HEADER = "jobwheel.source.topic"
 SOURCE_PARTITION_HEADER = "jobwheel.source.partition"
 SOURCE_OFFSET_HEADER = "jobwheel.source.offset"
+
+
+@dataclass(frozen=True, slots=True)
+class RunRef:
+    """What a runs record's :data:`RUN_HEADER` says about its run: every field a worker's
+    event about the run carries, besides the job id (the record's key).
+
+    The header's value is ASCII ``<attempt> <seq> <fencing token> <scheduled ms> <dispatched
+    ms> <task> <run id>``: numbers first, the task name (which has no spaces) and then the run
+    id, which may hold anything a job id holds and so comes last, unsplit. Plain text rather
+    than Avro on purpose: it must stay readable by a worker that cannot read the schema the
+    value was written with."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    seq: int
+    fencing_token: int
+    scheduled_time_ms: int
+    dispatched_at_ms: int
+    task: str
+
+
+def run_header(run: Run) -> bytes:
+    """The :data:`RUN_HEADER` value of ``run``'s record."""
+    return (
+        f"{run.attempt} {run.seq} {run.fencing_token} {run.scheduled_time_ms} "
+        f"{run.dispatched_at_ms} {run.task} {run.run_id}"
+    ).encode()
+
+
+def read_run_header(
+    key: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
+) -> RunRef | None:
+    """The run a runs record names in its :data:`RUN_HEADER`, or None when it names none
+    (no such header, as from a scheduler older than the header, or one that does not parse):
+    such a record cannot be answered, only dead-lettered."""
+    if key is None:
+        return None
+    for name, value in headers or ():
+        if name != RUN_HEADER or value is None:
+            continue
+        try:
+            attempt, seq, token, scheduled, dispatched, task, run_id = value.decode().split(" ", 6)
+            ref = RunRef(
+                job_id=key.decode(),
+                run_id=run_id,
+                attempt=int(attempt),
+                seq=int(seq),
+                fencing_token=int(token),
+                scheduled_time_ms=int(scheduled),
+                dispatched_at_ms=int(dispatched),
+                task=task,
+            )
+        except ValueError:  # UnicodeDecodeError is one
+            return None
+        # The scheduler names a job's runs <job id>@<suffix>, attempts from 1: anything else
+        # is not a header it wrote.
+        if ref.attempt < 1 or not ref.run_id.startswith(f"{ref.job_id}@") or not ref.task:
+            return None
+        return ref
+    return None
 
 
 @dataclass(frozen=True)

@@ -79,10 +79,12 @@ from jobwheel.schemas.topics import (
     DISPATCHED_HEADER,
     ERROR_HEADER,
     KIND_HEADER,
+    RUN_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
     STATE_HEADER,
+    run_header,
 )
 from jobwheel.schemas.validation import check_key
 from jobwheel.settings import Settings
@@ -772,7 +774,12 @@ class SchedulerEngine:
         t = self.topics
         enc = self.codec.encode
         p = task.partition
-        records = [_Out(t.runs, p, run.job_id.encode(), enc(run)) for run in result.runs]
+        # Each run names itself in a header too: a worker that cannot decode the value (a
+        # newer schema) still answers it FAILED rather than leaving it to its deadline.
+        records = [
+            _Out(t.runs, p, run.job_id.encode(), enc(run), [(RUN_HEADER, run_header(run))])
+            for run in result.runs
+        ]
         for event in result.status:
             records.append(_Out(t.status, p, event.job_id.encode(), enc(event)))
         for run, reason in result.dead_runs:

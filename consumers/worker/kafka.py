@@ -192,7 +192,7 @@ class StatusProducer:
     def produce(
         self,
         topic: str,
-        key: bytes,
+        key: bytes | None,
         value: bytes,
         headers: list[tuple[str, bytes]] | None,
         on_delivery: DeliveryReport,

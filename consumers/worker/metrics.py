@@ -14,6 +14,9 @@ handed_back_total                counter   runs handed back at shutdown or when 
                                            moved after the grace (re-dispatched at once)
 skipped_done_total               counter   runs not run: the partition's previous owner had
                                            finished them (named in its offset commit)
+undecodable_runs_total           counter   runs records no Run could be read from (a newer
+                                           schema, damaged bytes): dead-lettered, and their
+                                           run answered FAILED when the record names it
 inflight_runs                    gauge     runs executing now
 waiting_runs                     gauge     runs fetched and waiting for a free slot
 concurrency                      gauge     runs that may execute at once
@@ -64,6 +67,8 @@ class WorkerMeters:
     handed_back: int = 0
     #: Consumer thread: runs skipped because the previous owner finished them.
     inherited_done: int = 0
+    #: Runs records that did not decode (dead-lettered).
+    undecodable: int = 0
     tasks: LabelLimiter = field(default_factory=LabelLimiter)
 
     def verdict(self, task: str, state: str, duration_ms: int | None = None) -> None:
@@ -124,6 +129,11 @@ class WorkerCollector(Collector):
             n + "skipped_done_total",
             "Runs skipped: their partition's previous owner had finished them.",
             meters.inherited_done,
+        )
+        yield counter(
+            n + "undecodable_runs_total",
+            "Runs records that did not decode: dead-lettered (their run FAILED if named).",
+            meters.undecodable,
         )
         yield gauge(n + "inflight_runs", "Runs executing now.", pool.inflight)
         yield gauge(n + "waiting_runs", "Runs fetched, waiting for a slot.", pool.waiting)

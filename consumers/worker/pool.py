@@ -89,6 +89,7 @@ from jobwheel.consumers.worker.pooling.core import (
 )
 from jobwheel.consumers.worker.pooling.execution import Execution
 from jobwheel.consumers.worker.pooling.intake import Intake
+from jobwheel.consumers.worker.pooling.undecodable import Undecodable
 from jobwheel.consumers.worker.pooling.verdicts import Verdicts
 
 __all__ = [
@@ -105,7 +106,7 @@ __all__ = [
 ]
 
 
-class WorkerPool(Intake, Execution, Verdicts):
+class WorkerPool(Intake, Undecodable, Execution, Verdicts):
     """Runs the tasks of the runs topic's assigned partitions; see the module docstring.
-    Its parts: :mod:`jobwheel.consumers.worker.pooling` (intake, execution, verdicts) on a
-    shared core."""
+    Its parts: :mod:`jobwheel.consumers.worker.pooling` (intake, undecodable records,
+    execution, verdicts) on a shared core."""

@@ -369,3 +369,82 @@ def test_a_scheduler_process_runs_with_its_role_only(
     assert not log_events(
         log, "the broker refused the scheduler group's timing; using the broker's defaults"
     )
+
+
+def test_a_worker_without_dead_letter_rights_still_answers_an_undecodable_run(
+    secure: dict[str, Any], procs: Procs, tmp_path: Path
+) -> None:
+    """The worker role may not write the dead-letter topic. Its copy of a run record it cannot
+    decode is refused for good; the worker says so in an error line and gives the copy up, so
+    the run is still answered FAILED (from the record's ``jobwheel.run`` header) and the
+    partition goes on: the run after it runs. Retrying the copy would have held the commit of
+    the partition, and every run after it, for ever. (Last in the module: the record it leaves
+    on the runs topic is framed like a run and reads as none.)"""
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    from jobwheel.kafka.producer import producer_config
+    from jobwheel.schemas.topics import RUN_HEADER, run_header
+    from tests.integration.test_worker import make_run
+    from tests.support import consume, log_tail
+
+    scheduler, sink = _role(secure, "scheduler"), _role(secure, "sink")
+    job = f"acl-undecodable-{uuid.uuid4().hex[:6]}"
+    run = make_run(scheduler, "demo.echo", job_id=job, run_id=f"{job}@1")
+    after = make_run(scheduler, "demo.echo", {"after": 1}, job_id=job, run_id=f"{job}@2")
+    encoded = default_codec().encode(run)
+    newer = encoded[:2] + bytes.fromhex("0123456789abcdef") + encoded[10:]  # unknown schema
+    producer = Producer(producer_config(scheduler))
+    producer.produce(
+        scheduler.topics.runs,
+        key=job.encode(),
+        value=newer,
+        headers=[(RUN_HEADER, run_header(run))],
+    )
+    delivered: list[Any] = []
+    producer.produce(
+        scheduler.topics.runs,
+        key=job.encode(),
+        value=default_codec().encode(after),
+        on_delivery=lambda err, msg: delivered.append(err or msg),
+    )
+    assert producer.flush(60) == 0
+    (last,) = delivered
+    assert not isinstance(last, KafkaError), last
+    env = secure["base"] | {
+        "JOBWHEEL_KAFKA_CONFIG": (secure["creds"] / "worker.json").read_text(),
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "worker.log"
+    procs.spawn(["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, log)
+
+    def answered() -> dict[str, Any]:
+        acks = consume(sink, sink.topics.acks, min_count=1000, timeout_s=2)
+        events = [default_codec().decode(m.value()) for m in acks if m.value()[:2] == b"\xc3\x01"]
+        return {
+            e.run_id: e
+            for e in events
+            if e.run_id in (run.run_id, after.run_id) and e.state in (State.FAILED, State.SUCCEEDED)
+        }
+
+    seen = wait_until(lambda: len(got := answered()) == 2 and got, 90, 0.5, "no verdicts on acks")
+    assert seen[run.run_id].state is State.FAILED, log_tail(log)
+    assert (seen[run.run_id].error or "").startswith("UndecodableRun: ")
+    assert seen[after.run_id].state is State.SUCCEEDED
+    # the partition is committed past both: the refused copy does not hold it
+    admin = Consumer(
+        _settings(secure, secure["broker"].admin_config()).librdkafka(
+            **{"group.id": scheduler.worker_group}
+        )
+    )
+    try:
+
+        def committed() -> int:
+            tp = TopicPartition(scheduler.topics.runs, last.partition())
+            return admin.committed([tp], timeout=10)[0].offset
+
+        wait_until(lambda: committed() > last.offset(), 30, 0.5, "not committed past the runs")
+    finally:
+        admin.close()
+    text = log.read_text()
+    assert "undecodable run record not dead-lettered" in text, log_tail(log)
+    assert "TOPIC_AUTHORIZATION_FAILED" in text

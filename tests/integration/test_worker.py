@@ -237,7 +237,7 @@ def test_outcomes_become_status_events_in_the_jobs_partition(
     assert json.loads(tail.wait_for(flaky.run_id, State.SUCCEEDED)[0].result_json) == {"attempt": 2}
     tail.wait_for(after_garbage.run_id, State.SUCCEEDED)
     assert proc.poll() is None, log_tail(log_path)
-    assert "undecodable run record skipped" in log_path.read_text()
+    assert "undecodable run record dead-lettered" in log_path.read_text()
 
     # Everything reached a terminal event, so every partition is committed to its end
     # (the garbage record included).

@@ -14,9 +14,12 @@ from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
     ERROR_HEADER,
     KIND_HEADER,
+    RUN_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
+    UNDECODABLE_RUN_KIND,
+    run_header,
 )
 
 T0 = 1_800_000_000_000
@@ -121,3 +124,27 @@ def test_a_replayed_commands_answer_says_it_was_replayed():
         [Event("c1:SCHEDULED", "j", State.SCHEDULED, T0, "scheduler")], "c1", "x"
     )
     assert plain[0].reason == "replayed from the dead-letter topic (x)"
+
+
+def test_an_undecodable_run_is_listed_as_such_and_never_replayed():
+    """A worker's copy of a runs record it could not decode: its own kind (not a bad request,
+    which a replay would send to the requests topic), never replayed; a reader that knows the
+    schema now shows the run."""
+    headers = [
+        (RUN_HEADER, run_header(RUN)),
+        (ERROR_HEADER, b"undecodable run record at p.runs:2:9: unknown schema"),
+        (KIND_HEADER, UNDECODABLE_RUN_KIND),
+        *source("p.runs"),
+    ]
+    garbage = read(b"j", b"\xc3\x01garbage", headers)
+    assert (garbage.kind, garbage.run, garbage.source) == (
+        dl.UNDECODABLE_RUN,
+        None,
+        ("p.runs", 2, 41),
+    )
+    assert garbage.undecodable
+    assert "FAILED" in (plan(garbage).skip or "")
+    readable = read(b"j", CODEC.encode(RUN), headers)
+    assert (readable.kind, readable.run) == (dl.UNDECODABLE_RUN, RUN)
+    assert plan(readable).command is None and plan(readable).skip
+    assert dl.UNDECODABLE_RUN in dl.KINDS

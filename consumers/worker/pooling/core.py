@@ -77,8 +77,9 @@ REPEAT_REASON = (
 LAG_SAMPLE_S = 0.5
 _MAX_REDELIVERY_DELAY_S = 5.0
 
-#: An encoded acks record: topic, key, value, headers.
-_AckRecord = tuple[str, bytes, bytes, list[tuple[str, bytes]]]
+#: An encoded record the pool sends (an event on the acks topic, a dead-letter copy): topic,
+#: key, value, headers.
+_AckRecord = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]
 
 
 def default_worker_id() -> str:
@@ -120,6 +121,20 @@ class _Execution:
         return (self.run.run_id, self.run.attempt)
 
 
+@dataclass(eq=False, slots=True)
+class _Undecodable:
+    """A runs record no Run could be read from, while its dead-letter copy (and the FAILED
+    verdict of the run it names) are on their way; ``waiting`` (pool lock) counts the records
+    the broker has not acknowledged yet, and its offset is done at 0."""
+
+    tracker: OffsetTracker
+    offset: int
+    waiting: int
+    redelivery: Backoff = field(
+        default_factory=lambda: Backoff(start_s=0.1, max_s=_MAX_REDELIVERY_DELAY_S)
+    )
+
+
 class PoolCore:
     """Consumes the runs topic as a member of ``settings.worker_group`` until :meth:`stop`.
 
@@ -155,6 +170,8 @@ class PoolCore:
         self._codec = Codec(settings.schema_registry_url)
         self._runs_topic = settings.topics.runs
         self._acks_topic = settings.topics.acks
+        self._dead_letter_topic = settings.topics.dead_letter
+        self._rng = rng if rng is not None else random.Random()
         self._started_event_s = max(0, settings.worker_started_event_ms) / 1000
         self._commit_interval_s = max(0, settings.worker_commit_interval_ms) / 1000
         self._task_threads = concurrent.futures.ThreadPoolExecutor(
@@ -191,7 +208,7 @@ class PoolCore:
         self._closing = False
         # Verdicts sent and not acknowledged yet (added on the loop, removed by the delivery
         # thread: set.add and set.discard are atomic), counted when the worker gives up.
-        self._unacked: set[_Execution] = set()
+        self._unacked: set[_Execution | _Undecodable] = set()
         self._close_from: float | None = None  # monotonic: when the runs were done
         self._hurried_at: float | None = None  # monotonic: the second stop()
         #: Set by :meth:`run` on the way out: verdicts or offsets were left for the next

@@ -266,8 +266,10 @@ class Intake(PoolCore):
             self._start_ready()
 
     def _decode(self, tracker: OffsetTracker, record: Record) -> Run | None:
-        """A record that is not a Run is logged and skipped (and committed past): retrying
-        bytes no reader understands would block the partition forever."""
+        """A record that is not a Run is not retried (bytes no reader here understands would
+        block the partition for ever): it is dead-lettered, its run answered FAILED when the
+        record names it, and committed past once the broker has both
+        (:mod:`.undecodable`)."""
         try:
             if record.value is None:
                 raise SchemaDecodeError("the record has no value (a tombstone?)")
@@ -275,16 +277,7 @@ class Intake(PoolCore):
             if not isinstance(value, Run):
                 raise SchemaDecodeError(f"expected a Run, got a {type(value).__name__}")
         except SchemaDecodeError as exc:
-            log.error(
-                "undecodable run record skipped",
-                extra={
-                    "topic": self._runs_topic,
-                    "partition": record.partition,
-                    "offset": record.offset,
-                    "error": str(exc),
-                },
-            )
-            self._done([(tracker, record.offset)])
+            self._undecodable(tracker, record, str(exc))
             return None
         return value
 
