@@ -57,6 +57,7 @@ from jobwheel.errors import (
     ValidationError,
     clip,
 )
+from jobwheel.schemas import deadletter
 
 if TYPE_CHECKING:
     from jobwheel.consumers.status.sink import StatusSink
@@ -70,6 +71,7 @@ log = logging.getLogger(__name__)
 
 # Strict: JSON true is not 1 ms, 1e20 is not an integer, "5" is not a number.
 Duration = StrictStr | StrictInt | None
+_KINDS = ", ".join(deadletter.KINDS)
 _DURATION_DOC = "a duration like 250ms, 5s, 10m, 1h30m, 2d, 1w, or an integer of milliseconds"
 
 
@@ -202,7 +204,7 @@ class DeadLetterView(BaseModel):
     partition: int
     offset: int
     timestamp_ms: int
-    kind: str = Field(description="dead-run, request, ack or too-large")
+    kind: str = Field(description=_KINDS)
     job_id: str
     run_id: str | None
     task: str | None
@@ -224,7 +226,7 @@ class ReplayRequest(BaseModel):
     task: StrictStr | None = None
     since: StrictStr | StrictInt | None = Field(None, description="an age (2h), ISO 8601, epoch ms")
     reason: StrictStr | None = Field(None, description="part of the error text")
-    kind: StrictStr | None = Field(None, description="dead-run, request, ack or too-large")
+    kind: StrictStr | None = Field(None, description=_KINDS)
     refs: list[StrictStr] | None = Field(None, description="<partition>:<offset> of each")
     all: StrictBool = False
     dry_run: StrictBool = False
@@ -474,7 +476,7 @@ def create_app(
         task: str | None = None,
         reason: Annotated[str | None, Query(description="part of the error text")] = None,
         job: str | None = None,
-        kind: Annotated[str | None, Query(description="dead-run, request, ack, too-large")] = None,
+        kind: Annotated[str | None, Query(description=_KINDS)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
         """Dead letters, oldest first (read from the dead-letter topic in Kafka)."""

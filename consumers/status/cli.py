@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobwheel.errors import JobwheelError, ValidationError
 from jobwheel.producers.cli import one_line_errors
-from jobwheel.schemas import progress
+from jobwheel.schemas import deadletter, progress
 
 if TYPE_CHECKING:
     from jobwheel.schemas.models import JobCommand
@@ -465,8 +465,9 @@ _DLQ_DESCRIPTION = """\
 The dead-letter topic (<prefix>.dead-letter, kept 30 days) holds what the scheduler could not
 use: runs that ended DEAD (attempts used up, or a failure that is not retried, such as an
 unknown task), commands it rejected as invalid or could not read, acknowledgements it could
-not read, and references to records too large to copy. Kinds: dead-run, request, ack,
-too-large. `list` shows them; `replay` puts them back after the cause is fixed."""
+not read, references to records too large to copy, and run records a worker could not read.
+Kinds: dead-run, request, ack, too-large, undecodable-run. `list` shows them; `replay` puts
+them back after the cause is fixed."""
 
 _REPLAY_DESCRIPTION = """\
 Put dead letters back, after a fix. A dead run is dispatched again by the scheduler as the same
@@ -477,10 +478,10 @@ its original bytes keyed by its job id, only if the scheduler's own checks accep
 commands rejected for a transient reason (a schema version the scheduler did not know yet, a
 scheduler error, a producer with the wrong partitioner) replay; an invalid command would be
 rejected again unchanged, so it is skipped with the reason (fix it and submit it anew).
-Acknowledgements and too-large references are never replayed. Each run is replayed from its
-newest dead letter only, and, when the status API answers, runs no longer DEAD and commands
-already applied are skipped. Select with --job, --task, --since, --reason, --kind or --ref
-(all that are given must match), or --all. Exit 1 if something could not be sent."""
+Acknowledgements, too-large references and undecodable runs are never replayed. Each run is
+replayed from its newest dead letter only, and, when the status API answers, runs no longer
+DEAD and commands already applied are skipped. Select with --job, --task, --since, --reason,
+--kind or --ref (all that are given must match), or --all. Exit 1 if something could not be sent."""
 
 
 def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -501,9 +502,7 @@ def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         c.add_argument("--task", help="task name (of the dead run, or the rejected ScheduleJob)")
         c.add_argument("--reason", metavar="TEXT", help="part of the error (case-insensitive)")
         c.add_argument("--job", metavar="ID", help="job id")
-        c.add_argument(
-            "--kind", choices=("dead-run", "request", "ack", "too-large"), help="kind of record"
-        )
+        c.add_argument("--kind", choices=deadletter.KINDS, help="kind of record")
         c.add_argument("--json", action="store_true", help="print JSON")
         c.add_argument(
             "--timeout",

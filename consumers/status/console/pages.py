@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from jobwheel.consumers.status.console import charts
+from jobwheel.schemas import deadletter
 
 JOB_STATES = ("SCHEDULED", "PAUSED", "COMPLETED", "DEAD", "CANCELLED")
 RANGES = {"15m": 15 * 60_000, "1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000}
@@ -503,7 +504,7 @@ def dead_letters(
 ) -> str:
     kinds = "".join(
         f'<option value="{k}"{" selected" if k == kind else ""}>{k}</option>'
-        for k in ("", "dead-run", "request", "ack", "too-large")
+        for k in ("", *deadletter.KINDS)
     )
     form = f"""<form class="filters" method="get" action="{escape(page.url("/console/dead-letters"))}">
 <label>Since <input name="since" value="{escape(since)}"></label>
