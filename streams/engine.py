@@ -340,16 +340,32 @@ class SchedulerEngine:
         client = f"{self.settings.scheduler_app_id}-{self._instance}"
         self.joined = False
         self.producer = TransactionalProducer(self.settings, client, self.watchdog)
+        # Asked again of the same producer for a bounded time only: a client that timed out
+        # for that long may hold a coordinator it will not look up again (init_transactions
+        # was seen timing out for over a minute after the broker was back); a new one asks.
+        fresh_after_s = self.settings.scheduler_init_fresh_after_ms / 1000
+        since = time.monotonic()
         while True:
             self.turned_at = time.monotonic()
             try:
-                self.producer.init()
+                self.producer.init(give_up_s=fresh_after_s)
                 break
             except BrokerError as exc:
+                failing_s = time.monotonic() - since
+                replace = failing_s >= fresh_after_s
                 log.error(
                     "cannot register the transactional producer; retrying",
-                    extra={"error": str(exc)},
+                    extra={
+                        "error": str(exc),
+                        "failing_s": round(failing_s, 1),
+                        "new_producer": replace,
+                        "setting": "JOBWHEEL_SCHEDULER_INIT_FRESH_AFTER_MS",
+                    },
                 )
+                if replace:
+                    self.producer.close()
+                    self.producer = TransactionalProducer(self.settings, client, self.watchdog)
+                    since = time.monotonic()
                 if self._stop.wait(2.0):
                     return
         self.input = InputConsumer(self.settings, client, self.watchdog)
