@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     # exits with code 75 for its supervisor to restart it (see jobwheel.watchdog). 0: three
     # times the call's timeout (30 s with the default transaction timeout).
     scheduler_call_deadline_ms: int = Field(default=0, ge=0)
+    # A partition whose changelog could not be measured, or was read no further while
+    # restoring, for this long gets a new changelog consumer (a client's stale metadata, e.g.
+    # "no leader" cached during a broker restart, otherwise holds it "restoring" for minutes).
+    scheduler_restore_stall_ms: int = Field(default=30_000, ge=1_000)
+    # The transactional producer is replaced by a new one when it could not register
+    # (init_transactions) for this long: a new client looks its coordinator up afresh.
+    scheduler_init_fresh_after_ms: int = Field(default=60_000, ge=1_000)
     # Under load, loop iterations share one transaction for at most this long (fewer, larger
     # transactions); outputs become visible when it commits, so it adds up to this to a fire.
     scheduler_commit_interval_ms: int = 25

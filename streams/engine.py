@@ -237,6 +237,7 @@ class EngineStats:
     transactions: int = 0
     aborts: int = 0
     resets: int = 0
+    changelog_rebuilds: int = 0
     last_commit_ms: int = 0
 
 
@@ -301,6 +302,9 @@ class SchedulerEngine:
         self.input: InputConsumer | None = None
         self.acks: AcksConsumer | None = None
         self.changelog: ChangelogReader | None = None
+        # Restoring partition -> (changelog position, or None: not measured; since when it
+        # has not moved): see _restore_stalled.
+        self._stalled_since: dict[int, tuple[int | None, float]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -338,16 +342,32 @@ class SchedulerEngine:
         client = f"{self.settings.scheduler_app_id}-{self._instance}"
         self.joined = False
         self.producer = TransactionalProducer(self.settings, client, self.watchdog)
+        # Asked again of the same producer for a bounded time only: a client that timed out
+        # for that long may hold a coordinator it will not look up again (init_transactions
+        # was seen timing out for over a minute after the broker was back); a new one asks.
+        fresh_after_s = self.settings.scheduler_init_fresh_after_ms / 1000
+        since = time.monotonic()
         while True:
             self.turned_at = time.monotonic()
             try:
-                self.producer.init()
+                self.producer.init(give_up_s=fresh_after_s)
                 break
             except BrokerError as exc:
+                failing_s = time.monotonic() - since
+                replace = failing_s >= fresh_after_s
                 log.error(
                     "cannot register the transactional producer; retrying",
-                    extra={"error": str(exc)},
+                    extra={
+                        "error": str(exc),
+                        "failing_s": round(failing_s, 1),
+                        "new_producer": replace,
+                        "setting": "JOBWHEEL_SCHEDULER_INIT_FRESH_AFTER_MS",
+                    },
                 )
+                if replace:
+                    self.producer.close()
+                    self.producer = TransactionalProducer(self.settings, client, self.watchdog)
+                    since = time.monotonic()
                 if self._stop.wait(2.0):
                     return
         self.input = InputConsumer(self.settings, client, self.watchdog)
@@ -1069,6 +1089,8 @@ class SchedulerEngine:
             for task in list(reading.values()):
                 position = self.changelog.position(task.partition)
                 if position is None or position < task.restore.end:
+                    if task.phase is Phase.RESTORING:
+                        self._restore_stalled(task.partition, position)
                     continue
                 if task.phase is Phase.RESTORING:
                     self._finish_restore(task)
@@ -1114,8 +1136,21 @@ class SchedulerEngine:
         try:
             low, high = self.changelog.watermarks(task.partition)
         except BrokerError as exc:
-            log.warning("cannot read the changelog's offsets yet", extra={"error": str(exc)})
+            # Asked again every iteration: logged when it starts failing (and again after a
+            # new changelog consumer), not on every try (the loop would write megabytes a
+            # second while the broker answers at once that it does not know).
+            if self._restore_stalled(task.partition, None):
+                log.warning(
+                    "cannot read the changelog's offsets yet",
+                    extra={
+                        "partition": task.partition,
+                        "error": str(exc),
+                        "retry": "every iteration; a new changelog consumer after "
+                        "JOBWHEEL_SCHEDULER_RESTORE_STALL_MS",
+                    },
+                )
             return
+        self._stalled_since.pop(task.partition, None)
         self.changelog.unassign(task.partition)
         if task.restore.fresh and task.phase is Phase.RESTORING:
             # A standby copy still on its first pass: carry on where it is.
@@ -1138,6 +1173,42 @@ class SchedulerEngine:
         else:
             self._finish_restore(task)
 
+    def _restore_stalled(self, partition: int, position: int | None) -> bool:
+        """Note that a restoring partition made no progress (its changelog not measured, or
+        read no further than ``position``) and, once one has made none for
+        JOBWHEEL_SCHEDULER_RESTORE_STALL_MS, replace the changelog consumer. True when this
+        is the first note of this stall (the caller logs it once).
+
+        Whatever holds a consumer back there (a cached metadata answer librdkafka never asks
+        again, see ChangelogReader.watermarks; a fetcher that gave up), the loop goes on
+        turning, so neither the loop's liveness nor the call watchdog ever sees it: without a
+        bound the partition stays "restoring", its jobs unfired, for as long as the client's
+        state stays wrong. A new client starts from nothing cached."""
+        assert self.changelog is not None
+        now = time.monotonic()
+        for gone in [p for p in self._stalled_since if p not in self.tasks]:
+            del self._stalled_since[gone]  # given up meanwhile: a new claim starts afresh
+        seen = self._stalled_since.get(partition)
+        if seen is None or seen[0] != position:
+            self._stalled_since[partition] = (position, now)
+            return True
+        stalled_s = now - seen[1]
+        if stalled_s < self.settings.scheduler_restore_stall_ms / 1000:
+            return False
+        log.error(
+            "restore made no progress; replacing the changelog consumer",
+            extra={
+                "partition": partition,
+                "position": position,
+                "stalled_s": round(stalled_s, 1),
+                "setting": "JOBWHEEL_SCHEDULER_RESTORE_STALL_MS",
+            },
+        )
+        self.stats.changelog_rebuilds += 1
+        self.changelog.rebuild()
+        self._stalled_since.clear()
+        return False
+
     def _read_committed(self, task: PartitionTask) -> bool:
         """The group's committed offsets of the claimed partition (see :meth:`_start_restore`);
         False when the broker cannot tell yet."""
@@ -1159,6 +1230,7 @@ class SchedulerEngine:
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
         self.changelog.unassign(task.partition)
+        self._stalled_since.pop(task.partition, None)
         task.restore.reading = False
         p = task.partition
         if task.restore.fresh:

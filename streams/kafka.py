@@ -272,18 +272,47 @@ class _AssignedConsumer(_TopicReader):
     def __init__(self, topic: str, config: dict[str, Any], what: str) -> None:
         self.topic = topic
         self._what = what
+        self._config = config
         self._consumer = _client(Consumer, config, what)
-        self.assigned: set[int] = set()
+        # Assigned partition -> the offset it was assigned at (where a rebuild starts it
+        # again when nothing of it has been read yet).
+        self._starts: dict[int, int] = {}
+
+    @property
+    def assigned(self) -> set[int]:
+        return set(self._starts)
 
     def assign(self, partition: int, offset: int) -> None:
         start = offset if offset >= 0 else OFFSET_BEGINNING
         self._consumer.incremental_assign([TopicPartition(self.topic, partition, start)])
-        self.assigned.add(partition)
+        self._starts[partition] = start
 
     def unassign(self, partition: int) -> None:
-        if partition in self.assigned:
-            self.assigned.discard(partition)
+        if partition in self._starts:
+            del self._starts[partition]
             self._consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+
+    def rebuild(self) -> None:
+        """Replace the client by a new one, assigned the same partitions at the positions
+        reached (nothing read is read again, nothing is skipped).
+
+        What a stale client state costs is open-ended: librdkafka keeps a metadata answer
+        in its cache until something asks again, and some of its lookups never ask
+        (:meth:`watermarks`). A new client starts with nothing cached; the caller rebuilds
+        once a partition has been failing for a bounded time, whatever the reason."""
+        starts = dict(self._starts)
+        for p in starts:
+            reached = self.position(p)
+            if reached is not None:
+                starts[p] = reached
+        self.close()
+        self._consumer = _client(Consumer, self._config, self._what)
+        self._starts = {}
+        if starts:
+            self._consumer.incremental_assign(
+                [TopicPartition(self.topic, p, o) for p, o in sorted(starts.items())]
+            )
+            self._starts = starts
 
     def pause(self, partition: int) -> None:
         if partition in self.assigned:
@@ -304,13 +333,31 @@ class _AssignedConsumer(_TopicReader):
             raise broker_error(exc, f"consuming {self._what} failed") from exc
 
     def watermarks(self, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
-        """``(first offset, end offset)`` of the partition, asked of the broker."""
+        """``(first offset, end offset)`` of the partition, asked of the partition's leader.
+
+        librdkafka finds the leader in its metadata cache, and takes a cached "no leader"
+        (an answer given while the leader's broker was restarting) for a permanent error:
+        it fails at once with "Unknown partition" without asking again, and a client with no
+        partition of the topic assigned has nothing else that would ask, so the answer
+        stayed until the cache expired (15 minutes). After a failure the topic's metadata is
+        asked for again (``list_topics`` refreshes the cache) and the offsets asked once
+        more, so a leader that is back is found at once."""
+        tp = TopicPartition(self.topic, partition)
+        deadline = time.monotonic() + timeout_s
         try:
-            low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=timeout_s
-            )
-        except KafkaException as exc:
-            raise broker_error(exc, f"reading the offsets of {self.topic}/{partition}") from exc
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout_s)
+        except KafkaException as first:
+            try:
+                self._consumer.list_topics(
+                    self.topic, timeout=max(0.1, deadline - time.monotonic())
+                )
+                low, high = self._consumer.get_watermark_offsets(
+                    tp, timeout=max(0.1, deadline - time.monotonic())
+                )
+            except KafkaException as exc:
+                raise broker_error(
+                    exc, f"reading the offsets of {self.topic}/{partition}"
+                ) from first
         return int(low), int(high)
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ from jobwheel.settings import Settings
 from tests.cluster_tasks import executions
 from tests.conftest import settings_env
 from tests.integration.scheduler_support import TopicTail, log_events, now_ms, start_scheduler
-from tests.support import Procs, kafka_call, log_tail, scaled, wait_until
+from tests.support import Procs, kafka_call, log_tail, scaled, stop, wait_until
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]
 PARTITIONS = 4
@@ -176,14 +176,13 @@ def _settings(cluster: LocalCluster, tmp_path: Path, **overrides: Any) -> Settin
         _env_file=None,  # type: ignore[call-arg]
         bootstrap_servers=cluster.bootstrap,
         topic_prefix=prefix,
-        partitions=PARTITIONS,
         data_dir=tmp_path / f"data-{prefix}",
         log_format="text",
         scheduler_app_id=f"{prefix}-scheduler",
         worker_group=f"{prefix}-workers",
         status_group=f"{prefix}-status",
         api_port=free_port(),
-        **overrides,
+        **{"partitions": PARTITIONS, **overrides},
     )
 
 
@@ -531,5 +530,102 @@ def _kill_mid_stream(
         assert duplicates == {}, list(duplicates.items())[:5]
         assert repeated == {}, list(repeated.items())[:5]
         assert None not in back.values(), back
+    finally:
+        tail.close()
+
+
+def _last_lines(path: Path, lines: int = 8, window: int = 16_384) -> str:
+    """The end of a log that may be huge (a scheduler logging a failure on every iteration
+    writes megabytes a second): read from its end only."""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - window))
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+
+
+def _leader(bootstrap: str, topic: str, partition: int) -> int:
+    """The partition's leader as the cluster's metadata says (-1: none, its replicas are down)."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=scaled(10))
+    return int(metadata.topics[topic].partitions[partition].leader)
+
+
+@pytest.mark.timeout(600)
+def test_a_changelog_without_a_leader_at_a_claim_is_restored_once_its_broker_is_back(
+    on_cluster: LocalCluster, tmp_path: Path, procs: Procs, figure: Any
+) -> None:
+    """A scheduler that claims a partition while its changelog has no leader must restore it
+    as soon as the changelog's broker is back, not stay "restoring" for good.
+
+    What a short restart of a single broker does to a scheduler that resets (or starts) then:
+    its new changelog consumer measures the changelog while the broker answers metadata with
+    no leader for it, librdkafka caches that answer, and a consumer without an assigned
+    partition of the topic never asks again ("Failed to get watermark offsets: Local: Unknown
+    partition" on every try, the loop turning, until the cache expires 15 minutes later). On
+    one broker that window is a moment of its start-up; here it is held open for the whole
+    outage: the topics have one replica (so the changelog's partition has no leader while its
+    node is down) and the other nodes answer metadata meanwhile."""
+    settings = _settings(on_cluster, tmp_path, partitions=1, replication_factor=1)
+    ensure_topics(settings)
+    env = settings_env(settings)
+    changelog = settings.topics.changelog(settings.scheduler_app_id)
+    tail = TopicTail(settings)
+    try:
+        first = start_scheduler(procs, env, tmp_path / "s1")
+        later = datetime.now(UTC) + timedelta(days=1)
+        with JobClient(settings) as client:
+            client.schedule_many(
+                JobSpec(job_id=f"later-{i}", task="demo.echo", at=later) for i in range(50)
+            )
+            client.schedule_many([JobSpec(job_id="before", task="demo.echo", at=datetime.now(UTC))])
+        tail.wait(lambda: tail.runs_of("before"), 60, "the first scheduler never fired")
+        assert stop(first) == 0, log_tail(first.log_path)
+        victim = _leader(settings.bootstrap_servers, changelog, 0)
+        assert victim >= 0
+        on_cluster.stop_node(victim)
+        wait_until(
+            lambda: _leader(settings.bootstrap_servers, changelog, 0) < 0,
+            60,
+            0.5,
+            f"the changelog kept a leader with node {victim} stopped",
+        )
+        # A scheduler claiming the partition now (fresh state: it restores everything).
+        second = start_scheduler(procs, env, tmp_path / "s2", wait=False)
+        wait_until(
+            lambda: log_events(second.log_path, "cannot read the changelog's offsets yet"),
+            120,
+            0.5,
+            f"the second scheduler never tried to measure the changelog:\n"
+            f"{log_tail(second.log_path)}",
+        )
+        on_cluster.start_node(
+            victim, die_with_parent=not os.environ.get("JOBWHEEL_TEST_CLUSTER_DIR")
+        )
+        wait_until(
+            lambda: _leader(settings.bootstrap_servers, changelog, 0) == victim,
+            60,
+            0.5,
+            f"node {victim} did not lead the changelog again",
+        )
+        back_at = now_ms()
+        # A job due now: it fires once the partition is restored and processing again.
+        with JobClient(settings) as client:
+            client.schedule_many([JobSpec(job_id="after", task="demo.echo", at=datetime.now(UTC))])
+        try:
+            tail.wait(lambda: tail.runs_of("after"), 120)
+        except AssertionError:
+            raise AssertionError(
+                f"nothing fired for {scaled(120):.0f} s after the changelog's broker came back: "
+                f"the partition is still restoring; the second scheduler's log ends:\n"
+                f"{_last_lines(second.log_path)}"
+            ) from None
+        fired_ms = tail.runs_of("after")[0].dispatched_at_ms
+        replaced = log_events(
+            second.log_path, "restore made no progress; replacing the changelog consumer"
+        )
+        figure(
+            f"[cluster: changelog leaderless at a claim] node {victim} stopped, a scheduler "
+            f"claimed the partition, node {victim} started again: the job due then fired "
+            f"{(fired_ms - back_at) / 1000:.1f} s after the changelog had its leader back; "
+            f"changelog consumers replaced: {len(replaced)}"
+        )
     finally:
         tail.close()
