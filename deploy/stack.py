@@ -61,7 +61,7 @@ from typing import IO, Any
 
 from jobwheel.deploy.broker import LocalBroker, tail
 from jobwheel.errors import ConfigError
-from jobwheel.kafka.admin import ensure_topics
+from jobwheel.kafka.admin import ensure_topics, topics_summary
 from jobwheel.retry import Backoff
 from jobwheel.settings import Settings
 
@@ -361,10 +361,7 @@ class Stack:
             if stop.is_set():
                 return 0
             created = ensure_topics(self.settings)
-            self._say(
-                f"topics: {len(self.settings.topics.specs())} with prefix "
-                f"{self.settings.topic_prefix} ({len(created)} created)"
-            )
+            self._say(f"topics: {topics_summary(self.settings, created)}")
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             for service in self.services:
                 if not service.enabled:
