@@ -58,6 +58,7 @@ from jobwheel.errors import (
     clip,
 )
 from jobwheel.schemas import deadletter
+from jobwheel.schemas.models import trigger_run_id
 
 if TYPE_CHECKING:
     from jobwheel.consumers.status.sink import StatusSink
@@ -393,7 +394,7 @@ def create_app(
             rules.job_id(job_id)
             rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS)
             command = clients.get().control(kind, job_id, reason)
-            run_id = f"{job_id}@trigger-{command.issued_at_ms}" if kind == "trigger" else None
+            run_id = trigger_run_id(job_id, command.issued_at_ms) if kind == "trigger" else None
             return Accepted(
                 job_id=job_id, command=kind, command_id=command.command_id, run_id=run_id
             )

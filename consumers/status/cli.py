@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jobwheel.errors import JobwheelError, ValidationError
 from jobwheel.producers.cli import one_line_errors
 from jobwheel.schemas import deadletter, progress
+from jobwheel.schemas.models import trigger_run_id
 
 if TYPE_CHECKING:
     from jobwheel.schemas.models import JobCommand
@@ -239,16 +240,39 @@ def control(args: argparse.Namespace) -> int:
         client.check_broker()
         command = client.control(args.control, args.job_id, args.reason)
     if args.wait <= 0:
-        print(args.job_id)
+        print(control_line(args.control, command, {}))
         return 0
     answer = _await_verdict(_Api(settings, timeout_s=5.0), args.control, command, args.wait)
     if answer.get("state") == "REJECTED":
         print(f"jobwheel {args.control}: refused: {answer.get('reason')}", file=sys.stderr)
         return 1
-    print(args.job_id)
+    print(control_line(args.control, command, answer))
     if "note" in answer:
         print(f"jobwheel {args.control}: {answer['note']}", file=sys.stderr)
     return 0
+
+
+#: The job's state once the scheduler applies a command it accepts (a trigger leaves the job's
+#: state alone and dispatches a run).
+_CONTROL_STATE = {"cancel": "CANCELLED", "pause": "PAUSED", "resume": "SCHEDULED"}
+
+
+def control_line(kind: str, command: JobCommand, answer: dict[str, Any]) -> str:
+    """What a job-control command did, in one line that starts with the job id: the new state
+    when the scheduler's answer came (``answer["state"]``), else that it was sent and what the
+    scheduler will do. A trigger's run id is known when it is sent (the run is named by the
+    trigger's issue time), so it is printed either way. Printing the job id alone said
+    neither whether anything happened nor which run to look for."""
+    job = command.job_id
+    state = answer.get("state")
+    if kind == "trigger":
+        run = answer.get("run_id") or trigger_run_id(job, command.issued_at_ms)
+        if state:
+            return f"{job}: trigger applied; run {run} is {state}"
+        return f"{job}: trigger sent; the scheduler will dispatch run {run}"
+    if state:
+        return f"{job}: {kind} applied; the job is {state}"
+    return f"{job}: {kind} sent; the scheduler will make the job {_CONTROL_STATE[kind]}"
 
 
 def _await_verdict(api: _Api, kind: str, command: JobCommand, wait_s: float) -> dict[str, Any]:
@@ -257,7 +281,7 @@ def _await_verdict(api: _Api, kind: str, command: JobCommand, wait_s: float) -> 
     says why there is none."""
     job = urllib.parse.quote(command.job_id, safe="")
     verdict_path = f"/jobs/{job}/commands/{urllib.parse.quote(command.command_id, safe='')}"
-    run_id = f"{command.job_id}@trigger-{command.issued_at_ms}"
+    run_id = trigger_run_id(command.job_id, command.issued_at_ms)
     deadline = time.monotonic() + wait_s
     while True:
         try:
