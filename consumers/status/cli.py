@@ -594,21 +594,29 @@ def dead_letter_line(letter: dict[str, Any]) -> str:
     if letter.get("source"):
         parts.append(f"from={letter['source']}")
     parts.append(f"error={letter['error']!r}")
+    if letter.get("replayed"):
+        parts.append(f"[{letter['replayed']}]")
     return "  ".join(parts)
 
 
 def dlq_list(args: argparse.Namespace) -> int:
-    from jobwheel.producers.deadletters import read_dead_letters
+    from jobwheel.producers.deadletters import read_dead_letters, replay_marks
 
     settings = _settings()
     _require_broker(settings)
     letters = read_dead_letters(settings, _dlq_filter(args), timeout_s=args.timeout)
+    marks = replay_marks(letters, _already_replayed(_Api(settings, timeout_s=5.0), "dlq list"))
+    listed = [{**d.as_dict(), "replayed": marks.get(d.ref)} for d in letters]
     if args.json:
-        _print_json({"dead_letters": [d.as_dict() for d in letters]})
+        _print_json({"dead_letters": listed})
         return 0
-    for letter in letters:
-        print(dead_letter_line(letter.as_dict()))
-    print(f"{len(letters)} dead letters", file=sys.stderr)
+    for letter in listed:
+        print(dead_letter_line(letter))
+    done = len(marks)
+    print(
+        f"{len(letters)} dead letters" + (f", {done} of them replayed already" if done else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -667,9 +675,10 @@ def dlq_replay(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _already_replayed(api: _Api) -> Any:
+def _already_replayed(api: _Api, command: str = "dlq replay") -> Any:
     """What the status store says about a dead letter's run or command (None: replay it).
-    The store may be a second behind; when the API does not answer, nothing is skipped."""
+    The store may be a second behind; when the API does not answer, nothing is skipped (or,
+    for ``dlq list``, marked)."""
     state = {"up": True}
 
     def check(letter: Any) -> str | None:
@@ -681,7 +690,7 @@ def _already_replayed(api: _Api) -> Any:
                 code, found = api.call("GET", f"/runs/{quote(letter.run_id, safe='')}")
                 run = found.get("run") if code == 200 and isinstance(found, dict) else None
                 if isinstance(run, dict) and run.get("state") != "DEAD":
-                    return f"the run is {run.get('state')} now, not DEAD (replayed already?)"
+                    return f"replayed already: the run is {run.get('state')} now, not DEAD"
             elif letter.command is not None:
                 command = letter.command
                 path = (
@@ -690,11 +699,11 @@ def _already_replayed(api: _Api) -> Any:
                 )
                 code, verdict = api.call("GET", path)
                 if code == 200 and isinstance(verdict, dict) and verdict.get("state") != "REJECTED":
-                    return f"the scheduler applied it already ({verdict.get('state')})"
+                    return f"replayed already: the scheduler applied it ({verdict.get('state')})"
         except JobwheelError:
             state["up"] = False
             print(
-                f"jobwheel dlq replay: the status API at {api.base} does not answer; runs and "
+                f"jobwheel {command}: the status API at {api.base} does not answer; runs and "
                 "commands are not checked against it",
                 file=sys.stderr,
             )
