@@ -279,7 +279,7 @@ def _broker_status(args: argparse.Namespace) -> int:
 
 
 def _topics_ensure(args: argparse.Namespace) -> int:
-    from jobwheel.kafka.admin import ensure_topics
+    from jobwheel.kafka.admin import ensure_topics, topics_summary
     from jobwheel.reach import require_reachable
 
     settings = get_settings()
@@ -287,10 +287,9 @@ def _topics_ensure(args: argparse.Namespace) -> int:
     created = ensure_topics(settings)
     for name in created:
         print(f"created {name}")
-    total = len(settings.topics.specs())
     print(
-        f"{total} topics present with {settings.partitions} partitions "
-        f"(prefix {settings.topic_prefix}, bootstrap {settings.bootstrap_servers})"
+        f"{topics_summary(settings, created)}; {settings.partitions} partitions each, bootstrap "
+        f"{settings.bootstrap_servers}"
     )
     return 0
 

@@ -5,7 +5,9 @@ Starts the local broker (``<data_dir>/kafka``; or uses a running one given with
 subprocess, each in a session of its own (so a Ctrl-C in the terminal reaches this supervisor,
 which stops the services in order, not the services all at once).
 
-**Output.** Each service's output goes, whole, to ``<data_dir>/logs/<name>.log``. The terminal
+**Output.** Each service's output goes, whole, to ``<data_dir>/logs/<name>.log``, in the log
+format the stack chose for itself (``JOBWHEEL_LOG_FORMAT``, or text at a terminal), one format
+per file (:func:`set_aside_other_format`). The terminal
 gets what a person at it needs: one line per service start, a service's warnings and errors
 (with their tracebacks), the few state changes listed per service (:attr:`Service.shown`,
 e.g. a worker stopping and handing runs back), and the supervisor's own lines. Framework
@@ -48,6 +50,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,9 +62,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from jobwheel import logs
 from jobwheel.deploy.broker import LocalBroker, tail
 from jobwheel.errors import ConfigError
-from jobwheel.kafka.admin import ensure_topics
+from jobwheel.kafka.admin import ensure_topics, topics_summary
 from jobwheel.retry import Backoff
 from jobwheel.settings import Settings
 
@@ -213,6 +217,35 @@ def terminal_line(name: str, raw: str, shown: frozenset[str]) -> str | None:
     return None
 
 
+def set_aside_other_format(log_path: Path, fmt: str) -> Path | None:
+    """Move ``log_path`` to ``<name>.log.<its format>`` when its latest log line is not in
+    ``fmt``, so a log file holds one format (a ``make run``, text, after a ``jobwheel up``
+    under a supervisor, JSON, appended text to JSON lines, and neither a reader nor a log
+    collector could parse the file). Returns where it went, or None when nothing moved."""
+    try:
+        with open(log_path, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - 65536))
+            lines = file.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        line = _ESCAPES.sub("", line).rstrip()
+        if _parse_log_line(line) is None:
+            continue
+        found = "json" if line.startswith("{") else "text"
+        if found == fmt:
+            return None
+        kept = log_path.with_name(f"{log_path.name}.{found}")
+        if kept.exists():  # set aside before: this joins it, in the same format
+            with open(kept, "ab") as out, open(log_path, "rb") as earlier:
+                shutil.copyfileobj(earlier, out)
+            log_path.unlink()
+        else:
+            os.replace(log_path, kept)
+        return kept
+    return None
+
+
 def _parse_log_line(line: str) -> tuple[str, str, str] | None:
     """``(level, message, " key=value ...")`` of a jobwheel log line, or None."""
     if line.startswith("{"):
@@ -300,6 +333,9 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
             **service.env,
         }
+        # One format for every service's log file: the stack's own choice (the setting, or
+        # text at a terminal), not each child's, whose stderr is a pipe (JSON when left to it).
+        env["JOBWHEEL_LOG_FORMAT"] = logs.chosen_format()
         env.pop("JOBWHEEL_METRICS_PORT", None)
         port = self.metrics_ports.get(service.name)
         if port is not None:
@@ -361,16 +397,19 @@ class Stack:
             if stop.is_set():
                 return 0
             created = ensure_topics(self.settings)
-            self._say(
-                f"topics: {len(self.settings.topics.specs())} with prefix "
-                f"{self.settings.topic_prefix} ({len(created)} created)"
-            )
+            self._say(f"topics: {topics_summary(self.settings, created)}")
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             for service in self.services:
                 if not service.enabled:
                     self._say(f"service {service.name}: disabled, skipped")
                     continue
                 running = _Running(service, self.logs_dir / f"{service.name}.log")
+                earlier = set_aside_other_format(running.log_path, logs.chosen_format())
+                if earlier is not None:
+                    self._say(
+                        f"service {service.name}: its log so far is in the other format; "
+                        f"kept as {earlier}, this run writes {logs.chosen_format()}"
+                    )
                 self._running.append(running)
                 self._spawn(running)
             self._write_stack_file()

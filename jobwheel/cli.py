@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
     _importable_from_here()
     # A service's output is its JSON log: its last word is a log line too (a supervisor shows
     # it, a log collector keeps it); a one-shot command's is one plain line.
-    json_out = service and settings.log_format == "json"
+    json_out = service and logs.chosen_format() == "json"
     server = None
     try:
         if service:  # /metrics and /health/* when JOBWHEEL_METRICS_PORT is set

@@ -68,13 +68,42 @@ class ServiceHandler(logging.StreamHandler):  # type: ignore[type-arg]
             super().handleError(record)
 
 
-def configure(level: str = "INFO", fmt: str = "json") -> None:
-    """Install the jobwheel formatter on the root logger (idempotent)."""
+#: The format :func:`configure` chose for this process (None: not configured yet).
+_chosen: str | None = None
+
+
+def choose_format(configured: str | None, stream: Any = None) -> str:
+    """The log format of this process: ``JOBWHEEL_LOG_FORMAT`` when set, else text when
+    ``stream`` (stderr) is a terminal and JSON when it is not (a file, a pipe, a supervisor, a
+    log collector). The one place the choice is made: a service started by hand at a terminal
+    printed JSON lines meant for machines."""
+    if configured is not None:
+        return configured
+    stream = sys.stderr if stream is None else stream
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return "json"
+
+
+def chosen_format() -> str:
+    """What :func:`configure` chose, for what writes outside the log (a service's last words
+    go as a log line in JSON, as a plain line in text) and for the processes a stack starts,
+    whose output it collects in one file per service: one format per file."""
+    return _chosen if _chosen is not None else choose_format(None)
+
+
+def configure(level: str = "INFO", fmt: str | None = None) -> str:
+    """Install the jobwheel formatter on the root logger (idempotent); ``fmt`` None chooses
+    by stderr (:func:`choose_format`). Returns the format chosen."""
+    global _chosen
+    _chosen = choose_format(fmt)
     handler = ServiceHandler()
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
+    handler.setFormatter(_JsonFormatter() if _chosen == "json" else _TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    return _chosen
 
 
 class Throttle(logging.Filter):

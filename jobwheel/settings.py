@@ -213,7 +213,8 @@ class Settings(BaseSettings):
 
     # Logging
     log_level: str = "INFO"
-    log_format: Literal["json", "text"] = "json"
+    # Unset: text when stderr is a terminal, JSON otherwise (jobwheel.logs.choose_format).
+    log_format: Literal["json", "text"] | None = None
 
     @field_validator("log_level")
     @classmethod

@@ -163,6 +163,28 @@ def latest_per_run(letters: Iterable[dl.DeadLetter]) -> list[dl.DeadLetter]:
     return [d for d in letters if d.run_id is None or latest[d.run_id] is d]
 
 
+def replay_marks(
+    letters: Iterable[dl.DeadLetter],
+    already: Callable[[dl.DeadLetter], str | None] | None = None,
+) -> dict[str, str]:
+    """The dead letters (by ref) replayed already, and how that is known: a run's older dead
+    letter was replayed, since a run dies again only after a replay (its newest letter is the
+    one to replay now); otherwise ``already``, the status store's view (a run no longer DEAD, a
+    command the scheduler has applied since). ``dlq list`` shows these, so a user does not
+    replay, or puzzle over, what was dealt with."""
+    letters = list(letters)
+    newest = {d.run_id: d for d in latest_per_run(letters) if d.run_id is not None}
+    marks: dict[str, str] = {}
+    for letter in letters:
+        if letter.run_id is not None and newest[letter.run_id] is not letter:
+            marks[letter.ref] = (
+                f"replayed already: the run died again, see {newest[letter.run_id].ref}"
+            )
+        elif already is not None and (why := already(letter)):
+            marks[letter.ref] = why
+    return marks
+
+
 def replay(
     settings: Settings,
     letters: Iterable[dl.DeadLetter],

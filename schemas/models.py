@@ -162,6 +162,13 @@ class TriggerJob:
     reason: str | None = None
 
 
+def trigger_run_id(job_id: str, issued_at_ms: int) -> str:
+    """The run a :class:`TriggerJob` asks for, named by the trigger's issue time: the name the
+    scheduler gives it (``streams/rules/commands.py``), so whoever sends a trigger knows its
+    run before the scheduler acts."""
+    return f"{job_id}@trigger-{issued_at_ms}"
+
+
 @_quick_init
 @dataclass(frozen=True, slots=True)
 class ReplayRun:

@@ -62,6 +62,27 @@ def duration_text_ms(text: Any, field: str) -> int:
     return sum(int(n) * UNIT_MS[unit] for n, unit in _PART.findall(compact))
 
 
+#: The units a duration is written back in, largest first. Weeks are left out: "2528d" reads
+#: at once, "361w1d" needs arithmetic.
+_WRITE_UNITS = ("d", "h", "m", "s", "ms")
+
+
+def duration_text(ms: int, parts: int = 2) -> str:
+    """``ms`` written in this grammar, for messages: its largest unit and the ``parts - 1``
+    below it, the rest dropped (``2528d8h``, ``1h``, ``1m30s``, ``250ms``), so it reads as
+    what a user would type, and pasted back it parses (never above ``ms``). Not Python's
+    ``timedelta`` text (``2528 days, 8:02:37.843000``), which no option accepts."""
+    rest = max(0, int(ms))
+    words: list[str] = []
+    for unit in _WRITE_UNITS:
+        count, rest = divmod(rest, UNIT_MS[unit])
+        if count:
+            words.append(f"{count}{unit}")
+        if len(words) == parts or (words and not count):
+            break
+    return "".join(words) or "0ms"
+
+
 def parse_duration(text: Any, field: str) -> timedelta:
     """A positive duration no longer than the contract allows (a delay, an interval, a
     timeout)."""

@@ -305,11 +305,13 @@ def epoch_ms(value: Any, field: str) -> int:
 def not_too_old(at_ms: int, now_ms: int, field: str = "at") -> int:
     """Slightly past instants fire immediately; more than :data:`MAX_PAST_MS` ago is refused."""
     if at_ms < now_ms - MAX_PAST_MS:
-        ago = timedelta(milliseconds=now_ms - at_ms)
+        from jobwheel.schemas.timetext import duration_text  # timetext imports this module
+
         raise ValidationError(
             field,
-            f"is {ago} in the past (more than {timedelta(milliseconds=MAX_PAST_MS)} ago); check "
-            "the date and its time zone, or schedule it to run now instead",
+            f"is {duration_text(now_ms - at_ms)} in the past (more than "
+            f"{duration_text(MAX_PAST_MS)} ago); check the date and its time zone, or schedule "
+            "it to run now instead",
         )
     return at_ms
 

@@ -58,6 +58,7 @@ from jobwheel.errors import (
     clip,
 )
 from jobwheel.schemas import deadletter
+from jobwheel.schemas.models import trigger_run_id
 
 if TYPE_CHECKING:
     from jobwheel.consumers.status.sink import StatusSink
@@ -212,6 +213,9 @@ class DeadLetterView(BaseModel):
     error: str
     source: str | None = Field(description="topic:partition:offset of a bad record")
     what: str
+    replayed: str | None = Field(
+        None, description="how it is known to be replayed already (None: not known to be)"
+    )
 
 
 class DeadLetters(BaseModel):
@@ -393,7 +397,7 @@ def create_app(
             rules.job_id(job_id)
             rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS)
             command = clients.get().control(kind, job_id, reason)
-            run_id = f"{job_id}@trigger-{command.issued_at_ms}" if kind == "trigger" else None
+            run_id = trigger_run_id(job_id, command.issued_at_ms) if kind == "trigger" else None
             return Accepted(
                 job_id=job_id, command=kind, command_id=command.command_id, run_id=run_id
             )
@@ -480,11 +484,12 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
         """Dead letters, oldest first (read from the dead-letter topic in Kafka)."""
-        from jobwheel.producers.deadletters import read_dead_letters
+        from jobwheel.producers.deadletters import read_dead_letters, replay_marks
 
         flt = _dead_letter_filter(since, task, reason, job, kind, limit)
         letters = read_dead_letters(settings, flt, timeout_s=20.0)
-        return {"dead_letters": [d.as_dict() for d in letters]}
+        marks = replay_marks(letters, lambda d: queries.replayed_already(store, d))
+        return {"dead_letters": [{**d.as_dict(), "replayed": marks.get(d.ref)} for d in letters]}
 
     @app.post("/dead-letters/replay", response_model=Replays, tags=["dead letters"])
     def replay_dead_letters(req: ReplayRequest) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from jobwheel.errors import JobwheelError, ValidationError
 from jobwheel.producers.cli import one_line_errors
 from jobwheel.schemas import deadletter, progress
+from jobwheel.schemas.models import trigger_run_id
 
 if TYPE_CHECKING:
     from jobwheel.schemas.models import JobCommand
@@ -239,16 +240,39 @@ def control(args: argparse.Namespace) -> int:
         client.check_broker()
         command = client.control(args.control, args.job_id, args.reason)
     if args.wait <= 0:
-        print(args.job_id)
+        print(control_line(args.control, command, {}))
         return 0
     answer = _await_verdict(_Api(settings, timeout_s=5.0), args.control, command, args.wait)
     if answer.get("state") == "REJECTED":
         print(f"jobwheel {args.control}: refused: {answer.get('reason')}", file=sys.stderr)
         return 1
-    print(args.job_id)
+    print(control_line(args.control, command, answer))
     if "note" in answer:
         print(f"jobwheel {args.control}: {answer['note']}", file=sys.stderr)
     return 0
+
+
+#: The job's state once the scheduler applies a command it accepts (a trigger leaves the job's
+#: state alone and dispatches a run).
+_CONTROL_STATE = {"cancel": "CANCELLED", "pause": "PAUSED", "resume": "SCHEDULED"}
+
+
+def control_line(kind: str, command: JobCommand, answer: dict[str, Any]) -> str:
+    """What a job-control command did, in one line that starts with the job id: the new state
+    when the scheduler's answer came (``answer["state"]``), else that it was sent and what the
+    scheduler will do. A trigger's run id is known when it is sent (the run is named by the
+    trigger's issue time), so it is printed either way. Printing the job id alone said
+    neither whether anything happened nor which run to look for."""
+    job = command.job_id
+    state = answer.get("state")
+    if kind == "trigger":
+        run = answer.get("run_id") or trigger_run_id(job, command.issued_at_ms)
+        if state:
+            return f"{job}: trigger applied; run {run} is {state}"
+        return f"{job}: trigger sent; the scheduler will dispatch run {run}"
+    if state:
+        return f"{job}: {kind} applied; the job is {state}"
+    return f"{job}: {kind} sent; the scheduler will make the job {_CONTROL_STATE[kind]}"
 
 
 def _await_verdict(api: _Api, kind: str, command: JobCommand, wait_s: float) -> dict[str, Any]:
@@ -257,7 +281,7 @@ def _await_verdict(api: _Api, kind: str, command: JobCommand, wait_s: float) -> 
     says why there is none."""
     job = urllib.parse.quote(command.job_id, safe="")
     verdict_path = f"/jobs/{job}/commands/{urllib.parse.quote(command.command_id, safe='')}"
-    run_id = f"{command.job_id}@trigger-{command.issued_at_ms}"
+    run_id = trigger_run_id(command.job_id, command.issued_at_ms)
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -570,21 +594,29 @@ def dead_letter_line(letter: dict[str, Any]) -> str:
     if letter.get("source"):
         parts.append(f"from={letter['source']}")
     parts.append(f"error={letter['error']!r}")
+    if letter.get("replayed"):
+        parts.append(f"[{letter['replayed']}]")
     return "  ".join(parts)
 
 
 def dlq_list(args: argparse.Namespace) -> int:
-    from jobwheel.producers.deadletters import read_dead_letters
+    from jobwheel.producers.deadletters import read_dead_letters, replay_marks
 
     settings = _settings()
     _require_broker(settings)
     letters = read_dead_letters(settings, _dlq_filter(args), timeout_s=args.timeout)
+    marks = replay_marks(letters, _already_replayed(_Api(settings, timeout_s=5.0), "dlq list"))
+    listed = [{**d.as_dict(), "replayed": marks.get(d.ref)} for d in letters]
     if args.json:
-        _print_json({"dead_letters": [d.as_dict() for d in letters]})
+        _print_json({"dead_letters": listed})
         return 0
-    for letter in letters:
-        print(dead_letter_line(letter.as_dict()))
-    print(f"{len(letters)} dead letters", file=sys.stderr)
+    for letter in listed:
+        print(dead_letter_line(letter))
+    done = len(marks)
+    print(
+        f"{len(letters)} dead letters" + (f", {done} of them replayed already" if done else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -643,9 +675,10 @@ def dlq_replay(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _already_replayed(api: _Api) -> Any:
+def _already_replayed(api: _Api, command: str = "dlq replay") -> Any:
     """What the status store says about a dead letter's run or command (None: replay it).
-    The store may be a second behind; when the API does not answer, nothing is skipped."""
+    The store may be a second behind; when the API does not answer, nothing is skipped (or,
+    for ``dlq list``, marked)."""
     state = {"up": True}
 
     def check(letter: Any) -> str | None:
@@ -657,7 +690,7 @@ def _already_replayed(api: _Api) -> Any:
                 code, found = api.call("GET", f"/runs/{quote(letter.run_id, safe='')}")
                 run = found.get("run") if code == 200 and isinstance(found, dict) else None
                 if isinstance(run, dict) and run.get("state") != "DEAD":
-                    return f"the run is {run.get('state')} now, not DEAD (replayed already?)"
+                    return f"replayed already: the run is {run.get('state')} now, not DEAD"
             elif letter.command is not None:
                 command = letter.command
                 path = (
@@ -666,11 +699,11 @@ def _already_replayed(api: _Api) -> Any:
                 )
                 code, verdict = api.call("GET", path)
                 if code == 200 and isinstance(verdict, dict) and verdict.get("state") != "REJECTED":
-                    return f"the scheduler applied it already ({verdict.get('state')})"
+                    return f"replayed already: the scheduler applied it ({verdict.get('state')})"
         except JobwheelError:
             state["up"] = False
             print(
-                f"jobwheel dlq replay: the status API at {api.base} does not answer; runs and "
+                f"jobwheel {command}: the status API at {api.base} does not answer; runs and "
                 "commands are not checked against it",
                 file=sys.stderr,
             )

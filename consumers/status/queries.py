@@ -268,11 +268,11 @@ def replayed_already(store: StatusStore, letter: Any) -> str | None:
     if letter.run_id is not None:
         run = get_run(store, letter.run_id)
         if run is not None and run["state"] != State.DEAD.value:
-            return f"the run is {run['state']} now, not DEAD (replayed already?)"
+            return f"replayed already: the run is {run['state']} now, not DEAD"
     elif letter.command is not None:
         verdict = command_verdict(store, letter.command.job_id, letter.command.command_id)
         if verdict is not None and verdict["state"] != State.REJECTED.value:
-            return f"the scheduler applied it already ({verdict['state']})"
+            return f"replayed already: the scheduler applied it ({verdict['state']})"
     return None
 
 

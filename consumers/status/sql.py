@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -268,13 +269,18 @@ class SqlRunner:
         try:
             store.query("SELECT formatQuerySingleLine({q:String})", {"q": text}, settings=limits)
         except QueryError as exc:
-            raise QueryError(f"not one statement ClickHouse can parse ({_HELP}): {exc}") from exc
+            raise QueryError(
+                f"not one statement ClickHouse can parse ({_HELP}): {_in_own_scope(exc, text)}"
+            ) from exc
         # 2. Its tree (EXPLAIN AST only parses), checked. Without settings: the embedded
         #    engine's client appends them as a SETTINGS clause, which would show in the tree.
         # 3. Run with the limits and readonly=1.
         _, _, tree = store.query("EXPLAIN AST " + text)
         check_tree([str(row[0]) for row in tree], self._known_table_functions(store))
-        names, types, rows = store.query(text, settings=limits)
+        try:
+            names, types, rows = store.query(text, settings=limits)
+        except QueryError as exc:
+            raise QueryError(_in_own_scope(exc, text)) from exc
         return SqlResult(
             names, types, [list(r) for r in rows[: self.max_rows]], len(rows) > self.max_rows
         )
@@ -314,6 +320,22 @@ class SqlRunner:
                 live = frozenset()
             self._table_functions = KNOWN_TABLE_FUNCTIONS | live
         return self._table_functions
+
+
+#: ClickHouse's "In scope <query>." up to the error code it ends with, if any.
+_SCOPE = re.compile(
+    r"[.:]?\s*In scope .*?(?=\.?\s*\([A-Z][A-Z0-9_]*\)\s*$)|[.:]?\s*In scope .*$", re.DOTALL
+)
+#: How much of the caller's query an error repeats.
+SCOPE_CHARS = 200
+
+
+def _in_own_scope(exc: QueryError, text: str) -> str:
+    """ClickHouse's message about ``text``, naming ``text`` as the query. ClickHouse names the
+    query it ran, which is the checker's wrapper (``SELECT formatQuerySingleLine('...')``) or the
+    caller's text with the limits appended as ``SETTINGS``: a user reading that would look for
+    a clause they never wrote."""
+    return _SCOPE.sub(lambda _: f". In scope {clip(text, SCOPE_CHARS)}", str(exc), count=1)
 
 
 def _trim(sql: str) -> str:

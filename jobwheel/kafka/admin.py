@@ -57,6 +57,32 @@ def _mismatch_message(spec: TopicSpec, actual: int) -> str:
     )
 
 
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    """Every topic of a deployment: the prefix's topics and the scheduler's changelog, whose
+    name comes from the scheduler's application id, not from the prefix. What
+    :func:`ensure_topics` creates and what its callers count, from this one list."""
+    t = settings.topics
+    return [*t.specs(), *t.changelog_specs(settings.scheduler_app_id)]
+
+
+def topics_summary(settings: Settings, created: Sequence[str]) -> str:
+    """One line on what :func:`ensure_topics` found: how many topics, which, how many it
+    created. Counting the prefix's topics alone read "5 with prefix jobwheel (6 created)"."""
+    total = len(topic_specs(settings))
+    made = len(created)
+    news = (
+        "all created now"
+        if made == total
+        else "all there already"
+        if made == 0
+        else f"{made} created now, {total - made} there already"
+    )
+    return (
+        f"{total} topics, {news} (prefix {settings.topic_prefix}, and the scheduler's "
+        f"changelog {settings.topics.changelog(settings.scheduler_app_id)})"
+    )
+
+
 def ensure_topics(
     settings: Settings,
     specs: Sequence[TopicSpec] | None = None,
@@ -68,10 +94,7 @@ def ensure_topics(
     Raises :class:`TopicMismatchError` (before creating anything) when an existing topic has a
     different partition count; safe to run concurrently with another ``ensure_topics``.
     """
-    if specs is None:
-        t = settings.topics
-        specs = [*t.specs(), *t.changelog_specs(settings.scheduler_app_id)]
-    specs = list(specs)
+    specs = list(topic_specs(settings) if specs is None else specs)
     admin = admin_client(settings)
     bootstrap = settings.bootstrap_servers
     metadata = _describe(admin, timeout_s, bootstrap)

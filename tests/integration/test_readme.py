@@ -188,7 +188,8 @@ def test_the_readme_examples_run_as_written_from_a_scratch_folder(
         elif "pause|resume|trigger|cancel" in command:
             for verb in ("pause", "resume", "trigger", "cancel"):
                 line = command.replace("pause|resume|trigger|cancel", verb)
-                assert user.ok(line.replace("JOB_ID", cron_job)).stdout.strip() == cron_job
+                said = user.ok(line.replace("JOB_ID", cron_job)).stdout.strip()
+                assert said.startswith(f"{cron_job}: {verb} "), said
         elif command.startswith("jobwheel health"):
             user.until_ok(command)  # every part answers (the scheduler may still be joining)
         else:

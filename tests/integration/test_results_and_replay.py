@@ -58,6 +58,7 @@ def test_results_waiting_and_a_dead_run_replayed_after_its_task_is_fixed(stack: 
     listed = json.loads(stack.ok("dlq", "list", "--job", job, "--json"))["dead_letters"]
     [letter] = listed
     assert letter["kind"] == "dead-run" and letter["task"] == "test.switch"
+    assert letter["replayed"] is None  # not replayed yet: no mark
     assert "task-is-broken exists" in letter["error"]
     dead_run = letter["run_id"]
     assert stack.get(f"/runs/{dead_run}")["run"]["state"] == "DEAD"
@@ -85,6 +86,13 @@ def test_results_waiting_and_a_dead_run_replayed_after_its_task_is_fixed(stack: 
     # replaying again sends nothing: the run is not DEAD any more
     again = stack.cli("dlq", "replay", "--job", job)
     assert again.returncode == 0 and "skipped" in again.stdout and "SUCCEEDED now" in again.stdout
+    # and `dlq list` marks the letter as dealt with, in its text and its JSON
+    mark = "replayed already: the run is SUCCEEDED now, not DEAD"
+    [letter] = json.loads(stack.ok("dlq", "list", "--job", job, "--json"))["dead_letters"]
+    assert letter["replayed"] == mark
+    listed_text = stack.cli("dlq", "list", "--job", job)
+    assert listed_text.stdout.rstrip().endswith(f"[{mark}]"), listed_text.stdout
+    assert "1 dead letters, 1 of them replayed already" in listed_text.stderr
 
 
 @pytest.mark.timeout(300)

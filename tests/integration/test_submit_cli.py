@@ -143,12 +143,24 @@ def test_submit_options_and_control_commands(settings: Any, jobwheel_env: dict[s
     assert (cron.returncode, cron.stdout.strip()) == (0, "nightly"), cron.stderr
     every = run(jobwheel_env, "submit", "--task", "demo.echo", "--id", "tick", "--every", "2s")
     assert every.returncode == 0, every.stderr
+    printed = {}
     for kind in ("pause", "resume", "trigger", "cancel"):
         result = run(jobwheel_env, kind, "nightly", "--reason", f"by {kind}")
-        assert (result.returncode, result.stdout.strip()) == (0, "nightly"), result.stderr
+        assert result.returncode == 0, result.stderr
+        printed[kind] = result.stdout.strip()
 
     msgs = consume(settings, settings.topics.requests, min_count=6)
     commands = [default_codec().decode(m.value()) for m in msgs]
+    # No status API runs here: each command says it was sent and what the scheduler will do;
+    # a trigger names its run, which the trigger's issue time names.
+    (trigger,) = [c for c in commands if isinstance(c.body, TriggerJob)]
+    assert printed == {
+        "pause": "nightly: pause sent; the scheduler will make the job PAUSED",
+        "resume": "nightly: resume sent; the scheduler will make the job SCHEDULED",
+        "trigger": "nightly: trigger sent; the scheduler will dispatch run "
+        f"nightly@trigger-{trigger.issued_at_ms}",
+        "cancel": "nightly: cancel sent; the scheduler will make the job CANCELLED",
+    }
     nightly = [c.body for c in commands if c.job_id == "nightly"]  # one partition: in order
     assert nightly == [
         ScheduleJob(

@@ -67,16 +67,26 @@ def test_partition_mismatch_is_refused_with_what_to_do(settings):
 
 
 def test_cli_topics_ensure(settings, jobwheel_env):
+    """The count is of the topics created: the prefix's and the scheduler's changelog (named
+    by its application id). Counting the prefix's alone printed "5" after 6 "created" lines."""
     fresh_prefix = settings.topic_prefix + "c"
-    env = {**jobwheel_env, "JOBWHEEL_TOPIC_PREFIX": fresh_prefix}
+    fresh_app = settings.scheduler_app_id + "c"
+    env = {
+        **jobwheel_env,
+        "JOBWHEEL_TOPIC_PREFIX": fresh_prefix,
+        "JOBWHEEL_SCHEDULER_APP_ID": fresh_app,
+    }
     cmd = [sys.executable, "-m", "jobwheel.cli", "topics", "ensure"]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     assert f"created {fresh_prefix}.requests" in first.stdout
+    assert f"created {fresh_app}-jobs-changelog" in first.stdout
+    made = sum(line.startswith("created ") for line in first.stdout.splitlines())
+    assert f"{made} topics, all created now (prefix {fresh_prefix}, " in first.stdout, first.stdout
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0, second.stderr
     assert "created" not in second.stdout
-    assert f"{len(settings.topics.specs())} topics present" in second.stdout
+    assert f"{made} topics, all there already" in second.stdout, second.stdout
 
 
 def test_cli_topics_ensure_mismatch_exits_nonzero(settings, jobwheel_env):

@@ -148,3 +148,33 @@ def test_an_undecodable_run_is_listed_as_such_and_never_replayed():
     assert (readable.kind, readable.run) == (dl.UNDECODABLE_RUN, RUN)
     assert plan(readable).command is None and plan(readable).skip
     assert dl.UNDECODABLE_RUN in dl.KINDS
+
+
+def test_dlq_list_marks_the_letters_replayed_already():
+    """A run's older dead letter was replayed (a run dies again only after a replay); the
+    status store's view marks the rest. Before, `dlq list` showed every entry alike, and a
+    user could not tell what was dealt with."""
+    from dataclasses import replace
+
+    from jobwheel.consumers.status.cli import dead_letter_line
+    from jobwheel.producers.deadletters import replay_marks
+
+    headers = [(ERROR_HEADER, b"attempt 3 of 3 failed: E: x"), (KIND_HEADER, DEAD_RUN_KIND)]
+    first = read(b"j", CODEC.encode(RUN), headers, offset=7)
+    again = read(b"j", CODEC.encode(replace(RUN, attempt=6)), headers, offset=9)
+    other_run = replace(RUN, run_id="k@1", job_id="k")
+    fixed = read(b"k", CODEC.encode(other_run), headers, offset=11)
+    pending = read(b"m", CODEC.encode(replace(RUN, run_id="m@1", job_id="m")), headers, 12)
+    store_says = {"k@1": "replayed already: the run is SUCCEEDED now, not DEAD"}
+
+    marks = replay_marks([first, again, fixed, pending], lambda d: store_says.get(d.run_id))
+
+    assert marks == {
+        "2:7": "replayed already: the run died again, see 2:9",
+        "2:11": "replayed already: the run is SUCCEEDED now, not DEAD",
+    }
+    line = dead_letter_line({**first.as_dict(), "replayed": marks["2:7"]})
+    assert line.endswith("  [replayed already: the run died again, see 2:9]"), line
+    assert "replayed" not in dead_letter_line({**pending.as_dict(), "replayed": None})
+    # Without the status API's view the older letter is still known.
+    assert replay_marks([first, again]) == {"2:7": marks["2:7"]}

@@ -116,3 +116,19 @@ def test_each_jobwheel_service_gets_its_own_metrics_port_and_health_finds_them(
     gone.wait()
     (tmp_path / "stack.json").write_text(json.dumps({**doc, "pid": gone.pid}))
     assert read_stack_file(tmp_path) == {}
+
+
+def test_the_topics_line_counts_every_topic_it_created() -> None:
+    """`jobwheel up` said "topics: 5 with prefix jobwheel (6 created)": it counted the prefix's
+    topics, while the scheduler's changelog (named by its application id) was created too."""
+    from jobwheel.kafka.admin import topic_specs, topics_summary
+    from jobwheel.settings import Settings
+
+    settings = Settings()
+    names = [spec.name for spec in topic_specs(settings)]
+    assert "jobwheel-scheduler-jobs-changelog" in names
+    assert topics_summary(settings, names).startswith(f"{len(names)} topics, all created now")
+    assert topics_summary(settings, []).startswith(f"{len(names)} topics, all there already")
+    assert topics_summary(settings, names[:2]).startswith(
+        f"{len(names)} topics, 2 created now, {len(names) - 2} there already (prefix jobwheel, "
+    )

@@ -218,6 +218,22 @@ def test_sql_errors_are_400_with_the_clickhouse_message(
     assert needle.lower() in r.json()["detail"].lower()
 
 
+@pytest.mark.parametrize(
+    "sql", ["SELEC 1", "SELECT 1 +", "SELECT * FROM nowhere", "SELECT nosuchcol FROM jobs"]
+)
+def test_sql_errors_name_the_callers_query_not_the_checks_wrapper(
+    api: TestClient, sql: str
+) -> None:
+    """ClickHouse names the query it ran: the parse check's formatQuerySingleLine(...) or the
+    caller's text with the limits appended as SETTINGS, neither of which the caller wrote."""
+    r = api.post("/sql", json={"sql": sql})
+    assert r.status_code == 400
+    detail = r.json()["detail"]
+    assert f"In scope {sql!r}." in detail, detail
+    assert "formatQuerySingleLine" not in detail, detail
+    assert "max_execution_time" not in detail, detail
+
+
 @pytest.mark.parametrize("body", [{}, {"query": "SELECT 1"}, {"sql": 5}, []])
 def test_sql_malformed_body_is_422(api: TestClient, body: Any) -> None:
     assert api.post("/sql", json=body).status_code == 422

@@ -12,6 +12,7 @@ from jobwheel.consumers.status import queries
 from jobwheel.errors import ValidationError
 from jobwheel.producers import validation as v
 from jobwheel.schemas import timetext
+from jobwheel.schemas import validation as rules
 
 # fixed dates: every parse here is given NOW; none reads the clock or reaches a store.
 NOW = 1_900_000_000_000
@@ -57,3 +58,30 @@ def test_a_zero_age_is_now_but_a_zero_delay_is_refused() -> None:
     assert queries.parse_time("0s", "since", now=NOW) == NOW
     with pytest.raises(ValidationError, match="must be positive"):
         v.parse_duration("0s", "in")
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "0ms"),
+        (250, "250ms"),
+        (90_000, "1m30s"),
+        (3_600_000, "1h"),
+        (3_630_000, "1h"),  # 1h0m30s: the unit below the largest is 0, the rest is dropped
+        (218_448_157_843, "2528d8h"),
+    ],
+)
+def test_a_duration_is_written_back_in_the_grammar_it_is_read_in(ms: int, text: str) -> None:
+    assert timetext.duration_text(ms) == text
+    assert timetext.duration_text_ms(text, "x") <= ms
+
+
+def test_a_time_too_far_in_the_past_says_how_far_in_the_grammar() -> None:
+    """The issue's case: a date years off (a wrong year) read "is 2528 days, 8:02:37.843000 in
+    the past", Python's timedelta text, in a message about a CLI that reads 2528d8h."""
+    at = NOW - 218_448_157_843
+    with pytest.raises(ValidationError) as caught:
+        rules.not_too_old(at, NOW)
+    message = str(caught.value)
+    assert "is 2528d8h in the past (more than 1h ago)" in message, message
+    assert "days," not in message and "8:02:37" not in message, message
