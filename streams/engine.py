@@ -80,6 +80,7 @@ from jobwheel.schemas.topics import (
     ERROR_HEADER,
     KIND_HEADER,
     RUN_HEADER,
+    SIZE_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
     SOURCE_TOPIC_HEADER,
@@ -884,7 +885,7 @@ class SchedulerEngine:
             [
                 *headers,
                 (KIND_HEADER, b"too-large"),
-                ("jobwheel.size", str(len(value)).encode()),
+                (SIZE_HEADER, str(len(value)).encode()),
                 ("jobwheel.topic", topic.encode()),
             ],
         )

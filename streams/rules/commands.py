@@ -14,6 +14,7 @@ from jobwheel.schemas.models import (
     ScheduleJob,
     State,
     TriggerJob,
+    trigger_run_id,
 )
 from jobwheel.schemas.validation import check_command
 from jobwheel.streams import triggers
@@ -187,7 +188,7 @@ class CommandRules(ProcessorCore):
         # the second run's events (same event ids) would merge with the first's in the status
         # store. So the second is refused, visibly, rather than run under a taken name.
         issued = cmd.issued_at_ms
-        run_id = f"{job.job_id}@trigger-{issued}"
+        run_id = trigger_run_id(job.job_id, issued)
         if run_id in job.active:
             taken = "is running"
         elif issued in job.recent_triggers:
