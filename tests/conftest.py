@@ -194,6 +194,31 @@ def _local_broker(data_dir: Path) -> Iterator[str]:
     raise RuntimeError(f"could not start a local Kafka broker after 3 attempts: {last}")
 
 
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Any]:
+    """A single broker of the test's own (:class:`jobwheel.deploy.broker.LocalBroker`), for
+    tests that stop, freeze or restart it; the session's broker is shared and never touched.
+    Stopped at the end, woken first if the test left it SIGSTOPped."""
+    import signal
+
+    from jobwheel.deploy.broker import LocalBroker, free_port
+
+    broker = LocalBroker(
+        tmp_path / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
+    )
+    broker.start(die_with_parent=True)
+    try:
+        yield broker
+    finally:
+        pid = broker.running_pid()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        broker.stop()
+
+
 #: Heap of each node of the test cluster: three JVMs beside the single broker and the tests'
 #: processes, on 2 cores.
 CLUSTER_NODE_HEAP = "320m"

@@ -7,32 +7,19 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.broker import LocalBroker
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.settings import Settings
 from tests.conftest import settings_env
 from tests.integration.scheduler_support import TopicTail, log_events, start_scheduler
 from tests.support import Procs, log_tail, wait_until
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    broker = LocalBroker(
-        tmp_path / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
-    )
-    broker.start(die_with_parent=True)
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.mark.timeout(300)

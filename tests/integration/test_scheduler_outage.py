@@ -9,13 +9,11 @@ import json
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
-from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.broker import free_port
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
@@ -31,18 +29,6 @@ from tests.integration.scheduler_support import (
 from tests.support import wait_until
 
 OUTAGE_S = 60
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    broker = LocalBroker(
-        tmp_path / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
-    )
-    broker.start(die_with_parent=True)
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.mark.timeout(420)

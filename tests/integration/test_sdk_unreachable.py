@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.broker import LocalBroker
 from jobwheel.errors import BrokerConnectionError
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import AsyncJobClient, JobClient
@@ -66,18 +65,6 @@ def _no_broker_at(bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixtu
     asyncio.run(main())
     # No librdkafka line, no "kafka client error": the exception is all the caller gets.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    broker = LocalBroker(
-        tmp_path / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
-    )
-    broker.start(die_with_parent=True)
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.mark.timeout(120 + 60 + 60)  # the broker's start and stop, the message timeout

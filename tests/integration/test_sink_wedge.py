@@ -7,15 +7,11 @@ is shared)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.deploy.broker import LocalBroker
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.settings import Settings
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
@@ -23,22 +19,6 @@ from tests.conftest import settings_env
 from tests.integration.test_status_sink import committed, produce
 from tests.status_support import lifecycle, now_ms
 from tests.support import Procs, log_tail, scaled, wait_until
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
-    broker = LocalBroker(
-        tmp_path / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
-    )
-    broker.start(die_with_parent=True)
-    try:
-        yield broker
-    finally:
-        pid = broker.running_pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        broker.stop()
 
 
 def test_a_sink_commit_that_never_returns_ends_the_process(
