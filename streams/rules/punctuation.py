@@ -292,34 +292,14 @@ class Punctuation(ProcessorCore):
             return
         running = list(job.active.values())
         if running and spec.concurrency_policy is ConcurrencyPolicy.FORBID:
-            out.status.append(
-                self._event(
-                    job,
-                    job.job_id,
-                    State.SKIPPED,
-                    now_ms,
-                    event_id=f"{job.job_id}@{latest}:SKIPPED",
-                    run_id=f"{job.job_id}@{latest}",
-                    scheduled_time_ms=latest,
-                    reason=f"run {running[0].run_id} still active (concurrencyPolicy=FORBID)",
-                )
-            )
+            reason = f"run {running[0].run_id} still active (concurrencyPolicy=FORBID)"
+            out.status.append(self._skipped(job, latest, now_ms, reason))
             self._settle(job, now_ms, out)
             return
         crowded = self._crowded(job) if spec.concurrency_policy is ConcurrencyPolicy.ALLOW else None
         if crowded is not None:
-            out.status.append(
-                self._event(
-                    job,
-                    job.job_id,
-                    State.SKIPPED,
-                    now_ms,
-                    event_id=f"{job.job_id}@{latest}:SKIPPED",
-                    run_id=f"{job.job_id}@{latest}",
-                    scheduled_time_ms=latest,
-                    reason=f"{crowded} (concurrencyPolicy=ALLOW)",
-                )
-            )
+            reason = f"{crowded} (concurrencyPolicy=ALLOW)"
+            out.status.append(self._skipped(job, latest, now_ms, reason))
             return
         if running and spec.concurrency_policy is ConcurrencyPolicy.REPLACE:
             for run in running:
@@ -338,12 +318,22 @@ class Punctuation(ProcessorCore):
         self._dispatch(job, f"{job.job_id}@{latest}", latest, 1, now_ms, out)
 
     def _missed(self, job: JobRecord, scheduled_ms: int, now_ms: int, reason: str) -> StatusEvent:
+        return self._not_run(job, State.MISSED, scheduled_ms, now_ms, reason)
+
+    def _skipped(self, job: JobRecord, scheduled_ms: int, now_ms: int, reason: str) -> StatusEvent:
+        return self._not_run(job, State.SKIPPED, scheduled_ms, now_ms, reason)
+
+    def _not_run(
+        self, job: JobRecord, state: State, scheduled_ms: int, now_ms: int, reason: str
+    ) -> StatusEvent:
+        """The event of a fire that was not run, named by its scheduled time like the run it
+        would have been (one event per fire, however often the decision is replayed)."""
         return self._event(
             job,
             job.job_id,
-            State.MISSED,
+            state,
             now_ms,
-            event_id=f"{job.job_id}@{scheduled_ms}:MISSED",
+            event_id=f"{job.job_id}@{scheduled_ms}:{state.value}",
             run_id=f"{job.job_id}@{scheduled_ms}",
             scheduled_time_ms=scheduled_ms,
             reason=reason,
