@@ -117,10 +117,15 @@ class AckRules(ProcessorCore):
                 )
             )
             return
+        # The worker sends no retry delay both for an error not worth retrying and on the
+        # last attempt it allows (its own count: the task may allow fewer than the job); its
+        # reason says which, so a run whose attempts ran out never reads as "not retryable".
+        last = run.attempt >= job.spec.max_attempts + run.limit_extra
         if job.status is JobStatus.CANCELLED:
             reason = "job cancelled"
-        elif ev.retry_delay_ms is None:
-            reason = f"attempt {run.attempt} failed and is not retryable: {ev.error}"
+        elif ev.retry_delay_ms is None and not last:
+            said = f" ({ev.reason})" if ev.reason else ""
+            reason = f"attempt {run.attempt} failed and is not retried{said}: {ev.error}"
         else:
             reason = (
                 f"attempt {run.attempt} of {job.spec.max_attempts + run.base} failed: {ev.error}"

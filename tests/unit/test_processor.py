@@ -266,6 +266,30 @@ def test_failed_is_retried_after_the_workers_backoff_then_dead(proc):
     assert proc.load("j").last_error is not None
 
 
+def test_a_run_dead_on_its_last_attempt_says_its_attempts_were_used_up(proc):
+    """The worker sends no retry delay on the last attempt it allows (its own count, which may
+    be the task's lower limit): the run's DEAD reason says the attempts were used up, with the
+    worker's words, never "not retryable" as if the error itself were not worth a retry."""
+    proc.on_command(cmd("j", spec(Now(), max_attempts=2)), T0)
+    [r1] = proc.punctuate(T0, 100)[0].runs
+    proc.on_ack(ack(r1, State.FAILED, T0 + 10, error="E: boom", retry_delay_ms=0), T0 + 10)
+    [r2] = proc.punctuate(T0 + 10, 100)[0].runs
+    worker_said = "task raised an exception; attempts exhausted (2 of 2)"
+    out = proc.on_ack(ack(r2, State.FAILED, T0 + 20, error="E: boom", reason=worker_said), T0 + 20)
+    [run_dead] = [e for e in out.status if e.run_id is not None and e.state is State.DEAD]
+    assert "not retryable" not in run_dead.reason, run_dead.reason
+    assert "attempt 2 of 2 failed" in run_dead.reason and "E: boom" in run_dead.reason
+    # A failure the worker marks not worth retrying, attempts left, still says so, with why.
+    proc.on_command(cmd("k", spec(Now(), max_attempts=5)), T0)
+    [k1] = proc.punctuate(T0 + 30, 100)[0].runs
+    out = proc.on_ack(
+        ack(k1, State.FAILED, T0 + 40, error="unknown task", reason="task not registered"),
+        T0 + 40,
+    )
+    [k_dead] = [e for e in out.status if e.run_id is not None and e.state is State.DEAD]
+    assert "not retried" in k_dead.reason and "task not registered" in k_dead.reason
+
+
 def test_failed_without_retry_delay_is_dead_at_once(proc):
     proc.on_command(cmd("j", spec(Now(), max_attempts=5)), T0)
     [r1] = proc.punctuate(T0, 100)[0].runs
