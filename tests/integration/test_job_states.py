@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.stack_support import api_up
 from tests.support import Procs, jobwheel_argv, log_tail, scaled, wait_for_group, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -120,14 +121,6 @@ class Walk:
         return {j["job_id"] for j in json.loads(out)["jobs"]}
 
 
-def _api_up(settings: Any) -> bool:
-    try:
-        with urllib.request.urlopen(f"{settings.status_api_url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def walk(settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path) -> Walk:
     def env(name: str) -> dict[str, str]:
@@ -137,7 +130,9 @@ def walk(settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Pa
     procs.spawn(WORKER, env("worker"), tmp_path / "worker.log")
     serve_log = tmp_path / "serve.log"
     procs.spawn(["jobwheel", "serve"], env("serve"), serve_log)
-    wait_until(lambda: _api_up(settings), 90, message=f"API not up:\n{log_tail(serve_log)}")
+    wait_until(
+        lambda: api_up(settings.status_api_url), 90, message=f"API not up:\n{log_tail(serve_log)}"
+    )
     wait_for_group(settings, settings.worker_group, settings.topics.runs)
     return Walk(settings, {**jobwheel_env, "JOBWHEEL_DATA_DIR": str(tmp_path / "cli")}, tmp_path)
 

@@ -16,12 +16,12 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.stack_support import api_up
 from tests.support import Procs, log_tail, scaled, stop, wait_for_group, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,14 +134,6 @@ def same_layout(shown: str, real: str) -> bool:
     return True
 
 
-def _api_up(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(480)
 def test_the_readme_examples_run_as_written_from_a_scratch_folder(
     settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path
@@ -160,7 +152,7 @@ def test_the_readme_examples_run_as_written_from_a_scratch_folder(
     )
     user.spawn("jobwheel serve", tmp_path / "serve.log", procs)
     wait_until(
-        lambda: _api_up(settings.status_api_url),
+        lambda: api_up(settings.status_api_url),
         90,
         message=f"API not up:\n{log_tail(tmp_path / 'serve.log')}",
     )

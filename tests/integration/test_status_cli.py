@@ -15,6 +15,7 @@ import pytest
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
 from tests.integration.test_status_sink import produce
+from tests.stack_support import api_up
 from tests.status_support import event, lifecycle, now_ms
 from tests.support import Procs, jobwheel_argv, log_tail, wait_until
 
@@ -28,14 +29,6 @@ def jobwheel(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
         timeout=60,
         check=False,
     )
-
-
-def _api_up(settings: Settings) -> bool:
-    try:
-        with urllib.request.urlopen(f"{settings.status_api_url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 API_TOKEN = "cli-test-token-5f1e0c"
@@ -81,7 +74,7 @@ def served(
     log = tmp_path / "serve.log"
     env = {**jobwheel_env, "JOBWHEEL_API_TOKEN": API_TOKEN}
     procs.spawn(["jobwheel", "serve"], env, log)
-    wait_until(lambda: _api_up(settings), 60, message=log_tail(log))
+    wait_until(lambda: api_up(settings.status_api_url), 60, message=log_tail(log))
     wait_until(
         lambda: '"total": 3' in jobwheel(env, "list", "--json").stdout,
         30,

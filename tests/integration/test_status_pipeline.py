@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from jobwheel.producers.client import JobClient
+from tests.stack_support import api_up
 from tests.support import Procs, file_lines, log_tail, stop, wait_for_group, wait_until
 
 WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
@@ -40,14 +41,6 @@ def _get(settings: Any, path: str) -> Any:
         if exc.code == 404:
             return None
         raise
-
-
-def _api_up(settings: Any) -> bool:
-    try:
-        with urllib.request.urlopen(f"{settings.status_api_url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def _job(settings: Any, job_id: str) -> dict[str, Any] | None:
@@ -74,7 +67,9 @@ def pipeline(
     )
     serve_log = tmp_path / "serve.log"
     serve = procs.spawn(["jobwheel", "serve"], _env(jobwheel_env, tmp_path, "status"), serve_log)
-    wait_until(lambda: _api_up(settings), 90, message=f"API not up:\n{log_tail(serve_log)}")
+    wait_until(
+        lambda: api_up(settings.status_api_url), 90, message=f"API not up:\n{log_tail(serve_log)}"
+    )
     return {"scheduler": scheduler, "serve": serve}
 
 

@@ -29,6 +29,7 @@ from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for
 from jobwheel.settings import Settings
 from tests import status_support
+from tests.stack_support import api_up
 from tests.status_support import event, lifecycle, now_ms
 from tests.support import (
     HarnessError,
@@ -198,14 +199,6 @@ def _api_sql(settings: Settings, sql: str) -> list[list[Any]]:
         return json.loads(resp.read())["rows"]
 
 
-def _api_up(settings: Settings) -> bool:
-    try:
-        with urllib.request.urlopen(f"{settings.status_api_url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 def test_sink_sigkilled_mid_stream_loses_and_doubles_nothing(
     settings: Settings, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path, figure: Any
 ) -> None:
@@ -246,7 +239,9 @@ def test_sink_sigkilled_mid_stream_loses_and_doubles_nothing(
         {**env, "JOBWHEEL_METRICS_PORT": str(metrics_port)},
         tmp_path / "serve.log",
     )
-    wait_until(lambda: _api_up(settings), 60, message=log_tail(tmp_path / "serve.log"))
+    wait_until(
+        lambda: api_up(settings.status_api_url), 60, message=log_tail(tmp_path / "serve.log")
+    )
     total = len(first) + len(second)
     wait_until(
         lambda: _api_sql(settings, "SELECT count() FROM status_events FINAL") == [[total]],
