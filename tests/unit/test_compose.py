@@ -213,3 +213,25 @@ def test_a_long_running_service_is_restarted_when_it_exits(service: str):
     jobwheel.watchdog) and counts on being started again; Docker restarts on exit, not on an
     unhealthy check."""
     assert "restart: unless-stopped" in _services()[service]
+
+
+def test_the_compose_broker_has_the_local_brokers_group_and_transaction_timing() -> None:
+    """The scheduler's failover time rests on the broker allowing its short group session
+    (and aborting a dead scheduler's transaction promptly): the Compose broker sets what the
+    local broker sets, read from the one place that says it (server_properties)."""
+    from jobwheel.deploy.broker import server_properties
+
+    props = dict(
+        line.split("=", 1)
+        for line in server_properties(port=1, controller_port=2, log_dirs=Path("/x")).splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    text = COMPOSE_FILE.read_text()
+    keys = [k for k in props if k.startswith(("group.consumer.", "group.min.session"))]
+    keys.append("transaction.abort.timed.out.transaction.cleanup.interval.ms")
+    assert len(keys) >= 5
+    for key in keys:
+        env = "KAFKA_" + key.upper().replace(".", "_")
+        found = re.search(rf"^\s+{env}: \"([^\"]*)\"$", text, re.M)
+        assert found, f"{env} is not set in {COMPOSE_FILE.name}"
+        assert found.group(1) == props[key], (env, found.group(1), props[key])
