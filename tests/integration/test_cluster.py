@@ -8,6 +8,7 @@ every partition back into its full ISR, before the next test starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from jobwheel.deploy.broker import LocalCluster, free_port
@@ -385,6 +387,71 @@ def test_kill_9_the_transaction_coordinator_mid_stream(
     _kill_mid_stream(on_cluster, tmp_path, procs, figure, "transaction coordinator", coordinator)
 
 
+def group_coordinator(bootstrap: str, group_id: str) -> int:
+    """The broker coordinating consumer group ``group_id``: the leader of its
+    ``__consumer_offsets`` partition, ``abs(hashCode) % partitions`` (Kafka's
+    GroupMetadataManager). Read from metadata, not describe_consumer_groups: librdkafka's
+    coordinator admin path can abort the process while brokers restart (groupprobe.py)."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=scaled(10))
+    partitions = metadata.topics["__consumer_offsets"].partitions
+    h = java_string_hash(group_id)
+    index = (0 if h == -(1 << 31) else abs(h)) % len(partitions)
+    return int(partitions[index].leader)
+
+
+def _offsets_topic_created(bootstrap: str) -> None:
+    """A fresh cluster creates ``__consumer_offsets`` on the first group coordinator lookup:
+    a consumer in a throwaway group asks for its committed offsets until the topic is there."""
+
+    def exists() -> bool:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        return "__consumer_offsets" in admin.list_topics(timeout=scaled(10)).topics
+
+    if exists():
+        return
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        with contextlib.suppress(KafkaException):
+            consumer.committed([TopicPartition("__probe", 0)], timeout=scaled(10))
+        wait_until(exists, scaled(60), 0.5, "__consumer_offsets was never created")
+    finally:
+        consumer.close()
+
+
+def _groups_apart(cluster: LocalCluster, tmp_path: Path) -> Settings:
+    """Settings whose scheduler group and worker group are coordinated by different nodes, so
+    killing one group's coordinator leaves the other's in place: the test then shows what the
+    loss of that one coordinator does."""
+    _offsets_topic_created(cluster.bootstrap)
+    for _ in range(100):
+        settings = _settings(cluster, tmp_path)
+        scheduler = group_coordinator(cluster.bootstrap, settings.scheduler_app_id)
+        if scheduler != group_coordinator(cluster.bootstrap, settings.worker_group):
+            return settings
+    raise AssertionError("no topic prefix in 100 puts the two groups on different coordinators")
+
+
+@pytest.mark.timeout(FAULT_BUDGET_S + 60)
+@pytest.mark.parametrize("group", ["scheduler", "worker"])
+def test_kill_9_the_group_coordinator_mid_stream(
+    on_cluster: LocalCluster, tmp_path: Path, procs: Procs, figure: Any, group: str
+) -> None:
+    """SIGKILL the broker coordinating the scheduler's consumer group (its partitions'
+    assignment, and the offsets its transactions commit through send_offsets_to_transaction)
+    or the worker's (its members' sessions and commits) while jobs fire: the group moves to
+    another coordinator, and nothing is lost, dispatched twice or run twice."""
+    settings = _groups_apart(on_cluster, tmp_path)
+    group_id = settings.scheduler_app_id if group == "scheduler" else settings.worker_group
+
+    def coordinator(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
+        node = group_coordinator(settings.bootstrap_servers, group_id)
+        return node, f"coordinator of group {group_id}"
+
+    _kill_mid_stream(
+        on_cluster, tmp_path, procs, figure, f"{group} group coordinator", coordinator, settings
+    )
+
+
 def _kill_mid_stream(
     on_cluster: LocalCluster,
     tmp_path: Path,
@@ -392,8 +459,9 @@ def _kill_mid_stream(
     figure: Any,
     what: str,
     pick: Callable[[Settings, Path], tuple[int, str]],
+    settings: Settings | None = None,
 ) -> None:
-    settings = _settings(on_cluster, tmp_path)
+    settings = settings or _settings(on_cluster, tmp_path)
     ensure_topics(settings)
     env = settings_env(settings)
     counter = tmp_path / "executions.txt"
