@@ -332,14 +332,30 @@ def test_kill_9_the_leading_broker_mid_stream(
     recurring jobs fire, with a scheduler and a worker running: no job lost, no (run id,
     attempt) dispatched twice, no run executed twice, every recurring job fires again."""
 
-    def leader_of_most(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
-        t = settings.topics
-        report = replication_report(settings, scaled(10), [t.requests, t.runs])
-        leaders = Counter(p.leader for p in report.partitions)
-        victim, led = leaders.most_common(1)[0]
-        return victim, f"led {led} of {2 * PARTITIONS} requests/runs partitions"
+    _kill_mid_stream(on_cluster, tmp_path, procs, figure, "leader", _leader_of_most)
 
-    _kill_mid_stream(on_cluster, tmp_path, procs, figure, "leader", leader_of_most)
+
+def _leader_of_most(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
+    """The broker leading most of the requests and runs partitions."""
+    t = settings.topics
+    report = replication_report(settings, scaled(10), [t.requests, t.runs])
+    leaders = Counter(p.leader for p in report.partitions)
+    victim, led = leaders.most_common(1)[0]
+    return victim, f"led {led} of {2 * PARTITIONS} requests/runs partitions"
+
+
+@pytest.mark.timeout(FAULT_BUDGET_S + 3 * 240)
+def test_rolling_restart_of_every_broker_mid_stream(
+    on_cluster: LocalCluster, tmp_path: Path, procs: Procs, figure: Any
+) -> None:
+    """A rolling restart under a stream of jobs, as an operator upgrades a cluster: SIGTERM
+    one broker (a controlled shutdown hands its leaderships over), start it again, wait until
+    every partition is back in its full ISR, then the next; each broker's leaderships, group
+    and transaction coordination move twice, and nothing is lost, dispatched twice or run
+    twice."""
+    _kill_mid_stream(
+        on_cluster, tmp_path, procs, figure, "rolling restart", _leader_of_most, rolling=True
+    )
 
 
 def java_string_hash(text: str) -> int:
@@ -460,7 +476,10 @@ def _kill_mid_stream(
     what: str,
     pick: Callable[[Settings, Path], tuple[int, str]],
     settings: Settings | None = None,
+    rolling: bool = False,
 ) -> None:
+    """``pick`` names the victim once the stream is under way; it is killed with SIGKILL, or
+    with ``rolling`` stopped with SIGTERM first of a restart of every node, one at a time."""
     settings = settings or _settings(on_cluster, tmp_path)
     ensure_topics(settings)
     env = settings_env(settings)
@@ -516,7 +535,10 @@ def _kill_mid_stream(
             )
             victim, why = pick(settings, scheduler.log_path)
             killed_at = now_ms()
-            on_cluster.kill_node(victim, signal.SIGKILL)
+            if rolling:
+                on_cluster.stop_node(victim)
+            else:
+                on_cluster.kill_node(victim, signal.SIGKILL)
             # While it is down and not yet fenced: more jobs through the SDK (acks=all).
             due = killed_at + 2000
             during = client.schedule_many(
@@ -531,7 +553,19 @@ def _kill_mid_stream(
             r = replication_report(settings, scaled(10))
             return not r.offline and all(p.leader != victim for p in r.partitions)
 
-        wait_until(moved, scaled(60), 0.2, f"leaders never left node {victim}")
+        if rolling:
+            # The victim back, then each other node in turn, each time every partition of the
+            # cluster back in its full ISR before the next goes.
+            _all_back(on_cluster)
+            steps = [f"node {victim} {(now_ms() - killed_at) / 1000:.0f} s"]
+            for node_id in [n for n in on_cluster.node_ids if n != victim]:
+                began = now_ms()
+                on_cluster.stop_node(node_id)
+                _all_back(on_cluster)
+                steps.append(f"node {node_id} {(now_ms() - began) / 1000:.0f} s")
+            why += f"; stopped, started and back in full ISR: {', '.join(steps)}"
+        else:
+            wait_until(moved, scaled(60), 0.2, f"leaders never left node {victim}")
         moved_at = now_ms()
         everything = set(one_off) | set(during)
         tail.wait(
@@ -585,7 +619,9 @@ def _kill_mid_stream(
             for p in range(PARTITIONS)
         }
         figure(
-            f"[cluster: kill -9 {what}] node {victim} ({why}) killed mid-stream; leaders moved "
+            f"[cluster: {'' if rolling else 'kill -9 '}{what}] node {victim} ({why}) "
+            f"{'stopped first' if rolling else 'killed'} mid-stream; "
+            f"{'every node restarted' if rolling else 'leaders moved'} "
             f"after {(moved_at - killed_at) / 1000:.1f} s; {len(everything)} one-off + "
             f"{len(recurring)} recurring jobs: lost {len(lost)}, duplicate dispatches "
             f"{len(duplicates)}, runs executed twice {len(repeated)}, executions {len(ran)}; "
