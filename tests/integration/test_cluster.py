@@ -8,6 +8,7 @@ every partition back into its full ISR, before the next test starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from jobwheel.deploy.broker import LocalCluster, free_port
@@ -330,14 +332,30 @@ def test_kill_9_the_leading_broker_mid_stream(
     recurring jobs fire, with a scheduler and a worker running: no job lost, no (run id,
     attempt) dispatched twice, no run executed twice, every recurring job fires again."""
 
-    def leader_of_most(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
-        t = settings.topics
-        report = replication_report(settings, scaled(10), [t.requests, t.runs])
-        leaders = Counter(p.leader for p in report.partitions)
-        victim, led = leaders.most_common(1)[0]
-        return victim, f"led {led} of {2 * PARTITIONS} requests/runs partitions"
+    _kill_mid_stream(on_cluster, tmp_path, procs, figure, "leader", _leader_of_most)
 
-    _kill_mid_stream(on_cluster, tmp_path, procs, figure, "leader", leader_of_most)
+
+def _leader_of_most(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
+    """The broker leading most of the requests and runs partitions."""
+    t = settings.topics
+    report = replication_report(settings, scaled(10), [t.requests, t.runs])
+    leaders = Counter(p.leader for p in report.partitions)
+    victim, led = leaders.most_common(1)[0]
+    return victim, f"led {led} of {2 * PARTITIONS} requests/runs partitions"
+
+
+@pytest.mark.timeout(FAULT_BUDGET_S + 3 * 240)
+def test_rolling_restart_of_every_broker_mid_stream(
+    on_cluster: LocalCluster, tmp_path: Path, procs: Procs, figure: Any
+) -> None:
+    """A rolling restart under a stream of jobs, as an operator upgrades a cluster: SIGTERM
+    one broker (a controlled shutdown hands its leaderships over), start it again, wait until
+    every partition is back in its full ISR, then the next; each broker's leaderships, group
+    and transaction coordination move twice, and nothing is lost, dispatched twice or run
+    twice."""
+    _kill_mid_stream(
+        on_cluster, tmp_path, procs, figure, "rolling restart", _leader_of_most, rolling=True
+    )
 
 
 def java_string_hash(text: str) -> int:
@@ -385,6 +403,71 @@ def test_kill_9_the_transaction_coordinator_mid_stream(
     _kill_mid_stream(on_cluster, tmp_path, procs, figure, "transaction coordinator", coordinator)
 
 
+def group_coordinator(bootstrap: str, group_id: str) -> int:
+    """The broker coordinating consumer group ``group_id``: the leader of its
+    ``__consumer_offsets`` partition, ``abs(hashCode) % partitions`` (Kafka's
+    GroupMetadataManager). Read from metadata, not describe_consumer_groups: librdkafka's
+    coordinator admin path can abort the process while brokers restart (groupprobe.py)."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=scaled(10))
+    partitions = metadata.topics["__consumer_offsets"].partitions
+    h = java_string_hash(group_id)
+    index = (0 if h == -(1 << 31) else abs(h)) % len(partitions)
+    return int(partitions[index].leader)
+
+
+def _offsets_topic_created(bootstrap: str) -> None:
+    """A fresh cluster creates ``__consumer_offsets`` on the first group coordinator lookup:
+    a consumer in a throwaway group asks for its committed offsets until the topic is there."""
+
+    def exists() -> bool:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        return "__consumer_offsets" in admin.list_topics(timeout=scaled(10)).topics
+
+    if exists():
+        return
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        with contextlib.suppress(KafkaException):
+            consumer.committed([TopicPartition("__probe", 0)], timeout=scaled(10))
+        wait_until(exists, scaled(60), 0.5, "__consumer_offsets was never created")
+    finally:
+        consumer.close()
+
+
+def _groups_apart(cluster: LocalCluster, tmp_path: Path) -> Settings:
+    """Settings whose scheduler group and worker group are coordinated by different nodes, so
+    killing one group's coordinator leaves the other's in place: the test then shows what the
+    loss of that one coordinator does."""
+    _offsets_topic_created(cluster.bootstrap)
+    for _ in range(100):
+        settings = _settings(cluster, tmp_path)
+        scheduler = group_coordinator(cluster.bootstrap, settings.scheduler_app_id)
+        if scheduler != group_coordinator(cluster.bootstrap, settings.worker_group):
+            return settings
+    raise AssertionError("no topic prefix in 100 puts the two groups on different coordinators")
+
+
+@pytest.mark.timeout(FAULT_BUDGET_S + 60)
+@pytest.mark.parametrize("group", ["scheduler", "worker"])
+def test_kill_9_the_group_coordinator_mid_stream(
+    on_cluster: LocalCluster, tmp_path: Path, procs: Procs, figure: Any, group: str
+) -> None:
+    """SIGKILL the broker coordinating the scheduler's consumer group (its partitions'
+    assignment, and the offsets its transactions commit through send_offsets_to_transaction)
+    or the worker's (its members' sessions and commits) while jobs fire: the group moves to
+    another coordinator, and nothing is lost, dispatched twice or run twice."""
+    settings = _groups_apart(on_cluster, tmp_path)
+    group_id = settings.scheduler_app_id if group == "scheduler" else settings.worker_group
+
+    def coordinator(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
+        node = group_coordinator(settings.bootstrap_servers, group_id)
+        return node, f"coordinator of group {group_id}"
+
+    _kill_mid_stream(
+        on_cluster, tmp_path, procs, figure, f"{group} group coordinator", coordinator, settings
+    )
+
+
 def _kill_mid_stream(
     on_cluster: LocalCluster,
     tmp_path: Path,
@@ -392,8 +475,12 @@ def _kill_mid_stream(
     figure: Any,
     what: str,
     pick: Callable[[Settings, Path], tuple[int, str]],
+    settings: Settings | None = None,
+    rolling: bool = False,
 ) -> None:
-    settings = _settings(on_cluster, tmp_path)
+    """``pick`` names the victim once the stream is under way; it is killed with SIGKILL, or
+    with ``rolling`` stopped with SIGTERM first of a restart of every node, one at a time."""
+    settings = settings or _settings(on_cluster, tmp_path)
     ensure_topics(settings)
     env = settings_env(settings)
     counter = tmp_path / "executions.txt"
@@ -448,7 +535,10 @@ def _kill_mid_stream(
             )
             victim, why = pick(settings, scheduler.log_path)
             killed_at = now_ms()
-            on_cluster.kill_node(victim, signal.SIGKILL)
+            if rolling:
+                on_cluster.stop_node(victim)
+            else:
+                on_cluster.kill_node(victim, signal.SIGKILL)
             # While it is down and not yet fenced: more jobs through the SDK (acks=all).
             due = killed_at + 2000
             during = client.schedule_many(
@@ -463,7 +553,19 @@ def _kill_mid_stream(
             r = replication_report(settings, scaled(10))
             return not r.offline and all(p.leader != victim for p in r.partitions)
 
-        wait_until(moved, scaled(60), 0.2, f"leaders never left node {victim}")
+        if rolling:
+            # The victim back, then each other node in turn, each time every partition of the
+            # cluster back in its full ISR before the next goes.
+            _all_back(on_cluster)
+            steps = [f"node {victim} {(now_ms() - killed_at) / 1000:.0f} s"]
+            for node_id in [n for n in on_cluster.node_ids if n != victim]:
+                began = now_ms()
+                on_cluster.stop_node(node_id)
+                _all_back(on_cluster)
+                steps.append(f"node {node_id} {(now_ms() - began) / 1000:.0f} s")
+            why += f"; stopped, started and back in full ISR: {', '.join(steps)}"
+        else:
+            wait_until(moved, scaled(60), 0.2, f"leaders never left node {victim}")
         moved_at = now_ms()
         everything = set(one_off) | set(during)
         tail.wait(
@@ -517,7 +619,9 @@ def _kill_mid_stream(
             for p in range(PARTITIONS)
         }
         figure(
-            f"[cluster: kill -9 {what}] node {victim} ({why}) killed mid-stream; leaders moved "
+            f"[cluster: {'' if rolling else 'kill -9 '}{what}] node {victim} ({why}) "
+            f"{'stopped first' if rolling else 'killed'} mid-stream; "
+            f"{'every node restarted' if rolling else 'leaders moved'} "
             f"after {(moved_at - killed_at) / 1000:.1f} s; {len(everything)} one-off + "
             f"{len(recurring)} recurring jobs: lost {len(lost)}, duplicate dispatches "
             f"{len(duplicates)}, runs executed twice {len(repeated)}, executions {len(ran)}; "
