@@ -17,7 +17,7 @@ from jobwheel.schemas.models import (
     trigger_run_id,
 )
 
-ISSUED = 1_900_000_000_123
+ISSUED = 1_900_000_000_123  # fixed date: a trigger's name only, never compared to a clock
 BODIES: dict[str, Any] = {
     "cancel": CancelJob(),
     "pause": PauseJob(),

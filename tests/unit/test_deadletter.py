@@ -22,7 +22,7 @@ from jobwheel.schemas.topics import (
     run_header,
 )
 
-T0 = 1_800_000_000_000
+T0 = 1_800_000_000_000  # fixed date: every 'now' here is passed in from T0, none is the wall clock
 CODEC = default_codec()
 ACKS = "p.acks"
 
