@@ -249,9 +249,13 @@ def test_health_reports_under_replicated_and_offline_partitions(
     ok, detail = check_replication(replicated, scaled(10))
     assert ok and "in full ISR (replicas: 3)" in detail, detail  # the same reader, healthy
     runs = single.topics.runs
-    victim = Counter(
-        p.leader for p in replication_report(single, scaled(10)).partitions
-    ).most_common(1)[0][0]
+    # Topics made a moment ago may be missing from the metadata of the broker asked for a while.
+    listed = wait_until(
+        lambda: (r := replication_report(single, scaled(10))).partitions and not r.missing and r,
+        30,
+        message="the one-replica topics never showed in the cluster's metadata",
+    )
+    victim = Counter(p.leader for p in listed.partitions).most_common(1)[0][0]
     on_cluster.kill_node(victim)
 
     def fenced() -> bool:

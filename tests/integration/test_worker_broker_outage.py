@@ -6,10 +6,9 @@ on the next worker once the broker is back.
 Without a bound the worker hung for good in its final synchronous offset commit (and then in
 ``Consumer.close()``), which librdkafka retries for as long as the broker is down.
 
-The broker is the test's own (the ``own_broker`` fixture of
-``tests/integration/test_scheduler_outage.py``), not the session's shared one: the tests stop
-it. Overriding ``kafka_bootstrap`` points the usual ``settings`` / ``jobwheel_env`` fixtures
-at it.
+The broker is the test's own (the ``own_broker`` fixture of ``tests/conftest.py``), not the
+session's shared one: the tests stop it. Overriding ``kafka_bootstrap`` points the usual
+``settings`` / ``jobwheel_env`` fixtures at it.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import pytest
 from jobwheel.deploy.broker import LocalBroker
 from jobwheel.schemas.models import Run, State
 from jobwheel.schemas.partitioning import partition_for
-from tests.integration import test_scheduler_outage
 from tests.integration.scheduler_support import log_events
 from tests.integration.test_worker import (
     StatusTail,
@@ -43,9 +41,6 @@ EXIT_WITHIN_S = GRACE_MS / 1000 + 15
 #: After a second SIGTERM: the worker waits at most 1 s more for the broker.
 SECOND_SIGNAL_EXIT_WITHIN_S = 6
 GAVE_UP = "could not hand work over to the broker before exiting"
-
-#: A broker of the test's own, stopped and started again by the test.
-own_broker = test_scheduler_outage.own_broker
 
 
 @pytest.fixture
