@@ -127,8 +127,10 @@ def spec_from_mapping(options: Mapping[str, Any]) -> JobSpec:
     unknown = set(options) - SCHEDULE_KEYS
     if unknown:
         name = sorted(unknown)[0]
+        # A blank key is named by its repr: an error's field is never empty.
+        shown = name if name.strip() else repr(name)
         raise ValidationError(
-            name if len(name) <= 60 else name[:60] + "…",
+            shown if len(shown) <= 60 else shown[:60] + "…",
             f"unknown option; expected some of {', '.join(sorted(SCHEDULE_KEYS))}",
         )
     if "task" not in options:

@@ -629,6 +629,7 @@ def _request_error(exc: RequestValidationError) -> ValidationError:
     if loc and loc[0] in ("body", "query", "path", "header"):
         loc = loc[1:]
     field = loc[0] if loc else "body"
+    field = field if field.strip() else repr(field)  # a blank key is named, never ""
     kind = first.get("type", "")
     if kind == "extra_forbidden":
         name = field if len(field) <= 60 else field[:60] + "…"
