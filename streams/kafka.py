@@ -315,15 +315,15 @@ class _AssignedConsumer(_TopicReader):
             self._starts = starts
 
     def pause(self, partition: int) -> None:
-        if partition in self.assigned:
+        if partition in self._starts:
             self._consumer.pause([TopicPartition(self.topic, partition)])
 
     def resume(self, partition: int) -> None:
-        if partition in self.assigned:
+        if partition in self._starts:
             self._consumer.resume([TopicPartition(self.topic, partition)])
 
     def poll(self, max_records: int, timeout_s: float) -> list[Record]:
-        if not self.assigned:
+        if not self._starts:
             if timeout_s > 0:
                 time.sleep(timeout_s)
             return []
@@ -400,7 +400,7 @@ class ChangelogReader(_AssignedConsumer):
     ) -> list[tuple[int, int, bytes | None, bytes | None]]:
         """``(partition, offset, key, value)`` of the next changelog records: the lean path a
         restore of millions of records takes (no :class:`Record` per message)."""
-        if not self.assigned:
+        if not self._starts:
             return []
         try:
             messages = self._consumer.consume(max_records, timeout_s)
