@@ -172,24 +172,29 @@ def test_a_claim_whose_first_transaction_aborts_still_changelogs_its_epoch(setti
     job = job_in(p, settings.partitions, "big")
     runs = settings.topics.runs
     admin = admin_client(settings)
-    with engine_of(settings, clock) as engine:
-        with JobClient(settings) as client:
-            client.schedule(
-                job,
-                task="demo.echo",
-                args={"pad": "x" * 20_000},
-                at=datetime.fromtimestamp(due / 1000, UTC),
-                visibility_timeout=VISIBILITY,
-            )
-        step_until(engine, lambda: tail.events(job, State.SCHEDULED), "never SCHEDULED")
-        step_until(engine, lambda: not engine._touched, "the SCHEDULED change never committed")
-        first_token = engine.tasks[p].epoch
+    # The limit is set before anything else happens: the broker applies a topic's config a
+    # moment after the controller accepted it, and the engine's start, claims and the
+    # SCHEDULED transaction (none of which writes a run) leave it seconds to do so.
+    limit = ConfigEntry("max.message.bytes", "8192", incremental_operation=AlterConfigOpType.SET)
+    unlimited = ConfigEntry(
+        "max.message.bytes", None, incremental_operation=AlterConfigOpType.DELETE
+    )
+    _alter(admin, runs, limit)
+    lifted = False
+    try:
+        with engine_of(settings, clock) as engine:
+            with JobClient(settings) as client:
+                client.schedule(
+                    job,
+                    task="demo.echo",
+                    args={"pad": "x" * 20_000},
+                    at=datetime.fromtimestamp(due / 1000, UTC),
+                    visibility_timeout=VISIBILITY,
+                )
+            step_until(engine, lambda: tail.events(job, State.SCHEDULED), "never SCHEDULED")
+            step_until(engine, lambda: not engine._touched, "the SCHEDULED change never committed")
+            first_token = engine.tasks[p].epoch
 
-        limit = ConfigEntry(
-            "max.message.bytes", "8192", incremental_operation=AlterConfigOpType.SET
-        )
-        _alter(admin, runs, limit)
-        try:
             clock.set(due)
             reclaim(engine, p)
             aborts, commits = engine.stats.aborts, engine.stats.transactions
@@ -197,14 +202,15 @@ def test_a_claim_whose_first_transaction_aborts_still_changelogs_its_epoch(setti
             # the transaction with the claim's epoch and the run is refused.
             step_until(engine, lambda: engine.tasks[p].phase is Phase.READY, "never ready")
             assert (engine.stats.aborts, engine.stats.transactions) == (aborts + 1, commits)
-        finally:
-            limit = ConfigEntry(
-                "max.message.bytes", None, incremental_operation=AlterConfigOpType.DELETE
-            )
-            _alter(admin, runs, limit)
-        step_until(engine, lambda: engine.stats.transactions > commits, "never committed")
-        step_until(engine, lambda: tail.runs_of(job), "the job never fired after the abort")
-        token = engine.tasks[p].epoch
+            _alter(admin, runs, unlimited)
+            lifted = True
+            # The transaction is redone (and refused again) until the broker applies the lift.
+            step_until(engine, lambda: engine.stats.transactions > commits, "never committed")
+            step_until(engine, lambda: tail.runs_of(job), "the job never fired after the abort")
+            token = engine.tasks[p].epoch
+    finally:
+        if not lifted:
+            _alter(admin, runs, unlimited)
     [run] = tail.runs_of(job)
     assert run.fencing_token == token == first_token + 1
     assert changelog_epoch(settings, p) == token, "the claim's epoch is not in the changelog"
