@@ -6,6 +6,8 @@ import json
 import queue
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from jobwheel.errors import SchemaDecodeError
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.settings import Settings
+from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
 from tests.support import HarnessError, Procs, Tail, log_tail, scaled, wait_until
 
 T = TypeVar("T")
@@ -226,3 +229,79 @@ def start_worker(procs: Procs, base_env: dict[str, str], log_path: Path) -> Any:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class SupervisedScheduler:
+    """A scheduler run as ``jobwheel up``, Compose's ``restart:`` or Kubernetes run it: when it
+    exits with :data:`~jobwheel.watchdog.HUNG_CALL_EXIT_CODE` (a Kafka call that never
+    returned, the exit its watchdog chose), :meth:`check` starts it again on the same state
+    directory; any other exit fails the test. With ``metrics_port``, a thread records its
+    ``/health/live`` answers."""
+
+    def __init__(
+        self,
+        procs: Procs,
+        env: dict[str, str],
+        data_dir: Path,
+        *,
+        metrics_port: int | None = None,
+        wait: bool = False,
+    ) -> None:
+        self.procs, self.env, self.data_dir, self.port = procs, env, data_dir, metrics_port
+        self.exits: list[tuple[float, int, Path]] = []  # (monotonic time, code, its log)
+        self.live: list[tuple[float, int, str]] = []  # (monotonic time, status, detail)
+        self.proc = self._start(wait)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+        if metrics_port is not None:
+            self._thread.start()
+
+    @property
+    def log_path(self) -> Path:
+        """The log of the scheduler running now (each start writes its own)."""
+        return self.proc.log_path  # type: ignore[no-any-return]
+
+    def _start(self, wait: bool = False) -> Any:
+        extra = {} if self.port is None else {"JOBWHEEL_METRICS_PORT": str(self.port)}
+        return start_scheduler(
+            self.procs,
+            self.env,
+            self.data_dir,
+            wait=wait,
+            log_name=f"{self.data_dir.name}-{len(self.exits)}",
+            extra_env=extra,
+        )
+
+    def check(self) -> None:
+        """Restart the scheduler if it exited from a hung call; call it in every wait."""
+        code = self.proc.poll()
+        if code is None:
+            return
+        self.exits.append((time.monotonic(), code, self.proc.log_path))
+        assert code == HUNG_CALL_EXIT_CODE, (
+            f"the scheduler exited with {code}:\n{log_tail(self.proc.log_path)}"
+        )
+        self.proc = self._start()
+
+    def _probe(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                url = f"http://127.0.0.1:{self.port}/health/live"
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    status, body = resp.status, resp.read()
+            except urllib.error.HTTPError as exc:
+                status, body = exc.code, exc.read()
+            except OSError:
+                continue  # not serving (restarting)
+            failing = [c["detail"] for c in json.loads(body)["checks"] if not c["ok"]]
+            self.live.append((time.monotonic(), status, "; ".join(failing)))
+
+    def last_red(self) -> str:
+        """What ``/health/live`` said last when it was red (a wedge names its call there)."""
+        red = [detail for _at, status, detail in self.live if status == 503]
+        return red[-1] if red else "never red"
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
