@@ -132,6 +132,17 @@ def test_every_listener_of_every_node_is_sasl_over_tls(secure_stack: dict[str, A
             for listener in props["listeners"].split(",")
         ), props["listeners"]
         assert props["ssl.truststore.location"] == str(cluster.ca_cert_path)
+    # `broker status` reaches every node as the admin (its ready probe speaks SASL_SSL too)
+    status = subprocess.run(
+        jobwheel_argv(["jobwheel", "broker", "status", "--data-dir", str(cluster.data_dir)]),
+        env=secure_stack["env"],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.count(", ready, ") == 3, status.stdout
     for role, config in secure_stack["roles"].items():
         assert config["security.protocol"] == "SASL_SSL", role
         assert config["ssl.ca.location"] == str(cluster.ca_cert_path), role
