@@ -134,9 +134,11 @@ def apply_acls(
     ``settings`` must reach the cluster as an admin (``JOBWHEEL_KAFKA_CONFIG`` of the admin).
     A role's password comes from ``passwords``, else from the credentials file an earlier run
     wrote, else it is generated; each role's client config is written to
-    ``credentials_dir/<role>.json`` (mode 0600), ready for ``JOBWHEEL_KAFKA_CONFIG``.
+    ``credentials_dir/<role>.json`` (mode 0600), ready for ``JOBWHEEL_KAFKA_CONFIG``. A role
+    reaches the cluster as the admin does (its ``security.protocol`` and ``ssl.*`` keys: on
+    TLS listeners SASL_SSL and the CA to trust), so a role's file works as it is.
     """
-    from jobwheel.deploy.broker import client_credentials, write_secret_json
+    from jobwheel.deploy.broker import client_credentials, transport_of, write_secret_json
     from jobwheel.kafka.admin import admin_client, replace_acls, upsert_scram_user
 
     roles = list(roles)
@@ -156,7 +158,7 @@ def apply_acls(
                 admin, principal, role_grants(settings, role), timeout_s
             )
             config = {"bootstrap.servers": settings.bootstrap_servers}
-            config |= client_credentials(user, password)
+            config |= client_credentials(user, password, transport_of(settings.kafka_config))
             write_secret_json(path, config)
             done.append(Applied(role, principal, path, granted, revoked))
             log.info(

@@ -15,9 +15,13 @@ Everything about one broker lives in its data directory::
     kraft/              log.dirs: metadata log and topic data
     admin.json          secure brokers only: the admin's client config (mode 0600)
 
-``secure=True`` (``jobwheel broker start --secure``) runs it with SASL/SCRAM-SHA-512 on the
-client listener and the standard authorizer (:func:`secure_overrides`); the admin principal's
-SCRAM credential is created when the storage is formatted. A data dir stays secure once it is.
+    tls/                secure brokers only: the CA (ca.pem, ca.key) and this broker's keystore
+
+``secure=True`` (``jobwheel broker start --secure``) runs it with SASL/SCRAM-SHA-512 over TLS
+(SASL_SSL) on every listener and the standard authorizer (:func:`secure_overrides`); the admin
+principal's SCRAM credential is created when the storage is formatted, the CA and the broker's
+certificate at the first start (:func:`ensure_ca`, :func:`ensure_broker_keystore`). A data dir
+stays secure once it is.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
+import datetime
 import fcntl
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -331,22 +337,40 @@ def server_properties(
 #: The superuser of a secure broker: the broker itself, `topics ensure` and `acls apply`.
 ADMIN_USER = "admin"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
-SECURE_LISTENER = "SASL_PLAINTEXT"
+#: The client listener of a secure broker, also its inter-broker listener: SASL over TLS.
+SECURE_LISTENER = "SASL_SSL"
+#: Where a secure broker (or cluster) keeps its CA and a node its keystore.
+TLS_DIR = "tls"
+CA_CERT = "ca.pem"
+CERT_VALIDITY_DAYS = 3650
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """The TLS material one secure node runs with: its keystore (its key and certificate,
+    signed by the CA) and the CA certificate it trusts peers by."""
+
+    keystore: Path
+    ca_cert: Path
 
 
 def secure_overrides(
-    *, port: int, controller_port: int, admin_password: str, host: str = HOST
+    *, port: int, controller_port: int, admin_password: str, tls: BrokerTls, host: str = HOST
 ) -> dict[str, str]:
-    """What :func:`server_properties` gets on top for a secure broker.
+    """What :func:`server_properties` gets on top for a secure broker (one node or each node
+    of a cluster: the same keys, only ports and keystores differ).
 
     Clients authenticate with SCRAM-SHA-512 on the one client listener, which is also the
-    inter-broker listener (transaction markers go broker to broker, here to itself) as the
+    inter-broker listener (replication and transaction markers go broker to broker) as the
     admin. The controller listener uses SASL/PLAIN with the admin as its only user: SCRAM
     credentials live in the metadata log the controller serves, so the controller cannot use
     them itself, and a PLAINTEXT controller listener would let anyone who reaches it act as
-    the broker. The standard KRaft authorizer denies whatever no ACL allows
-    (``jobwheel acls apply`` grants each role its part); only the admin is a superuser.
-    No TLS: this broker listens on loopback; put TLS (SASL_SSL) in front of anything else.
+    the broker. Both run over TLS (SASL_SSL): passwords (PLAIN sends them as they are) and
+    records never cross the wire in clear, and a client (or a node) that does not trust the
+    CA, or speaks plaintext, is refused at the handshake. Every node's certificate names the
+    host, and peers verify it (Kafka's default ``ssl.endpoint.identification.algorithm``).
+    The standard KRaft authorizer denies whatever no ACL allows (``jobwheel acls apply``
+    grants each role its part); only the admin is a superuser.
     """
     user = ADMIN_USER
     scram_jaas = (
@@ -362,19 +386,165 @@ def secure_overrides(
         "listeners": f"{SECURE_LISTENER}://{host}:{port},CONTROLLER://{host}:{controller_port}",
         "advertised.listeners": f"{SECURE_LISTENER}://{host}:{port}",
         "inter.broker.listener.name": SECURE_LISTENER,
-        "listener.security.protocol.map": (
-            f"CONTROLLER:SASL_PLAINTEXT,{SECURE_LISTENER}:SASL_PLAINTEXT"
-        ),
+        "listener.security.protocol.map": f"CONTROLLER:SASL_SSL,{SECURE_LISTENER}:SASL_SSL",
         "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
         "sasl.mechanism.controller.protocol": "PLAIN",
         f"listener.name.{listener}.sasl.enabled.mechanisms": SCRAM_MECHANISM,
         f"listener.name.{listener}.scram-sha-512.sasl.jaas.config": scram_jaas,
         "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
         "listener.name.controller.plain.sasl.jaas.config": plain_jaas,
+        # One keystore and one trust store for every listener, served and dialled alike (a
+        # PEM keystore has no password: the file is its owner's only, as this config is).
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(tls.keystore),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls.ca_cert),
+        "ssl.endpoint.identification.algorithm": "https",
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users": f"User:{user}",
         "allow.everyone.if.no.acl.found": "false",
     }
+
+
+def _crypto() -> Any:
+    """The ``cryptography`` package (the ``all`` extra; the status and registry extras pull it
+    too), or an error that says what to install."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            "a secure broker makes its CA and certificates with the `cryptography` package, "
+            "which is not installed: pip install 'jobwheel[all]' (or cryptography)"
+        ) from exc
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    return x509, hashes, serialization, ec, ExtendedKeyUsageOID, NameOID
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` readable by its owner only (a private key), replacing ``path`` at once."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    tmp.replace(path)
+
+
+def _certificate(
+    subject: str,
+    public_key: Any,
+    issuer: tuple[str, Any] | None,
+    own_key: Any,
+    *,
+    ca: bool,
+    hosts: Sequence[str] = (),
+) -> Any:
+    """A certificate for ``subject``, signed by ``issuer`` (name, key) or self-signed."""
+    x509, hashes, _, _, eku, name_oid = _crypto()
+    now = datetime.datetime.now(datetime.UTC)
+    issuer_name, signing_key = issuer or (subject, own_key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(name_oid.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(name_oid.COMMON_NAME, issuer_name)]))
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=CERT_VALIDITY_DAYS))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), True)
+    )
+    if ca:
+        usage = {"key_cert_sign": True, "crl_sign": True, "digital_signature": True}
+    else:
+        usage = {"key_cert_sign": False, "crl_sign": False, "digital_signature": True}
+        names: list[Any] = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), False)
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([eku.SERVER_AUTH, eku.CLIENT_AUTH]), False
+        )
+    builder = builder.add_extension(
+        x509.KeyUsage(
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            encipher_only=False,
+            decipher_only=False,
+            **usage,
+        ),
+        True,
+    )
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+def ensure_ca(secrets_dir: Path) -> Path:
+    """The CA of a secure broker or cluster: its key in ``<secrets_dir>/tls/ca.key`` (mode
+    0600), its certificate (what clients trust: ``ssl.ca.location``) in ``tls/ca.pem``. Made
+    once, under a lock (the nodes of a cluster are prepared at once); returns the certificate.
+
+    Why a CA of its own rather than one self-signed certificate per node: every node and every
+    client trusts the one CA file, so a node's certificate can be made (or remade) alone."""
+    _, _, serialization, ec, _, _ = _crypto()
+    tls_dir = secrets_dir / TLS_DIR
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    ca_cert = tls_dir / CA_CERT
+    with open(tls_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ca_cert.is_file() and (tls_dir / "ca.key").is_file():
+            return ca_cert
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = f"jobwheel local CA {uuid.uuid4().hex[:8]}"
+        cert = _certificate(name, key.public_key(), None, key, ca=True)
+        _write_private(
+            tls_dir / "ca.key",
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+        )
+        partial = ca_cert.with_suffix(".tmp")
+        partial.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        partial.replace(ca_cert)
+    log.info("TLS CA created", extra={"ca": str(ca_cert)})
+    return ca_cert
+
+
+def ensure_broker_keystore(data_dir: Path, ca_dir: Path, host: str = HOST) -> BrokerTls:
+    """A node's keystore, ``<data_dir>/tls/broker.pem`` (mode 0600): its key (PKCS#8, as
+    Kafka's PEM keystore reads it) and its certificate for ``host`` and localhost, signed by
+    the CA of ``ca_dir`` (:func:`ensure_ca`), for serving and for dialling the other nodes.
+    Made once per node."""
+    x509, _, serialization, ec, _, _ = _crypto()
+    ca_cert = ensure_ca(ca_dir)
+    tls_dir = data_dir / TLS_DIR
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    store = tls_dir / "broker.pem"
+    if store.is_file():
+        return BrokerTls(store, ca_cert)
+    ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_cert.parent / "ca.key").read_bytes(), None)
+    ca_name = ca.subject.rfc4514_string().removeprefix("CN=")
+    key = ec.generate_private_key(ec.SECP256R1())
+    hosts = [host] + (["localhost"] if host != "localhost" else [])
+    cert = _certificate(host, key.public_key(), (ca_name, ca_key), key, ca=False, hosts=hosts)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    pem += cert.public_bytes(serialization.Encoding.PEM) + ca_cert.read_bytes()
+    _write_private(store, pem)
+    return BrokerTls(store, ca_cert)
 
 
 def merge_properties(text: str, overrides: dict[str, str]) -> str:
@@ -391,14 +561,36 @@ def merge_properties(text: str, overrides: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def client_credentials(username: str, password: str) -> dict[str, str]:
-    """The librdkafka settings of a SCRAM principal (``JOBWHEEL_KAFKA_CONFIG``)."""
+def client_credentials(
+    username: str, password: str, transport: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The librdkafka settings of a SCRAM principal (``JOBWHEEL_KAFKA_CONFIG``).
+
+    ``transport`` is how the cluster is reached: ``security.protocol`` and the ``ssl.*`` keys
+    (:func:`tls_transport` for a local secure broker; an admin's own, for the roles ``jobwheel
+    acls apply`` writes); SASL over plaintext without it."""
     return {
         "security.protocol": "SASL_PLAINTEXT",
+        **(transport or {}),
         "sasl.mechanism": SCRAM_MECHANISM,
         "sasl.username": username,
         "sasl.password": password,
     }
+
+
+def tls_transport(ca_cert: Path) -> dict[str, str]:
+    """How a client reaches a local secure broker: SASL over TLS, trusting its CA only."""
+    return {"security.protocol": SECURE_LISTENER, "ssl.ca.location": str(ca_cert)}
+
+
+def transport_of(config: dict[str, Any]) -> dict[str, str]:
+    """The part of a client config that says how the cluster is reached (not who): its SASL
+    ``security.protocol`` and its ``ssl.*`` keys, which every principal of a cluster shares."""
+    out = {k: str(v) for k, v in config.items() if k.startswith("ssl.")}
+    protocol = str(config.get("security.protocol", ""))
+    if protocol.upper().startswith("SASL_"):
+        out["security.protocol"] = protocol
+    return out
 
 
 def write_secret_json(path: Path, value: dict[str, Any]) -> None:
@@ -492,8 +684,12 @@ class LocalBroker:
         node_id: int = NODE_ID,
         voters: Sequence[tuple[int, int]] | None = None,
         cluster_id: str | None = None,
+        secrets_dir: Path | None = None,
     ) -> None:
+        """``secrets_dir`` holds the admin's client config and the CA (a cluster's nodes share
+        its own dir); the broker's data dir by default."""
         self.data_dir = Path(data_dir).resolve()
+        self.secrets_dir = Path(secrets_dir).resolve() if secrets_dir else self.data_dir
         self.node_id = node_id
         self.voters = list(voters) if voters else None
         self.cluster_id = cluster_id
@@ -554,7 +750,12 @@ class LocalBroker:
 
     @property
     def admin_config_path(self) -> Path:
-        return self.data_dir / "admin.json"
+        return self.secrets_dir / "admin.json"
+
+    @property
+    def ca_cert_path(self) -> Path:
+        """The CA certificate a client of a secure broker trusts (``ssl.ca.location``)."""
+        return self.secrets_dir / TLS_DIR / CA_CERT
 
     def admin_config(self) -> dict[str, str]:
         """The admin's librdkafka settings (secure brokers; {} otherwise)."""
@@ -575,16 +776,21 @@ class LocalBroker:
 
     def _ensure_admin_credentials(self) -> str:
         """The admin password, created with the storage (it is written into the metadata log
-        when the storage is formatted, so it cannot be added to a data dir formatted without)."""
+        when the storage is formatted, so it cannot be added to a data dir formatted without),
+        and the admin's client config, rewritten on every start: a data dir made secure before
+        its listeners had TLS gets the CA added to it."""
         if self.admin_config_path.is_file():
-            return self.admin_config()["sasl.password"]
-        if (self.log_dirs / "meta.properties").is_file():
+            password = self.admin_config()["sasl.password"]
+        elif (self.log_dirs / "meta.properties").is_file():
             raise ConfigError(
                 f"the broker data dir {self.data_dir} was created without --secure; its storage "
                 "has no admin credential. Use a new data dir (--data-dir) for a secure broker"
             )
-        password = secrets.token_urlsafe(32)
-        write_secret_json(self.admin_config_path, client_credentials(ADMIN_USER, password))
+        else:
+            password = secrets.token_urlsafe(32)
+        config = client_credentials(ADMIN_USER, password, tls_transport(self.ca_cert_path))
+        if not self.admin_config_path.is_file() or self.admin_config() != config:
+            write_secret_json(self.admin_config_path, config)
         return password
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -683,6 +889,7 @@ class LocalBroker:
                     port=self.port,
                     controller_port=self.controller_port,
                     admin_password=admin_password,
+                    tls=ensure_broker_keystore(self.data_dir, self.secrets_dir, self.host),
                     host=self.host,
                 ),
             )
@@ -861,7 +1068,12 @@ class LocalBroker:
         if bootstrap:
             host, _, port = bootstrap.rpartition(":")
             probe = LocalBroker(
-                self.data_dir, port=int(port), host=host, secure=self.secure, node_id=self.node_id
+                self.data_dir,
+                port=int(port),
+                host=host,
+                secure=self.secure,
+                node_id=self.node_id,
+                secrets_dir=self.secrets_dir,
             )
             ready = probe._accepts() and probe._metadata_ok()
         return BrokerStatus(True, pid, bootstrap, self.data_dir, ready)
@@ -918,6 +1130,11 @@ class LocalCluster:
 
         cluster.json        the nodes, their ports and the cluster id (fixed at the first start)
         node1/ node2/ ...   each node's LocalBroker data dir (config, pid, logs, storage)
+        admin.json, tls/    secure clusters only: the admin's client config and the CA
+
+    ``secure=True`` makes every node what a secure single broker is (:func:`secure_overrides`:
+    SASL over TLS on the client, inter-broker and controller listeners, ACLs), each with a
+    certificate of its own from the cluster's one CA, all formatted with one admin credential.
 
     Why on one host: the faults only a cluster has (a partition leader, a transaction or group
     coordinator moving to another broker mid-transaction, writes stopping without a quorum of
@@ -938,6 +1155,7 @@ class LocalCluster:
         host: str = HOST,
         startup_timeout_s: float = 180.0,
         ports: Sequence[tuple[int, int]] | None = None,
+        secure: bool = False,
     ) -> None:
         """``ports`` gives every node's ``(port, controller port)`` (tests pick free ones);
         otherwise node 1 takes ``port``/``controller_port`` and the others the next free ones.
@@ -947,6 +1165,8 @@ class LocalCluster:
         self.lib_dir = lib_dir
         self.host = host
         self.startup_timeout_s = startup_timeout_s
+        # once secure, always, as a single broker: the nodes' storage holds the admin credential
+        self.secure = secure or (self.data_dir / "admin.json").is_file()
         recorded = self._read_manifest()
         if recorded is not None:
             self.cluster_id, self.nodes = recorded
@@ -981,12 +1201,14 @@ class LocalCluster:
         data_dir: Path | None = None,
         port: int | None = None,
         controller_port: int | None = None,
+        secure: bool = False,
     ) -> LocalCluster:
         return cls(
             data_dir or settings.data_dir / "kafka",
             nodes=nodes,
             port=port or settings.broker_port,
             controller_port=controller_port or settings.broker_controller_port,
+            secure=secure,
         )
 
     # --- layout -----------------------------------------------------------------------------
@@ -1013,8 +1235,22 @@ class LocalCluster:
                 f"{', '.join(map(str, self.node_ids))}"
             ) from None
 
+    @property
+    def admin_config_path(self) -> Path:
+        """The admin's client config of a secure cluster (every node's, the same file)."""
+        return self._brokers[self.node_ids[0]].admin_config_path
+
+    @property
+    def ca_cert_path(self) -> Path:
+        return self._brokers[self.node_ids[0]].ca_cert_path
+
+    def admin_config(self) -> dict[str, str]:
+        """The admin's librdkafka settings (secure clusters; {} otherwise)."""
+        return self._brokers[self.node_ids[0]].admin_config()
+
     def client_config(self) -> dict[str, str]:
-        return {"bootstrap.servers": self.bootstrap}
+        """A confluent-kafka config that reaches the cluster (as its admin, when secure)."""
+        return {"bootstrap.servers": self.bootstrap, **self.admin_config()}
 
     def _broker(self, n: ClusterNode) -> LocalBroker:
         return LocalBroker(
@@ -1028,6 +1264,8 @@ class LocalCluster:
             node_id=n.node_id,
             voters=[(m.node_id, m.controller_port) for m in self.nodes],
             cluster_id=self.cluster_id,
+            secure=self.secure,
+            secrets_dir=self.data_dir,
         )
 
     def _pick_ports(
@@ -1107,6 +1345,10 @@ class LocalCluster:
             # started from this thread: PR_SET_PDEATHSIG (die_with_parent) fires when the
             # thread that started the JVM ends, not the process.
             idle = [b for b in self._brokers.values() if b.running_pid() is None]
+            if self.secure and idle:
+                # once, before the nodes are formatted at once: one admin password, one CA
+                idle[0]._ensure_admin_credentials()
+                ensure_ca(self.data_dir)
             with concurrent.futures.ThreadPoolExecutor(max(1, len(idle))) as pool:
                 for _ in pool.map(lambda b: b.prepare(), idle):
                     pass

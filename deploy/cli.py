@@ -48,8 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     start.add_argument(
         "--secure",
         action="store_true",
-        help="SASL/SCRAM authentication and ACL authorization (a new data dir; the admin's "
-        "client config is written to admin.json in it); then `jobwheel acls apply`",
+        help="TLS, SASL/SCRAM authentication and ACL authorization on every listener (a new "
+        "data dir: its CA is tls/ca.pem and the admin's client config admin.json in it); "
+        "then `jobwheel acls apply`",
     )
     start.set_defaults(handler=_broker_start)
 
@@ -116,6 +117,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="task modules of the stack's worker (default jobwheel.consumers.demo), found in the "
         "current folder too, e.g. --tasks jobwheel.consumers.demo,my_tasks",
     )
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run a local KRaft cluster of N nodes instead of one broker (as `jobwheel broker "
+        "start --nodes N`; the topics get replication factor min(3, N))",
+    )
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="the local broker (or cluster) with TLS, SASL/SCRAM and ACLs: topics and ACLs are "
+        "made as its admin, and each service runs as its own role (`jobwheel acls apply`; "
+        "credentials in DATA_DIR/kafka-credentials)",
+    )
     up.set_defaults(handler=_up)
 
 
@@ -150,20 +166,17 @@ def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     settings = get_settings()
     nodes = getattr(args, "nodes", None)
     data_dir = args.data_dir or settings.data_dir / "kafka"
+    secure = getattr(args, "secure", False)
     if is_cluster_dir(data_dir) or (nodes or 1) > 1:
-        if getattr(args, "secure", False):
-            raise ConfigError(
-                "--secure is not available for a local cluster yet: start a secure single "
-                "broker (no --nodes), or a plain cluster"
-            )
         if is_cluster_dir(data_dir) and nodes is None:
-            return LocalCluster.load(data_dir)
+            return LocalCluster.load(data_dir, secure=secure)
         return LocalCluster.from_settings(
             settings,
             nodes=nodes or 1,
             data_dir=data_dir,
             port=getattr(args, "port", None),
             controller_port=getattr(args, "controller_port", None),
+            secure=secure,
         )
     if getattr(args, "node", None) is not None:
         raise ConfigError(
@@ -175,14 +188,15 @@ def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         data_dir=args.data_dir,
         port=getattr(args, "port", None),
         controller_port=getattr(args, "controller_port", None),
-        secure=getattr(args, "secure", False),
+        secure=secure,
     )
 
 
 def _print_secure(broker) -> None:  # type: ignore[no-untyped-def]
     if broker.secure:
         print(
-            f"secure: SASL/SCRAM and ACLs; admin client config in {broker.admin_config_path}\n"
+            "secure: SASL/SCRAM over TLS (SASL_SSL) and ACLs; CA certificate "
+            f"{broker.ca_cert_path}; admin client config in {broker.admin_config_path}\n"
             f'  export JOBWHEEL_KAFKA_CONFIG="$(cat {broker.admin_config_path})"   # the admin\n'
             "  jobwheel topics ensure && jobwheel acls apply    # then one role per process"
         )
@@ -233,6 +247,7 @@ def _cluster_start(cluster, args: argparse.Namespace) -> int:  # type: ignore[no
         "`jobwheel broker stop NODE`)",
         flush=True,
     )
+    _print_secure(cluster)
     if stop is None:
         return 0
     try:
@@ -338,6 +353,8 @@ def _up(args: argparse.Namespace) -> int:
         controller_port=args.controller_port,
         bootstrap=args.bootstrap,
         tasks=args.tasks,
+        nodes=args.nodes,
+        secure=args.secure,
     )
     return stack.run(_stop_event(again=stack.ask_again))
 

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobwheel import logs
-from jobwheel.deploy.broker import LocalBroker, tail
+from jobwheel.deploy.broker import LocalBroker, LocalCluster, is_cluster_dir, tail
 from jobwheel.errors import ConfigError
 from jobwheel.kafka.admin import ensure_topics, topics_summary
 from jobwheel.retry import Backoff
@@ -124,6 +124,9 @@ class Service:
     stop_stage: int = 1
     shown: frozenset[str] = frozenset()
     metrics: bool = False
+    #: Its Kafka principal on a secure stack (``jobwheel acls apply``'s role); a service
+    #: without one gets no Kafka credentials there.
+    kafka_role: str | None = None
 
 
 def _worker_grace(settings: Settings) -> float:
@@ -156,6 +159,7 @@ def worker_service(tasks: str) -> Service:
         stop_stage=0,
         shown=frozenset({"worker stopping", "worker stopped"}),
         metrics=True,
+        kafka_role="worker",
     )
 
 
@@ -167,6 +171,7 @@ SERVICES: list[Service] = [
         grace=_scheduler_grace,
         waiting_for=lambda s: "it commits its last transaction and leaves its group",
         metrics=True,
+        kafka_role="scheduler",
     ),
     worker_service(DEMO_TASKS),
     Service(
@@ -175,6 +180,7 @@ SERVICES: list[Service] = [
         banner="status API: {settings.status_api_url} (OpenAPI at {settings.status_api_url}/docs)",
         waiting_for=lambda s: "the status sink writes what it has read",
         metrics=True,
+        kafka_role="api",
     ),
 ]
 
@@ -285,14 +291,40 @@ class Stack:
         tasks: str | None = None,
         services: list[Service] | None = None,
         out: IO[str] | None = None,
+        nodes: int | None = None,
+        secure: bool = False,
     ) -> None:
+        """``nodes`` > 1 runs a local cluster (as does a data dir that holds one); ``secure``
+        runs the broker or cluster with TLS, SASL and ACLs, and each service as its role."""
         self.data_dir = Path(data_dir or settings.data_dir).resolve()
-        self.broker = LocalBroker.from_settings(
-            settings,
-            data_dir=self.data_dir / "kafka",
-            port=port,
-            controller_port=controller_port,
-        )
+        if secure and bootstrap is not None:
+            raise ConfigError(
+                "--secure is for the broker `jobwheel up` starts; with --bootstrap, give the "
+                "stack your cluster's client config in JOBWHEEL_KAFKA_CONFIG instead"
+            )
+        kafka_dir = self.data_dir / "kafka"
+        self.broker: LocalBroker | LocalCluster
+        if nodes is None and is_cluster_dir(kafka_dir):
+            self.broker = LocalCluster.load(kafka_dir, secure=secure)
+        elif (nodes or 1) > 1:
+            self.broker = LocalCluster.from_settings(
+                settings,
+                nodes=nodes or 1,
+                data_dir=kafka_dir,
+                port=port,
+                controller_port=controller_port,
+                secure=secure,
+            )
+        else:
+            self.broker = LocalBroker.from_settings(
+                settings,
+                data_dir=kafka_dir,
+                port=port,
+                controller_port=controller_port,
+                secure=secure,
+            )
+        #: Where ``jobwheel acls apply`` writes each role's client config (secure stacks).
+        self.credentials_dir = self.data_dir / "kafka-credentials"
         #: A broker this stack neither starts nor stops (``jobwheel up --bootstrap``).
         self.external = bootstrap
         self.settings = settings.model_copy(
@@ -336,6 +368,12 @@ class Stack:
         # One format for every service's log file: the stack's own choice (the setting, or
         # text at a terminal), not each child's, whose stderr is a pipe (JSON when left to it).
         env["JOBWHEEL_LOG_FORMAT"] = logs.chosen_format()
+        if self.external is None and self.broker.secure:
+            # each service its own principal, never the admin's config of this process
+            env.pop("JOBWHEEL_KAFKA_CONFIG", None)
+            if service.kafka_role is not None:
+                path = self.credentials_dir / f"{service.kafka_role}.json"
+                env["JOBWHEEL_KAFKA_CONFIG"] = path.read_text()
         env.pop("JOBWHEEL_METRICS_PORT", None)
         port = self.metrics_ports.get(service.name)
         if port is not None:
@@ -398,6 +436,8 @@ class Stack:
                 return 0
             created = ensure_topics(self.settings)
             self._say(f"topics: {topics_summary(self.settings, created)}")
+            if self.external is None and self.broker.secure:
+                self._apply_acls()
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             for service in self.services:
                 if not service.enabled:
@@ -415,9 +455,9 @@ class Stack:
             self._write_stack_file()
             self._banner()
             while not stop.wait(0.5):
-                if self.external is None and self.broker.running_pid() is None:
-                    self._say(f"!! the Kafka broker exited; see {self.broker.log_path}")
-                    log.error("broker exited", extra={"log": str(self.broker.log_path)})
+                if self.external is None and not self._broker_running():
+                    self._say(f"!! the Kafka broker exited; see {self._broker_log()}")
+                    log.error("broker exited", extra={"log": self._broker_log()})
                     return 1
                 self._supervise()
             return 0
@@ -448,17 +488,57 @@ class Stack:
             os.close(self._lock_fd)  # closing the file drops the lock
             self._lock_fd = None
 
+    def _broker_running(self) -> bool:
+        """The single broker runs, or any node of the cluster (a cluster with a node down is
+        what fault tests and rolling restarts make; only a cluster with none left ends it)."""
+        if isinstance(self.broker, LocalCluster):
+            # the pids only: status() would also ask every node for metadata, twice a second
+            return any(self.broker.node(n).running_pid() for n in self.broker.node_ids)
+        return self.broker.running_pid() is not None
+
+    def _broker_log(self) -> str:
+        if isinstance(self.broker, LocalCluster):
+            return f"{self.broker.data_dir}/node*/logs/server.log"
+        return str(self.broker.log_path)
+
     def _start_broker(self) -> None:
         if self.external is not None:
             self._say(f"kafka: using the broker at {self.external} (not started or stopped here)")
             return
-        if self.broker.running_pid() is not None:
-            self.broker.wait_ready()
-            self._say(f"kafka: reusing the broker already running at {self.broker.bootstrap}")
-            return
-        seconds = self.broker.start(die_with_parent=True)
-        self._owns_broker = True
-        self._say(f"kafka: started at {self.broker.bootstrap} in {seconds:.1f}s")
+        what = (
+            f"cluster of {len(self.broker.nodes)} nodes"
+            if isinstance(self.broker, LocalCluster)
+            else "broker"
+        )
+        if self._broker_running():
+            if isinstance(self.broker, LocalCluster):
+                self.broker.start(die_with_parent=True)  # its nodes that are down; waits for all
+            else:
+                self.broker.wait_ready()
+            self._say(f"kafka: reusing the {what} already running at {self.broker.bootstrap}")
+        else:
+            seconds = self.broker.start(die_with_parent=True)
+            self._owns_broker = True
+            self._say(f"kafka: {what} started at {self.broker.bootstrap} in {seconds:.1f}s")
+        if self.broker.secure:
+            # topics and ACLs are made as the admin; the services get their roles' configs
+            admin = {**self.settings.kafka_config, **self.broker.admin_config()}
+            self.settings = self.settings.model_copy(update={"kafka_config": admin})
+            self._say(
+                f"kafka: secure (SASL_SSL and ACLs); CA {self.broker.ca_cert_path}, admin "
+                f"config {self.broker.admin_config_path}"
+            )
+
+    def _apply_acls(self) -> None:
+        from jobwheel.deploy.acls import apply_acls
+
+        roles = sorted({s.kafka_role for s in self.services if s.kafka_role} | {"submitter"})
+        apply_acls(self.settings, roles=roles, credentials_dir=self.credentials_dir)
+        self._say(
+            f"kafka: one principal per role ({', '.join(roles)}); their client configs are in "
+            f"{self.credentials_dir}/<role>.json (submit with JOBWHEEL_KAFKA_CONFIG="
+            f'"$(cat {self.credentials_dir}/submitter.json)")'
+        )
 
     def _banner(self) -> None:
         lines = [
@@ -467,7 +547,7 @@ class Stack:
             f"  data dir:          {self.data_dir}",
         ]
         if self.external is None:
-            lines.append(f"  broker log:        {self.broker.log_path}")
+            lines.append(f"  broker log:        {self._broker_log()}")
         lines.append(f"  service logs:      {self.logs_dir}/<service>.log (everything they say)")
         names = [r.service.name for r in self._running]
         lines.append(f"  services:          {', '.join(names) if names else '(none)'}")

@@ -3,8 +3,11 @@
     python -m load.e2e --rate 1000 --window 10                  # 10,000 jobs due over 10 s
     python -m load.e2e --rate 500 --scan                        # double until it breaks
     python -m load.e2e --schedulers 2 --workers 2 --partitions 8
+    python -m load.e2e --cluster                                # on a local 3-node cluster
 
-Starts its own Kafka broker on free ports (or uses ``--bootstrap``), fresh topics, then the
+Starts its own Kafka broker on free ports (``--cluster N``: a local KRaft cluster of N nodes,
+whose topics ``topics ensure`` makes with replication factor min(3, N) and min ISR 2 from 3
+nodes; or uses ``--bootstrap``), fresh topics, then the
 services as the CLI starts them: ``--schedulers`` x ``jobwheel scheduler``, ``--workers`` x
 ``jobwheel worker --tasks load.tasks`` and one ``jobwheel sink`` (embedded store). Readiness is
 a probe job per partition run end to end (never a log line): every partition has a scheduler
@@ -16,7 +19,8 @@ It reports submitted/s; fired/s and fire lateness (when a ``read_committed`` con
 worker, first sees the run, minus its scheduled time); started/s and start lateness (the task's
 start minus the scheduled time); lost jobs (no start at the end: must be 0); duplicate
 executions (starts beyond the first of a run id); CPU seconds per job of each kind of process
-(scheduler, worker, sink, broker: from /proc, counted until the sink has stored every
+(scheduler, worker, sink, broker: every node of a cluster summed; from /proc, counted until
+the sink has stored every
 status event, and how long after the last start that was) and peak RSS. It writes
 ``result.json`` and, with matplotlib installed (``pip install -e '.[bench]'``),
 ``result.png`` (lateness and throughput over time) to ``--out``. ``--scan`` doubles the rate
@@ -212,6 +216,19 @@ def proc_jit_cpu(pid: int) -> dict[str, float] | None:
     return {tid: cpu for tid, (name, cpu) in threads.items() if "CompilerThre" in name}
 
 
+def brokers_jit_cpu(services: Sequence[Service]) -> dict[str, float] | None:
+    """:func:`proc_jit_cpu` of every broker JVM of the run (each node of a cluster), keyed by
+    pid and thread; None without a broker of ours, or when one is gone."""
+    brokers = [s for s in services if s.role == "broker"]
+    samples: dict[str, float] = {}
+    for broker in brokers:
+        jit = proc_jit_cpu(broker.pid)
+        if jit is None:
+            return None
+        samples.update({f"{broker.pid}/{tid}": cpu for tid, cpu in jit.items()})
+    return samples if brokers else None
+
+
 def jit_cpu_s(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
     """JIT compiler CPU between two :func:`proc_jit_cpu` samples, thread by thread.
 
@@ -353,6 +370,26 @@ class Result:
     #: reader's thread), from the end of the submit to the last start: taken from the same
     #: cores as the pipeline, so it must stay small.
     watch_cpu_s: float | None = None
+    #: brokers, replication factor and min.insync.replicas of the run's requests topic
+    replication: dict[str, int] = field(default_factory=dict)
+
+
+def topics_replication(settings: Settings) -> dict[str, int]:
+    """What the run's topics got from ``topics ensure``: the brokers it saw, the replication
+    factor and min.insync.replicas of the requests topic (all jobwheel topics get the same)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    admin = AdminClient(settings.librdkafka())
+    topic = settings.topics.requests
+    md = admin.list_topics(topic, timeout=30)
+    factor = min(len(p.replicas) for p in md.topics[topic].partitions.values())
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(timeout=30)
+    return {
+        "brokers": len(md.brokers),
+        "replication_factor": factor,
+        "min_insync_replicas": int(configs["min.insync.replicas"].value),
+    }
 
 
 class Progress:
@@ -615,7 +652,7 @@ def wait_for_groups(settings: Settings, config: Config, services: Sequence[Servi
 
 
 def run_once(
-    config: Config, bootstrap: str, out_dir: Path, broker_pid: int | None = None
+    config: Config, bootstrap: str, out_dir: Path, broker_pids: Sequence[int] = ()
 ) -> Result:
     """One load run on fresh topics and fresh processes; see the module doc."""
     from jobwheel.kafka.admin import ensure_topics
@@ -631,6 +668,7 @@ def run_once(
         status_group=f"{prefix}-status",
     )
     ensure_topics(settings)
+    replication = topics_replication(settings)
     run_dir = out_dir / prefix
     starts_dir = run_dir / "starts"
     probe_dir = run_dir / "probe"
@@ -653,14 +691,15 @@ def run_once(
         services.append(spawn("worker", worker_args, env, run_dir / f"worker-{i}.log"))
     env = service_env(settings, run_dir / "sink", config.log_level, config.service_settings)
     services.append(spawn("sink", ["sink"], env, run_dir / "sink.log"))
-    if broker_pid is not None:
-        services.append(Service("broker", broker_pid))
+    services += [Service("broker", pid) for pid in broker_pids]
     # The generator's own clients log warnings only (librdkafka's informational lines about
     # closing clients are noise next to the progress bar).
     quiet = settings.model_copy(update={"kafka_config": {**settings.kafka_config, "log_level": 4}})
     reader = RunsReader(quiet, duplicate=config.sabotage_duplicate)
     try:
-        return _drive(config, quiet, services, reader, starts_dir, probe_dir)
+        result = _drive(config, quiet, services, reader, starts_dir, probe_dir)
+        result.replication = replication
+        return result
     finally:
         reader.close()
         stop_services(services)
@@ -704,8 +743,7 @@ def _drive(
 
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
-    broker = next((s for s in services if s.role == "broker"), None)
-    jit_start = None if broker is None else proc_jit_cpu(broker.pid)
+    jit_start = brokers_jit_cpu(services)
 
     n = config.jobs
     first_due_ms = int((time.time() + config.lead_s) * 1000)
@@ -775,7 +813,7 @@ def _drive(
             cpu[s.role] = used
         rss.setdefault(s.role, []).append(proc_peak_rss_mib(s.pid))
     per_job = {role: None if v is None else v / n for role, v in cpu.items()}
-    jit_end = None if broker is None else proc_jit_cpu(broker.pid)
+    jit_end = brokers_jit_cpu(services)
     broker_jit_s = jit_cpu_s(jit_start, jit_end)
     p99 = counted.start_lateness_ms["p99"]
     passed = not counted.lost and p99 is not None and p99 <= PASS_P99_MS
@@ -817,7 +855,6 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
 
     out.mkdir(parents=True, exist_ok=True)
     n = config.warmup_jobs
-    broker = next((s for s in services if s.role == "broker"), None)
     tail = StartsTail(out)
     warmed: set[str] = set()
 
@@ -826,7 +863,7 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
         return len(warmed) >= total
 
     for round_ in range(config.warmup_rounds):
-        jit_before = None if broker is None else proc_jit_cpu(broker.pid)
+        jit_before = brokers_jit_cpu(services)
         first_due_ms = int((time.time() + 3) * 1000)
         specs = [
             JobSpec(
@@ -853,7 +890,7 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
             "the sink to store the warm-up's events",
             services,
         )
-        jit_after = None if broker is None else proc_jit_cpu(broker.pid)
+        jit_after = brokers_jit_cpu(services)
         jit = jit_cpu_s(jit_before, jit_after)
         print(
             f"warm-up {round_ + 1}: {n:,} jobs at {config.warmup_rate:,.0f}/s (not counted)"
@@ -919,7 +956,13 @@ def report(result: Result) -> str:
     lines = [
         f"e2e: {c['jobs']:,} jobs at {c['rate']:,.0f}/s over {c['window_s']:.0f}s "
         f"(lead {c['lead_s']:.0f}s), {c['schedulers']} scheduler(s), {c['workers']} worker(s), "
-        f"{c['partitions']} partitions",
+        f"{c['partitions']} partitions"
+        + (
+            f"; {r['brokers']} broker(s), replication factor {r['replication_factor']}, "
+            f"min ISR {r['min_insync_replicas']}, acks=all"
+            if (r := result.replication)
+            else ""
+        ),
         f"submitted {result.submitted:,} in {result.submit_s:.2f}s "
         f"({result.submitted_per_s:,.0f}/s)",
         f"fired {t['fired_runs']:,} ({_ms(t['fired_per_s'])}/s); fire lateness ms "
@@ -998,18 +1041,41 @@ def plot(result: Result, path: Path) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def own_broker(bootstrap: str | None, work: Path) -> Iterator[tuple[str, int | None]]:
-    """``(bootstrap, broker pid or None)``: the given broker, or a fresh local one."""
-    if bootstrap:
-        yield bootstrap, None
-        return
-    from jobwheel.deploy.broker import LocalBroker, free_port
+#: Heap of the generator's own broker, and of each node of its cluster (the same per JVM, so
+#: a cluster's figures differ from one broker's by the replication, not by the heap).
+BROKER_HEAP = "1g"
 
-    broker = LocalBroker(work / "kafka", port=free_port(), controller_port=free_port(), heap="1g")
+
+@contextlib.contextmanager
+def own_broker(
+    bootstrap: str | None, work: Path, nodes: int = 1
+) -> Iterator[tuple[str, list[int]]]:
+    """``(bootstrap, broker pids)``: the given broker (no pid: not ours to watch), a fresh
+    local one, or a fresh local cluster of ``nodes`` (every node's pid)."""
+    if bootstrap:
+        yield bootstrap, []
+        return
+    from jobwheel.deploy.broker import LocalBroker, LocalCluster, free_port
+
+    broker: LocalBroker | LocalCluster
+    if nodes > 1:
+        broker = LocalCluster(
+            work / "kafka-cluster",
+            nodes=nodes,
+            ports=[(free_port(), free_port()) for _ in range(nodes)],
+            heap=BROKER_HEAP,
+        )
+    else:
+        broker = LocalBroker(
+            work / "kafka", port=free_port(), controller_port=free_port(), heap=BROKER_HEAP
+        )
     broker.start(die_with_parent=True)
     try:
-        yield broker.bootstrap, broker.running_pid()
+        if isinstance(broker, LocalCluster):
+            pids = [p for b in map(broker.node, broker.node_ids) if (p := b.running_pid())]
+        else:
+            pids = [p] if (p := broker.running_pid()) else []
+        yield broker.bootstrap, pids
     finally:
         gc.collect()  # any client left in a reference cycle is destroyed while the broker is up
         broker.stop()
@@ -1027,6 +1093,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--concurrency", type=int, default=None, help="per worker (setting)")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        nargs="?",
+        const=3,
+        default=1,
+        metavar="N",
+        help="start a local KRaft cluster of N nodes (3 when N is left out) instead of one "
+        "broker: topics with replication factor min(3, N), min ISR 2 from 3 nodes",
+    )
     parser.add_argument("--out", type=Path, help="results directory (default: a temp dir)")
     parser.add_argument("--scan", action="store_true", help="double the rate until it fails")
     parser.add_argument("--max-rate", type=float, default=64_000.0, help="--scan stops here")
@@ -1066,9 +1142,9 @@ def main(argv: list[str] | None = None) -> int:
         service_settings=_service_settings(parser, args.set),
     )
     results: list[Result] = []
-    with own_broker(args.bootstrap, out) as (bootstrap, broker_pid):
+    with own_broker(args.bootstrap, out, args.cluster) as (bootstrap, broker_pids):
         while True:
-            result = run_once(config, bootstrap, out, broker_pid)
+            result = run_once(config, bootstrap, out, broker_pids)
             results.append(result)
             step = len(results)
             name = "result" if not args.scan else f"result-{step}-{int(config.rate)}"
