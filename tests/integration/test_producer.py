@@ -33,7 +33,7 @@ from jobwheel.schemas.models import (
     TriggerJob,
 )
 from jobwheel.schemas.partitioning import partition_for
-from tests.support import consume, read_all
+from tests.support import consume, read_all, scaled, wait_until
 
 # Every client here runs on ManualClock(NOW_MS), and no scheduler reads these commands.
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)  # fixed date: a ManualClock's
@@ -199,6 +199,24 @@ def _limit_message_size(settings: Any, max_bytes: int) -> None:
     )
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
+    # The controller has accepted the limit; the broker applies it a moment later. Until a
+    # record over it is refused, the test's own records could still go through.
+    from confluent_kafka import Producer
+
+    probe = Producer(settings.librdkafka())
+    errors: list[str] = []
+
+    def refused() -> bool:
+        probe.produce(
+            settings.topics.requests,
+            key=b"limit-probe",
+            value=b"x" * (max_bytes + 100),
+            on_delivery=lambda err, _msg: errors.append(err.name() if err else ""),
+        )
+        probe.flush(scaled(30))
+        return bool(errors) and errors[-1] == "MSG_SIZE_TOO_LARGE"
+
+    wait_until(refused, 30, 0.2, f"the broker never applied max.message.bytes={max_bytes}")
 
 
 def test_broker_rejection_reaches_the_caller(settings: Any) -> None:
