@@ -569,7 +569,7 @@ class PoolCore:
         elif not left_group:
             then = "its partitions move to other workers when its session times out"
         else:
-            then = "only progress events (STARTED, HEARTBEAT) are lost"
+            then = "only progress events (STARTED, HEARTBEAT) and announcements are lost"
         log.log(
             logging.ERROR if self.left_undone else logging.WARNING,
             "could not hand work over to the broker before exiting",
