@@ -144,6 +144,12 @@ def test_get_workers_lists_live_workers_and_drops_one_that_exited(
     )
     assert both[stays.pid]["live"] and "demo.echo" in both[stays.pid]["tasks"]
     assert both[leaves.pid]["live"] and "test.gate" in both[leaves.pid]["tasks"]
+    # The console's Workers page lists each worker with the tasks it serves.
+    with urllib.request.urlopen(f"{url}/console/cluster", timeout=scaled(30)) as resp:
+        page = resp.read().decode()
+    for pid, task in ((stays.pid, "demo.echo"), (leaves.pid, "test.gate")):
+        row = next((r for r in page.split("<tr") if f":{pid}</code>" in r), "")
+        assert f"<code>{task}</code>" in row, page
 
     assert stop(leaves, signal.SIGTERM, scaled(40)) == 0, log_tail(logs[1])
     # Its tombstone removes it at once; the other, still announcing, stays listed.
