@@ -122,12 +122,14 @@ def _listed(names: Sequence[str], limit: int = 12) -> str:
 
 
 def no_live_worker(topic: str) -> str:
-    """What is said when no worker is live: not an unknown task, since nothing is lost (the
-    runs wait on the runs topic for a worker), and the same for every task (said once)."""
+    """What is said when no worker is live: not an unknown task (the runs wait on the runs
+    topic for a worker, within the scheduler's acks silence), and the same for every task
+    (said once)."""
     return (
         f"no live worker announces itself on {topic} (none started, or none announced "
-        "within its last intervals): the runs wait on the runs topic until a worker starts; "
-        "start one with `jobwheel worker --tasks MODULE`"
+        "within its last intervals): the runs wait on the runs topic for one (a run none "
+        "answers within the scheduler's JOBWHEEL_SCHEDULER_ACKS_SILENCE_MS is tried again, up "
+        "to its attempts); start one with `jobwheel worker --tasks MODULE`"
     )
 
 
