@@ -9,12 +9,14 @@ apply`` creates a SCRAM user per role and grants it exactly this (:func:`role_gr
 =========  ==================================================================================
 role       may
 =========  ==================================================================================
-submitter  write ``requests`` (the SDK, ``jobwheel submit``, services that schedule jobs)
-scheduler  read ``requests`` and ``acks``; write ``runs``, ``status``, ``dead-letter``; read and
-           write its own topics (``<app id>-*``: the job store's changelog); consumer group
-           ``<app id>`` (and its group configs: session timing); transactional ids
-           ``<app id>*``
-worker     read ``runs`` (group ``JOBWHEEL_WORKER_GROUP``); write ``acks``
+submitter  write ``requests`` (the SDK, ``jobwheel submit``, services that schedule jobs); read
+           ``workers`` (which tasks the live workers serve, checked before a job is sent)
+scheduler  read ``requests`` and ``acks``; write ``runs``, ``status``, ``dead-letter``; describe
+           ``workers`` (its check of the topics at start); read and write its own topics
+           (``<app id>-*``: the job store's changelog); consumer group ``<app id>`` (and its
+           group configs: session timing); transactional ids ``<app id>*``
+worker     read ``runs`` (group ``JOBWHEEL_WORKER_GROUP``); write ``acks`` and ``workers`` (its
+           announcement: the tasks it serves)
 sink       read ``status`` and ``acks`` (group ``JOBWHEEL_STATUS_GROUP``)
 api        what submitter and sink may (``jobwheel serve`` runs the embedded sink); for the
            console and dead-letter replay also read ``dead-letter`` and describe the groups
@@ -76,7 +78,7 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
     def topic(name: str, ops: tuple[str, ...]) -> Grant:
         return Grant("TOPIC", name, ops)
 
-    submitter = [topic(t.requests, WRITE)]
+    submitter = [topic(t.requests, WRITE), topic(t.workers, READ)]
     sink = [
         topic(t.status, READ),
         topic(t.acks, READ),
@@ -90,6 +92,9 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
             topic(t.runs, WRITE),
             topic(t.status, WRITE),
             topic(t.dead_letter, WRITE),
+            # Only to see that it exists: a scheduler checks every topic at start (and would
+            # try to create one it cannot see), and never reads or writes this one.
+            topic(t.workers, ("DESCRIBE",)),
             Grant("TOPIC", f"{app}-", ("READ", "WRITE", "DESCRIBE"), prefixed=True),
             Grant("GROUP", app, (*READ, "ALTER_CONFIGS", "DESCRIBE_CONFIGS")),
             Grant("TRANSACTIONAL_ID", app, WRITE, prefixed=True),
@@ -97,6 +102,7 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
         "worker": [
             topic(t.runs, READ),
             topic(t.acks, WRITE),
+            topic(t.workers, WRITE),
             Grant("GROUP", settings.worker_group, READ),
         ],
         "sink": sink,

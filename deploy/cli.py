@@ -303,8 +303,8 @@ def _topics_ensure(args: argparse.Namespace) -> int:
     for name in created:
         print(f"created {name}")
     print(
-        f"{topics_summary(settings, created)}; {settings.partitions} partitions each, bootstrap "
-        f"{settings.bootstrap_servers}"
+        f"{topics_summary(settings, created)}; {settings.partitions} partitions each (the "
+        f"workers roster {settings.topics.workers}: one), bootstrap {settings.bootstrap_servers}"
     )
     return 0
 

@@ -64,6 +64,14 @@ class ValidationError(JobwheelError, ValueError):
         self.message = message
 
 
+class UnservedTaskError(ValidationError):
+    """Refused before sending: no live worker serves the job's task (or none is live, or the
+    workers cannot be read), and the caller asked for a worker to be there."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("task", message)
+
+
 class SchemaDecodeError(JobwheelError):
     """Bytes that are not a message of any known schema version. Keeps the raw bytes."""
 
@@ -143,7 +151,9 @@ class WaitTimeoutError(JobwheelError, TimeoutError):
 
 
 class UnknownTaskWarning(UserWarning):
-    """A job was scheduled for a task name the client was told no worker registers
-    (``JobClient(known_tasks=...)``): its runs will end DEAD. A warning, not an error, because
-    the client's list may simply be older than the workers'. ``-W error::...UnknownTaskWarning``
-    (or ``warnings.simplefilter("error", UnknownTaskWarning)``) makes it one."""
+    """A job was scheduled for a task no live worker serves (by the workers' announcements on
+    the workers topic, or ``JobClient(known_tasks=...)``): its runs will end DEAD, or wait for
+    a worker when none is live. A warning, not an error, by default: a worker may be about to
+    start. ``JobClient(task_check="refuse")`` (``submit --require-worker``, the API's
+    ``?require_worker=true``) refuses instead (:class:`UnservedTaskError`);
+    ``warnings.simplefilter("error", UnknownTaskWarning)`` also makes it one."""

@@ -162,6 +162,10 @@ class Settings(BaseSettings):
     # How often finished work's offsets are committed: a SIGKILLed worker's runs finished since
     # the last commit are delivered (and executed) again by the next owner of the partition.
     worker_commit_interval_ms: int = 100
+    # Each worker announces the tasks it serves on the workers topic this often (and at start
+    # and exit); readers (submit's task check, GET /workers) take a worker whose last record is
+    # older than 3 of its own intervals for gone (jobwheel.schemas.workers).
+    worker_announce_interval_ms: int = Field(default=5_000, ge=100)
 
     # Status (consumers/status)
     clickhouse_url: str | None = None

@@ -36,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         else:
             how["metavar"] = meta["metavar"]
         p.add_argument(cli_name(option), **how)
+    p.add_argument(
+        "--require-worker",
+        action="store_true",
+        help="refuse (exit 2, nothing sent) when no live worker serves the task; without it "
+        "that is a warning on stderr and the job is sent",
+    )
     p.set_defaults(handler=submit)
     one_line_errors(p, "submit")
 
@@ -74,6 +80,10 @@ def spec_from_args(args: argparse.Namespace, max_args_bytes: int | None = None) 
 
 
 def submit(args: argparse.Namespace) -> int:
+    """Send the job; a task no live worker serves (by the workers topic) is a warning line on
+    stderr, or with ``--require-worker`` a refusal before anything is sent."""
+    import sys
+
     from jobwheel.clock import SystemClock
     from jobwheel.producers.client import JobClient
     from jobwheel.producers.spec import build_schedule
@@ -86,10 +96,15 @@ def submit(args: argparse.Namespace) -> int:
         now_ms=SystemClock().now_ms(),
         max_args_bytes=settings.max_args_bytes,
     )
-    with JobClient(settings) as client:
+    check = "refuse" if args.require_worker else "warn"
+    with JobClient(settings, task_check=check) as client:
         client.check_broker()  # a broker that is down is one line now, not in 30 s
         # Issued when sent: `--now` and `--in` count from here, not from before the connection
         # was made (which would make a --now run look a connection set-up late).
-        client.send(dataclasses.replace(command, issued_at_ms=SystemClock().now_ms()))
+        problems = client.send_checked(
+            dataclasses.replace(command, issued_at_ms=SystemClock().now_ms())
+        )
+    for problem in problems:
+        print(f"jobwheel submit: warning: {problem}", file=sys.stderr)
     print(command.job_id)
     return 0

@@ -44,6 +44,7 @@ from jobwheel.errors import (
 )
 from jobwheel.kafka.producer import Delivered, Producer, producer_config
 from jobwheel.producers.spec import JobSpec, build_schedule, spec_from_mapping
+from jobwheel.producers.workers import TaskCheck, TaskCheckMode
 from jobwheel.reach import require_reachable
 from jobwheel.schemas import validation as rules
 from jobwheel.schemas.codec import Codec, default_codec
@@ -52,6 +53,7 @@ from jobwheel.schemas.models import (
     JobCommand,
     PauseJob,
     ResumeJob,
+    ScheduleJob,
     TriggerJob,
 )
 from jobwheel.schemas.partitioning import key_for
@@ -92,12 +94,15 @@ class _Commands:
         producer: Producer | None,
         producer_overrides: Mapping[str, Any] | None,
         known_tasks: Collection[str] | None = None,
+        task_check: TaskCheckMode = "warn",
     ) -> None:
         self.settings = settings
         self.topic = settings.topics.requests
         self.clock = clock or SystemClock()
         self.codec = codec or default_codec(settings.schema_registry_url)
         self.known_tasks = None if known_tasks is None else frozenset(known_tasks)
+        # Told the tasks (known_tasks): that list is the check, not the workers topic.
+        self.tasks = TaskCheck(settings, "off" if known_tasks is not None else task_check)
         self._producer = producer
         self._producer_overrides = dict(producer_overrides or {})
         self._producer_lock = threading.Lock()
@@ -155,6 +160,18 @@ class _Commands:
             )
         return command
 
+    def check_tasks(
+        self, commands: list[JobCommand], *, warn: bool = True, refuse: bool = False
+    ) -> list[str]:
+        """The task check of the ScheduleJobs among ``commands`` (see :class:`TaskCheck`);
+        ``refuse`` refuses whatever the client's mode."""
+        tasks = [c.body.task for c in commands if isinstance(c.body, ScheduleJob)]
+        mode: TaskCheckMode = "refuse" if refuse else self.tasks.mode
+        if not tasks or mode == "off":
+            return []
+        self.reach()  # a broker that is not there is said as such, not as "cannot tell"
+        return self.tasks.check(tasks, _caller_level() if warn else None, mode)
+
     def build_control(self, kind: str, job_id: str, reason: str | None, now_ms: int) -> JobCommand:
         body = _CONTROL[kind](rules.optional_text(reason, "reason", rules.MAX_REASON_CHARS))
         return JobCommand(uuid.uuid4().hex, rules.job_id(job_id), now_ms, body)
@@ -207,6 +224,7 @@ class _Client:
         producer_overrides: Mapping[str, Any] | None = None,
         delivery_timeout_s: float = 60.0,
         known_tasks: Collection[str] | None = None,
+        task_check: TaskCheckMode = "warn",
     ) -> None:
         self._c = _Commands(
             settings,
@@ -215,6 +233,7 @@ class _Client:
             producer=producer,
             producer_overrides=producer_overrides,
             known_tasks=known_tasks,
+            task_check=task_check,
         )
         self.delivery_timeout_s = delivery_timeout_s
         self._setup()
@@ -232,10 +251,14 @@ class JobClient(_Client):
 
     Safe to share between threads. Use as a context manager or call :meth:`close`.
 
-    Nothing in Kafka says which tasks the workers run, so the client cannot know a task name is
-    wrong, unless it is told: with ``known_tasks`` (e.g. ``default_registry.names()`` after
-    importing the workers' task modules) scheduling any other name warns
-    (:class:`jobwheel.errors.UnknownTaskWarning`); the job is still sent.
+    Workers announce the tasks they serve on the workers topic (:mod:`jobwheel.producers.
+    workers`). Scheduling a task that not every live worker serves (a typo, a worker started
+    with other ``--tasks``), or any task while no worker is live, warns
+    (:class:`jobwheel.errors.UnknownTaskWarning`, naming the tasks the live workers serve and
+    the closest one) and sends the job; ``task_check="refuse"`` raises
+    :class:`jobwheel.errors.UnservedTaskError` instead and sends nothing; ``"off"`` does not
+    look. With ``known_tasks`` (e.g. ``default_registry.names()``) that list is checked
+    instead of the topic (a warning).
     """
 
     def _setup(self) -> None:
@@ -259,6 +282,7 @@ class JobClient(_Client):
         """Validate all, produce all, wait once. Nothing is sent if any spec is invalid."""
         now_ms = self._c.clock.now_ms()
         commands = [self._c.build_schedule(_spec(s), now_ms) for s in specs]
+        self._c.check_tasks(commands)
         self._send(commands)
         with self._scheduled_lock:
             for c in commands:
@@ -308,9 +332,24 @@ class JobClient(_Client):
         )
 
     def send(self, command: JobCommand) -> str:
-        """Send a command built elsewhere (e.g. received over HTTP), after validating it."""
-        self._send([self._c.check(command, self._c.clock.now_ms())])
+        """Send a command built elsewhere (e.g. received over HTTP), after validating it and
+        checking its task like :meth:`schedule` does."""
+        self._send_checked(command)
         return command.job_id
+
+    def send_checked(self, command: JobCommand, *, require_worker: bool = False) -> list[str]:
+        """:meth:`send`, returning the task check's problems instead of warning them (the API
+        answers with them, ``submit`` prints them); ``require_worker`` refuses them
+        (:class:`UnservedTaskError`, nothing sent) whatever the client's ``task_check``."""
+        return self._send_checked(command, warn=False, refuse=require_worker)
+
+    def _send_checked(
+        self, command: JobCommand, *, warn: bool = True, refuse: bool = False
+    ) -> list[str]:
+        checked = self._c.check(command, self._c.clock.now_ms())
+        problems = self._c.check_tasks([checked], warn=warn, refuse=refuse)
+        self._send([checked])
+        return problems
 
     def send_raw(
         self, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None
@@ -459,11 +498,16 @@ class AsyncJobClient(_Client):
     async def schedule_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[str]:
         now_ms = self._c.clock.now_ms()
         commands = [self._c.build_schedule(_spec(s), now_ms) for s in specs]
+        # The roster is read from Kafka: off the event loop. Warnings raised in that thread
+        # still reach the process's filters.
+        await asyncio.to_thread(self._c.check_tasks, commands)
         await self._send(commands)
         return [c.job_id for c in commands]
 
     async def send(self, command: JobCommand) -> str:
-        await self._send([self._c.check(command, self._c.clock.now_ms())])
+        checked = self._c.check(command, self._c.clock.now_ms())
+        await asyncio.to_thread(self._c.check_tasks, [checked])
+        await self._send([checked])
         return command.job_id
 
     async def cancel(self, job_id: str, reason: str | None = None) -> str:

@@ -169,6 +169,12 @@ class Topics:
         """Undecodable or invalid commands, and runs that exhausted their attempts."""
         return f"{self.prefix}.dead-letter"
 
+    @property
+    def workers(self) -> str:
+        """Each live worker's announcement (the tasks it serves), keyed by worker id; compacted
+        (see :mod:`jobwheel.schemas.workers`). Not co-partitioned: one partition, read whole."""
+        return f"{self.prefix}.workers"
+
     def changelog(self, app_id: str) -> str:
         """The changelog of the job state store of the scheduler group ``app_id``."""
         return f"{app_id}-{JOBS_STORE}-changelog"
@@ -205,5 +211,19 @@ class Topics:
             spec(self.status, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
             spec(
                 self.dead_letter, **{"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}
+            ),
+            # Compacted: a reader from the beginning gets each worker's latest record. Also
+            # deleted after a day: a worker killed without its tombstone (SIGKILL) leaves a
+            # record that compaction alone would keep for ever; a live one rewrites its record
+            # every few seconds, so its latest is always in a recent segment.
+            TopicSpec(
+                self.workers,
+                1,
+                self.replication_factor,
+                {
+                    "cleanup.policy": "compact,delete",
+                    "retention.ms": str(DAY_MS),
+                    "segment.ms": str(3600 * 1000),
+                },
             ),
         ]

@@ -125,6 +125,30 @@ class Accepted(BaseModel):
     run_id: str | None = Field(
         None, description="trigger: the id of the run it asks for (its answer is that run)"
     )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="schedule: what is wrong with the job's task for the live workers (none "
+        "serves it, some lack it, none is live); the job was sent anyway",
+    )
+
+
+class WorkerView(BaseModel):
+    worker_id: str = Field(description="host:pid unless set")
+    group: str
+    tasks: list[str]
+    host: str
+    pid: int
+    started_ms: int
+    announced_ms: int = Field(description="its latest announcement")
+    interval_ms: int = Field(description="how often it announces itself")
+    live: bool = Field(description="announced within its last 3 intervals")
+
+
+class WorkerList(BaseModel):
+    topic: str
+    read_at_ms: int
+    workers: list[WorkerView]
+    tasks: list[str] = Field(description="every task some live worker serves")
 
 
 class JobView(BaseModel):
@@ -373,8 +397,19 @@ def create_app(
     # --- commands ------------------------------------------------------------------------
 
     @app.post("/jobs", status_code=202, response_model=Accepted, tags=["commands"])
-    def schedule_job(req: ScheduleRequest) -> Accepted:
-        """Schedule (or replace) a job. 202: the command is durable on the requests topic."""
+    def schedule_job(
+        req: ScheduleRequest,
+        require_worker: Annotated[
+            bool,
+            Query(
+                description="refuse (422, nothing sent) when no live worker serves the task, "
+                "instead of answering with a warning"
+            ),
+        ] = False,
+    ) -> Accepted:
+        """Schedule (or replace) a job. 202: the command is durable on the requests topic.
+        A task that not every live worker serves (by their announcements on the workers
+        topic) is named in ``warnings``; with ``require_worker=true`` it is refused."""
         from jobwheel.producers.spec import build_schedule
 
         # validated completely before a producer exists: a bad request sends nothing
@@ -383,8 +418,37 @@ def create_app(
             now_ms=queries.now_ms(),
             max_args_bytes=settings.max_args_bytes,
         )
-        clients.get().send(command)
-        return Accepted(job_id=command.job_id, command="schedule", command_id=command.command_id)
+        problems = clients.get().send_checked(command, require_worker=require_worker)
+        return Accepted(
+            job_id=command.job_id,
+            command="schedule",
+            command_id=command.command_id,
+            warnings=problems,
+        )
+
+    @app.get("/workers", response_model=WorkerList, tags=["status"])
+    def list_workers() -> Any:
+        """The workers as they announce themselves on the workers topic (its latest record
+        per worker: a worker that exited cleanly is gone, one killed stays, not live, until
+        the topic's retention drops it), and the tasks the live ones serve."""
+        from jobwheel.producers.workers import read_workers
+
+        found = read_workers(settings)
+        if found is None:
+            raise BrokerError(
+                f"the topic {settings.topics.workers} does not exist: run `jobwheel topics "
+                "ensure` (workers announce themselves there from this version on)",
+                code="UNKNOWN_TOPIC_OR_PART",
+            )
+        live = found.live
+        return {
+            "topic": found.topic,
+            "read_at_ms": found.read_at_ms,
+            "workers": [
+                {**w.as_dict(), "live": w.is_live(found.read_at_ms)} for w in found.workers
+            ],
+            "tasks": sorted({t for w in live for t in w.tasks}),
+        }
 
     def control(kind: str) -> Callable[..., Accepted]:
         def handler(
@@ -827,6 +891,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def broker_down(request: Request, exc: BrokerError) -> JSONResponse:
         log.error("broker error", extra={"path": request.url.path, "error": str(exc)})
         return JSONResponse(
-            {"detail": f"command not accepted, Kafka did not confirm it: {exc}", "code": exc.code},
+            {
+                "detail": f"Kafka could not be read: {exc}"
+                if request.method == "GET"  # GET /workers, /dead-letters read topics
+                else f"command not accepted, Kafka did not confirm it: {exc}",
+                "code": exc.code,
+            },
             status_code=503,
         )

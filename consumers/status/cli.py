@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -377,7 +378,36 @@ def _print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True))
 
 
-def job_line(job: dict[str, Any]) -> str:
+class _SaidOnce:
+    """The texts one ``status`` printed so far: a later error or reason that repeats one (whole,
+    or inside itself) shows :data:`AS_ABOVE` in its place. A dead run's reason embeds the
+    worker's reason and error, and the job's reason the run's, so one unknown task printed its
+    message (with the worker's list of tasks) six times."""
+
+    #: Shorter texts are said again: a reference would be longer than they are.
+    MIN_CHARS = 40
+
+    def __init__(self) -> None:
+        self._said: list[str] = []
+
+    def __call__(self, text: str) -> str:
+        out = text
+        for said in sorted(self._said, key=len, reverse=True):
+            out = out.replace(said, AS_ABOVE)
+        if len(text) >= self.MIN_CHARS and text not in self._said:
+            self._said.append(text)
+        return out
+
+
+#: What stands for a text ``status`` printed above.
+AS_ABOVE = "[as above]"
+
+
+def _plain(text: str) -> str:
+    return text
+
+
+def job_line(job: dict[str, Any], once: Callable[[str], str] = _plain) -> str:
     parts = [
         f"job {job['job_id']}",
         job["state"].upper(),
@@ -387,13 +417,13 @@ def job_line(job: dict[str, Any]) -> str:
         f"updated={_time(job.get('updated_ms'))}",
     ]
     if job.get("last_error"):
-        parts.append(f"last_error={job['last_error']!r}")
+        parts.append(f"last_error={once(job['last_error'])!r}")
     if job.get("last_reason"):
-        parts.append(f"reason={job['last_reason']!r}")
+        parts.append(f"reason={once(job['last_reason'])!r}")
     return "  ".join(parts)
 
 
-def run_line(run: dict[str, Any]) -> str:
+def run_line(run: dict[str, Any], once: Callable[[str], str] = _plain) -> str:
     parts = [
         f"run {run['run_id']}",
         run["state"].upper(),
@@ -408,7 +438,7 @@ def run_line(run: dict[str, Any]) -> str:
     if run.get("result_json") is not None:
         parts.append(f"result={_cut(json.dumps(run.get('result'), ensure_ascii=False))}")
     if run.get("error"):
-        parts.append(f"error={run['error']!r}")
+        parts.append(f"error={once(run['error'])!r}")
     return "  ".join(parts)
 
 
@@ -423,26 +453,33 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(payload)
         return 0
-    print(job_line(payload["job"]))
-    for run in payload["runs"]:
-        print(run_line(run))
-    if payload.get("events"):
-        print("events:")
-        for event in payload["events"]:
-            print("  " + event_line(event))
+    for line in status_lines(payload):
+        print(line)
     return 0
 
 
-def event_line(event: dict[str, Any]) -> str:
+def status_lines(payload: dict[str, Any]) -> list[str]:
+    """``jobwheel status``'s text of ``GET /jobs/{id}``: the job, its runs, its events; each
+    long error or reason in full once, then referred to (:class:`_SaidOnce`)."""
+    once = _SaidOnce()
+    lines = [job_line(payload["job"], once)]
+    lines += [run_line(run, once) for run in payload["runs"]]
+    if payload.get("events"):
+        lines.append("events:")
+        lines += ["  " + event_line(event, once) for event in payload["events"]]
+    return lines
+
+
+def event_line(event: dict[str, Any], once: Callable[[str], str] = _plain) -> str:
     parts = [_time(event["event_time_ms"]), f"{event['state'].upper():10}"]
     if event.get("run_id"):
         parts.append(f"run={event['run_id']} attempt={event['attempt']}")
     if event.get("worker"):
         parts.append(f"worker={event['worker']}")
     if event.get("reason"):
-        parts.append(f"reason={event['reason']!r}")
+        parts.append(f"reason={once(event['reason'])!r}")
     if event.get("error"):
-        parts.append(f"error={event['error']!r}")
+        parts.append(f"error={once(event['error'])!r}")
     return "  ".join(parts)
 
 

@@ -193,7 +193,7 @@ class StatusProducer:
         self,
         topic: str,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         headers: list[tuple[str, bytes]] | None,
         on_delivery: DeliveryReport,
     ) -> bool:

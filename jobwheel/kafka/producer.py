@@ -88,7 +88,7 @@ class Producer:
     def produce(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         on_delivery: DeliveryCallback,
         *,
@@ -133,7 +133,7 @@ class Producer:
     def try_produce(
         self,
         topic: str,
-        value: bytes,
+        value: bytes | None,
         key: bytes | None,
         on_delivery: DeliveryCallback,
         *,

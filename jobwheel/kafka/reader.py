@@ -45,25 +45,40 @@ class TopicReader:
         except KafkaException as exc:
             raise broker_error(exc, f"could not create the {purpose} reader") from exc
 
-    def partitions(self, topic: str, timeout_s: float) -> list[int] | None:
-        """The topic's partitions, or None when the broker does not have it."""
+    def partitions(self, topic: str, timeout_s: float, *, strict: bool = False) -> list[int] | None:
+        """The topic's partitions, or None when the broker does not have it. ``strict``: an
+        error other than "no such topic" (not authorized to read it ...) raises
+        :class:`BrokerError` instead of reading as a missing topic."""
         try:
             meta = self._consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         except KafkaException as exc:
             raise BrokerError(f"cannot read the topic {topic}: {exc}") from exc
+        if (
+            strict
+            and meta is not None
+            and meta.error is not None
+            and meta.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+        ):
+            raise BrokerError(
+                f"cannot read the topic {topic}: {meta.error.str()}", code=meta.error.name()
+            )
         if meta is None or meta.error is not None or not meta.partitions:
             return None
         return sorted(meta.partitions)
 
     def end_offset(self, topic: str, partition: int, timeout_s: float = 10.0) -> int:
         """The offset the next record of the partition will get."""
+        return self.watermarks(topic, partition, timeout_s)[1]
+
+    def watermarks(self, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
+        """The partition's first retained offset and the offset its next record will get."""
         try:
-            _low, high = self._consumer.get_watermark_offsets(
+            low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=timeout_s
             )
         except KafkaException as exc:
             raise BrokerError(f"cannot read the end of {topic}/{partition}: {exc}") from exc
-        return int(high)
+        return int(low), int(high)
 
     def offsets_at(
         self, topic: str, partitions: list[int], ms: int, timeout_s: float
@@ -110,3 +125,64 @@ class TopicReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def read_table(
+    settings: Settings, topic: str, package: str, purpose: str, timeout_s: float
+) -> dict[bytes, bytes] | None:
+    """A compacted topic as a table: each key's latest value, read from the beginning to the
+    end offsets taken first (a tombstone removes its key; records without a key are skipped).
+    None when the broker does not have the topic. Raises :class:`BrokerError` when the end is
+    not reached within ``timeout_s``: a table read part-way would look like rows missing."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    reader = TopicReader(settings, package, purpose)
+    try:
+        parts = reader.partitions(topic, timeout_s, strict=True)
+        if parts is None:
+            return None
+        marks = {p: _watermarks(reader, topic, p, deadline) for p in parts}
+        ends = {p: end for p, (_low, end) in marks.items()}
+        # The offset to reach per partition; an empty one is there already. Offsets of a
+        # compacted partition have gaps, so "reached" is a record at or past end - 1.
+        waiting = {p for p, (low, end) in marks.items() if end > low}
+        reader.assign({(topic, p): BEGINNING for p in waiting})
+        table: dict[bytes, bytes] = {}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BrokerError(
+                    f"reading {topic} to its end took over {timeout_s:g}s (partitions "
+                    f"{sorted(waiting)} not read to offsets {[ends[p] for p in sorted(waiting)]})"
+                )
+            got = reader.poll(min(0.2, left))
+            if not isinstance(got, Record):
+                continue
+            if got.key is not None:
+                if got.value is None:
+                    table.pop(got.key, None)
+                else:
+                    table[got.key] = got.value
+            if got.offset >= ends.get(got.partition, 0) - 1:
+                waiting.discard(got.partition)
+        return table
+    finally:
+        reader.close()
+
+
+def _watermarks(
+    reader: TopicReader, topic: str, partition: int, deadline: float
+) -> tuple[int, int]:
+    """:meth:`TopicReader.watermarks`, asked again through a broker's transient answers (a
+    topic created a moment ago has no leader in every broker's metadata yet) until
+    ``deadline`` (monotonic)."""
+    import time
+
+    while True:
+        try:
+            return reader.watermarks(topic, partition, max(0.1, deadline - time.monotonic()))
+        except BrokerError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)

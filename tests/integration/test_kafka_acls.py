@@ -146,14 +146,15 @@ def test_a_submitter_writes_requests_only(secure: dict[str, Any]) -> None:
     submitter = _role(secure, "submitter")
     t = submitter.topics
     assert _produce(submitter, t.requests) is None
-    for topic in (t.runs, t.acks, t.status, t.dead_letter):
+    for topic in (t.runs, t.acks, t.status, t.dead_letter, t.workers):
         assert _produce(submitter, topic) == "TOPIC_AUTHORIZATION_FAILED", topic
 
 
-def test_a_worker_writes_acks_only(secure: dict[str, Any]) -> None:
+def test_a_worker_writes_acks_and_its_announcement_only(secure: dict[str, Any]) -> None:
     worker = _role(secure, "worker")
     t = worker.topics
     assert _produce(worker, t.acks) is None
+    assert _produce(worker, t.workers) is None
     for topic in (t.requests, t.runs, t.status):
         assert _produce(worker, topic) == "TOPIC_AUTHORIZATION_FAILED", topic
 
@@ -243,6 +244,9 @@ def test_jobwheel_processes_take_their_role_from_kafka_config(
     env = secure["base"] | {"JOBWHEEL_KAFKA_CONFIG": (secure["creds"] / "api.json").read_text()}
     submitted = _jobwheel(env, "submit", "--task", "demo.echo", "--in", "5s")
     assert submitted.returncode == 0, submitted.stderr
+    # It read the workers roster (the api role may): no worker is live here, and it says so,
+    # rather than that it cannot tell.
+    assert "no live worker announces itself" in submitted.stderr, submitted.stderr
     as_worker = secure["base"] | {
         "JOBWHEEL_KAFKA_CONFIG": (secure["creds"] / "worker.json").read_text()
     }

@@ -41,7 +41,7 @@ def _writes(role: str) -> set[str]:
 
 def test_each_role_writes_only_its_topics() -> None:
     assert _writes("submitter") == {"jw.requests"}
-    assert _writes("worker") == {"jw.acks"}
+    assert _writes("worker") == {"jw.acks", "jw.workers"}
     assert _writes("sink") == set()
     assert _writes("api") == {"jw.requests"}
     assert _writes("scheduler") == {
@@ -50,6 +50,16 @@ def test_each_role_writes_only_its_topics() -> None:
         "jw.dead-letter",
         "jw-sched-*",
     }
+
+
+def test_the_workers_roster_is_written_by_workers_and_read_by_who_submits() -> None:
+    """Workers announce their tasks there; submit, the SDK and the API read it to warn about
+    a task no live worker serves."""
+    for role in ("submitter", "api"):
+        assert _rights(role)[("TOPIC", "jw.workers")] == {"READ", "DESCRIBE"}
+    assert _rights("worker")[("TOPIC", "jw.workers")] == {"WRITE", "DESCRIBE"}
+    # the scheduler only sees that it exists (its check of every topic at start)
+    assert _rights("scheduler")[("TOPIC", "jw.workers")] == {"DESCRIBE"}
 
 
 def test_no_role_administers_the_cluster() -> None:

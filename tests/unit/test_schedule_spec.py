@@ -28,7 +28,8 @@ def submit_parser() -> argparse.ArgumentParser:
 def test_the_cli_and_the_api_take_exactly_the_options_of_the_spec() -> None:
     parser = submit_parser()
     submit = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    dests = {a.dest for a in submit.choices["submit"]._actions} - {"help"}
+    # and how to treat a task no live worker serves: not the job's, the sender's choice
+    dests = {a.dest for a in submit.choices["submit"]._actions} - {"help", "require_worker"}
     assert dests == SCHEDULE_KEYS
     assert set(ScheduleRequest.model_fields) == SCHEDULE_KEYS
 

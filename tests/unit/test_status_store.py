@@ -84,12 +84,12 @@ def test_stale_migration_lock_is_broken(store: StatusStore) -> None:
     store.client.command(
         f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory COMMENT 'dead-host:1 1000'"
     )
-    # a starter died in the middle of the newest migration (it rebuilds the runs view)
+    # a starter died in the middle of the newest migration (it rebuilds job_state_mv)
     newest = load_migrations()[-1].version
-    store.client.command("DROP VIEW runs")
+    store.client.command("DROP TABLE job_state_mv")
     store.client.command(f"ALTER TABLE schema_migrations DELETE WHERE version = {newest}")
     assert store.migrate(lock_stale_s=60) == [newest]
-    assert store.query("EXISTS TABLE runs")[2] == [(1,)]
+    assert store.query("EXISTS TABLE job_state_mv")[2] == [(1,)]
 
 
 def test_a_held_lock_times_out_with_advice(store: StatusStore) -> None:

@@ -27,7 +27,8 @@ def test_min_of_three_and_the_brokers_with_min_isr_two_from_three(
     sized = sized_for_cluster(_specs(), brokers)
     assert {s.replication_factor for s in sized} == {factor}
     assert {s.config["min.insync.replicas"] for s in sized} == {min_isr}
-    assert [s.config["cleanup.policy"] for s in sized] == ["delete"] * 5  # their own kept
+    # their own kept (the workers roster is compacted)
+    assert [s.config["cleanup.policy"] for s in sized] == ["delete"] * 5 + ["compact,delete"]
 
 
 def test_settings_override_both() -> None:

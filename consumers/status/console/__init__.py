@@ -159,9 +159,20 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
     @app.get("/console/cluster", include_in_schema=False)
     def cluster_page(request: Request) -> HTMLResponse:
         from jobwheel.consumers.status import cluster
+        from jobwheel.producers.workers import read_workers
 
         page = page_for(request)
         progress, problem = cluster.scheduler_progress(settings, 5.0)
+        roster, roster_error = None, None
+        try:
+            roster = read_workers(settings)
+            if roster is None:
+                roster_error = (
+                    f"the topic {settings.topics.workers} does not exist: run `jobwheel "
+                    "topics ensure`"
+                )
+        except JobwheelError as exc:
+            roster_error = f"cannot read {settings.topics.workers}: {exc}"
         return html(
             pages.cluster(
                 page,
@@ -174,6 +185,8 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
                     settings, settings.worker_group, settings.topics.runs
                 ),
                 activity=queries.worker_activity(store, page.now_ms - 3_600_000),
+                roster=roster,
+                roster_error=roster_error,
             )
         )
 

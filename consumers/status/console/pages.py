@@ -418,7 +418,12 @@ def cluster(
     progress_error: str | None,
     workers: Any,
     activity: list[dict[str, Any]],
+    roster: Any = None,
+    roster_error: str | None = None,
 ) -> str:
+    """``roster``: the workers topic as read (:class:`jobwheel.producers.workers.Roster`), or
+    ``roster_error`` saying why it could not be."""
+
     def members(group: Any, what: str) -> str:
         if group.error:
             return f'<p class="warn">cannot describe group {escape(group.name)}: {escape(group.error)}</p>'
@@ -480,10 +485,33 @@ def cluster(
         ]
         for a in activity
     ]
+    if roster_error or roster is None:
+        tasks_table = f'<p class="warn">{escape(roster_error or "not read")}</p>'
+    else:
+        tasks_rows = [
+            [
+                f"<code>{escape(w.worker_id)}</code>",
+                escape(w.group),
+                ", ".join(f"<code>{escape(t)}</code>" for t in w.tasks) or "none",
+                f'<span title="{escape(when(w.announced_ms))}">'
+                f"{ago(w.announced_ms, roster.read_at_ms)}</span>",
+                "live"
+                if w.is_live(roster.read_at_ms)
+                else '<span class="warn">gone (no word for 3 intervals)</span>',
+            ]
+            for w in roster.workers
+        ]
+        tasks_table = table(
+            ["worker", "group", "tasks it serves", "last announced", "state"],
+            tasks_rows,
+            empty="no worker has announced itself: is one running?",
+            cls="worker-tasks",
+        )
     body = f"""<h1>Workers &amp; schedulers</h1>
 <section id="schedulers"><h2>Schedulers</h2>{members(schedulers, "requests")}
 <h3>Partitions (progress notes in the group's committed offsets)</h3>{progress_table}</section>
 <section id="workers"><h2>Workers</h2>{members(workers, "runs")}
+<h3>Tasks they serve (their announcements on the workers topic)</h3>{tasks_table}
 <h3>Activity in the last hour (status events)</h3>
 {table(["worker", "last event", "runs started", "succeeded", "failed", "running"], activity_rows, empty="no worker events in the last hour", cls="activity")}</section>"""
     return page.frame("Workers & schedulers", "cluster", body)

@@ -28,6 +28,7 @@ from jobwheel.consumers.worker.registry import TaskRegistry, default_registry
 from jobwheel.consumers.worker.tracking import LatestAttempts, OffsetTracker
 from jobwheel.errors import BrokerError
 from jobwheel.retry import Backoff
+from jobwheel.schemas import workers as roster
 from jobwheel.schemas.models import Run
 from jobwheel.settings import Settings
 
@@ -171,6 +172,13 @@ class PoolCore:
         self._runs_topic = settings.topics.runs
         self._acks_topic = settings.topics.acks
         self._dead_letter_topic = settings.topics.dead_letter
+        self._workers_topic = settings.topics.workers
+        self._announce_s = settings.worker_announce_interval_ms / 1000
+        self._announcer: asyncio.Task[None] | None = None
+        self._announce_failing = False  # said once until a record gets through again
+        self.started_ms = 0
+        #: Task names this worker got runs of and does not serve: each said once.
+        self.unknown_tasks_said: set[str] = set()
         self._rng = rng if rng is not None else random.Random()
         self._started_event_s = max(0, settings.worker_started_event_ms) / 1000
         self._commit_interval_s = max(0, settings.worker_commit_interval_ms) / 1000
@@ -284,6 +292,8 @@ class PoolCore:
         await self._in_consumer_thread(
             self._consumer.subscribe, self._on_assign, self._on_revoke, self._on_lost
         )
+        self.started_ms = self._clock.now_ms()
+        self._announcer = asyncio.create_task(self._announce_loop(), name="jobwheel-announce")
         log.info(
             "worker started",
             extra={
@@ -459,7 +469,10 @@ class PoolCore:
             else:
                 abandoned = True
         remaining = 0
+        if self._announcer is not None:
+            self._announcer.cancel()
         if self._producer is not None:
+            self._withdraw()
             producer = self._producer
             left = max(0.0, self._close_deadline() - time.monotonic())
             remaining = await asyncio.get_running_loop().run_in_executor(None, producer.close, left)
@@ -472,6 +485,59 @@ class PoolCore:
         self._kafka_thread.shutdown(wait=fetched)
         self._task_threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped", extra={"worker": self.worker_id})
+
+    def announcement(self) -> roster.WorkerRecord:
+        """This worker as the workers topic tells it (:mod:`jobwheel.schemas.workers`)."""
+        return roster.WorkerRecord(
+            worker_id=self.worker_id,
+            group=self.settings.worker_group,
+            tasks=tuple(self.registry.names()),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_ms=self.started_ms,
+            announced_ms=self._clock.now_ms(),
+            interval_ms=int(self._announce_s * 1000),
+        )
+
+    async def _announce_loop(self) -> None:
+        """Announce this worker's tasks now and every interval until the shutdown, so submit,
+        the SDK and the API can tell a task no live worker serves (a typo, a worker with other
+        ``--tasks``) before they send it. A failed announcement is not fatal: runs go on; the
+        readers just stop seeing this worker live after three intervals."""
+        while True:
+            self._announce(roster.encode(self.announcement()))
+            await asyncio.sleep(self._announce_s)  # a cadence, not a synchronisation
+
+    def _announce(self, value: bytes | None) -> None:
+        producer = self._producer
+        if producer is None:
+            return
+
+        def delivered(error: Any) -> None:
+            if error is None:
+                self._announce_failing = False
+            elif not self._announce_failing:
+                self._announce_failing = True
+                log.warning(
+                    "could not announce this worker's tasks on the workers topic",
+                    extra={
+                        "topic": self._workers_topic,
+                        "error": str(error),
+                        "detail": "runs go on; submit and the API may warn that no live worker "
+                        "serves its tasks. Run `jobwheel topics ensure` if the topic is "
+                        "missing; with ACLs the worker role needs WRITE on it",
+                    },
+                )
+
+        try:
+            producer.produce(self._workers_topic, self.worker_id.encode(), value, None, delivered)
+        except BrokerError as exc:  # refused before queueing (no such topic known yet ...)
+            delivered(exc)
+
+    def _withdraw(self) -> None:
+        """The tombstone of this worker on the workers topic: a clean exit leaves the roster
+        at once, not three intervals later."""
+        self._announce(None)
 
     def _leave(self, consumer: RunsConsumer, offsets: dict[int, int]) -> bool:
         """The close thread: commit ``offsets`` synchronously, then leave the group. True if
@@ -503,7 +569,7 @@ class PoolCore:
         elif not left_group:
             then = "its partitions move to other workers when its session times out"
         else:
-            then = "only progress events (STARTED, HEARTBEAT) are lost"
+            then = "only progress events (STARTED, HEARTBEAT) and announcements are lost"
         log.log(
             logging.ERROR if self.left_undone else logging.WARNING,
             "could not hand work over to the broker before exiting",

@@ -16,7 +16,8 @@ from jobwheel.consumers.worker.pooling.core import (
     _Execution,
     log,
 )
-from jobwheel.schemas.models import HANDBACK_REASON, State
+from jobwheel.schemas import workers as roster
+from jobwheel.schemas.models import HANDBACK_REASON, Run, State
 
 #: How long past its time limit an async task that swallowed its cancellation (``except
 #: CancelledError: pass`` in a loop) may run before it is reported FAILED as timed out anyway.
@@ -44,12 +45,37 @@ class Execution(PoolCore):
                 continue
             self._start(ex)
 
+    def _say_unknown_task(self, run: Run) -> None:
+        """One warning per task name this worker lacks (not per run: a recurring job of a
+        typo'd name would fill the terminal): its runs end DEAD here without a word otherwise,
+        and the worker's terminal is where whoever started it with other --tasks looks."""
+        if run.task in self.unknown_tasks_said:
+            return
+        self.unknown_tasks_said.add(run.task)
+        names = self.registry.names()
+        guess = roster.did_you_mean(run.task, names)
+        log.warning(
+            "got a run of a task this worker does not serve: its runs fail here without "
+            "retrying (DEAD); said once per task name",
+            extra={
+                "task": run.task,
+                "job_id": run.job_id,
+                "run_id": run.run_id,
+                "tasks": self.registry.describe(),
+                **({"did_you_mean": guess} if guess else {}),
+                "fix": "start every worker of the group with the same --tasks modules, or "
+                "correct the job's task (jobwheel submit --id JOB --task NAME)",
+            },
+        )
+
     def _start(self, ex: _Execution) -> None:
         run = ex.run
         ex.started = time.monotonic()
         ex.started_ms = self._clock.now_ms()
         prepared = self._executor.prepare(run, ex.started)
         if isinstance(prepared, Outcome):  # unknown task, bad arguments: it never starts
+            if run.task not in self.registry:
+                self._say_unknown_task(run)
             ex.started_ms = None
             self._finish(ex, prepared)
             return
