@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,14 @@ from typing import Any
 import pytest
 
 from jobwheel.deploy.broker import LocalBroker
-from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
-from jobwheel.settings import Settings
 from tests.conftest import settings_env
-from tests.integration.scheduler_support import TopicTail, log_events, start_scheduler
+from tests.integration.scheduler_support import (
+    TopicTail,
+    log_events,
+    settings_on,
+    start_scheduler,
+)
 from tests.support import Procs, log_tail, wait_until
 
 
@@ -26,19 +28,9 @@ from tests.support import Procs, log_tail, wait_until
 def test_a_producer_that_cannot_register_is_replaced_and_the_scheduler_starts(
     own_broker: LocalBroker, procs: Procs, tmp_path: Path
 ) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        bootstrap_servers=own_broker.bootstrap,
-        topic_prefix=prefix,
-        partitions=2,
-        data_dir=tmp_path / "data",
-        scheduler_app_id=f"{prefix}-scheduler",
-        worker_group=f"{prefix}-workers",
-        status_group=f"{prefix}-status",
-        scheduler_init_fresh_after_ms=3_000,
+    settings = settings_on(
+        own_broker.bootstrap, tmp_path, partitions=2, scheduler_init_fresh_after_ms=3_000
     )
-    ensure_topics(settings)
     scheduler = start_scheduler(procs, settings_env(settings), tmp_path / "s", wait=False)
     # Frozen once the scheduler has found Kafka and taken its state directory (right before
     # it registers its producer): the first registration on a new broker creates the

@@ -8,21 +8,19 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-import uuid
 from datetime import UTC, datetime
 
 import pytest
 
 from jobwheel.deploy.broker import free_port
-from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
-from jobwheel.settings import Settings
 from tests.conftest import settings_env
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,
     now_ms,
+    settings_on,
     start_scheduler,
     start_worker,
 )
@@ -33,18 +31,7 @@ OUTAGE_S = 60
 
 @pytest.mark.timeout(420)
 def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, figure):
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        bootstrap_servers=own_broker.bootstrap,
-        topic_prefix=prefix,
-        partitions=4,
-        data_dir=tmp_path / "data",
-        scheduler_app_id=f"{prefix}-scheduler",
-        worker_group=f"{prefix}-workers",
-        status_group=f"{prefix}-status",
-    )
-    ensure_topics(settings)
+    settings = settings_on(own_broker.bootstrap, tmp_path)
     env = settings_env(settings)
     start_worker(procs, env, tmp_path / "worker.log")
     metrics = f"http://127.0.0.1:{free_port()}"

@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,14 @@ from typing import Any
 import pytest
 
 from jobwheel.deploy.broker import LocalBroker, free_port
-from jobwheel.kafka.admin import ensure_topics
 from jobwheel.producers.client import JobClient, JobSpec
-from jobwheel.settings import Settings
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
 from tests.conftest import settings_env
 from tests.integration.scheduler_support import (
     SupervisedScheduler,
     TopicTail,
     now_ms,
+    settings_on,
     start_worker,
 )
 from tests.support import Procs, log_tail, scaled, wait_until
@@ -57,20 +55,12 @@ HOLD_S = 8  # the broker frozen this long, then stopped (SIGTERM) and started ag
 def test_broker_restarts_during_commits_never_wedge_the_scheduler(
     own_broker: LocalBroker, procs: Procs, tmp_path: Path, figure: Any
 ) -> None:
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        bootstrap_servers=own_broker.bootstrap,
-        topic_prefix=prefix,
-        partitions=4,
-        data_dir=tmp_path / "data",
-        scheduler_app_id=f"{prefix}-scheduler",
-        worker_group=f"{prefix}-workers",
-        status_group=f"{prefix}-status",
+    settings = settings_on(
+        own_broker.bootstrap,
+        tmp_path,
         # calls time out after 5 s (and are resumed); the deadline is the default, 15 s
         scheduler_transaction_timeout_ms=5_000,
     )
-    ensure_topics(settings)
     env = settings_env(settings)
     start_worker(procs, env, tmp_path / "worker.log")
     supervisor = SupervisedScheduler(procs, env, tmp_path / "s", metrics_port=free_port())
