@@ -46,7 +46,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -631,6 +631,22 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def _child_setup(die_with_parent: bool, cgroup: Path | None) -> Callable[[], None] | None:
+    """What the broker's child does between fork and exec (None: nothing)."""
+    if not die_with_parent and cgroup is None:
+        return None
+    procs = None if cgroup is None else str(cgroup / "cgroup.procs")
+
+    def setup() -> None:  # pragma: no cover - runs in the child between fork and exec
+        if procs is not None:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        if die_with_parent:
+            _die_with_parent()
+
+    return setup
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Linux: SIGTERM this child when the process that started it dies (tests, ``up``)."""
     with contextlib.suppress(Exception):
@@ -808,11 +824,16 @@ class LocalBroker:
             return pid
         return None
 
-    def start(self, *, wait: bool = True, die_with_parent: bool = False) -> float:
+    def start(
+        self, *, wait: bool = True, die_with_parent: bool = False, cgroup: Path | None = None
+    ) -> float:
         """Start the broker detached; with ``wait`` return once it answers metadata.
 
         Returns the seconds it took. ``die_with_parent`` ties the JVM to this process (tests,
         the stack supervisor) so a killed parent does not leave an orphan broker behind.
+        ``cgroup`` (a cgroup v2 directory) starts the JVM inside it, so every socket it opens
+        belongs to it: an ``iptables -m cgroup`` rule can then cut the node off completely,
+        which rules on its ports alone cannot (its own outgoing connections get through).
         """
         began = time.monotonic()
         pid = self.running_pid()
@@ -845,7 +866,7 @@ class LocalBroker:
                 stderr=subprocess.STDOUT,
                 cwd=self.data_dir,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=_child_setup(die_with_parent, cgroup),
             )
         self.pid_path.write_text(f"{self._proc.pid}\n")
         log.info(
@@ -1362,12 +1383,18 @@ class LocalCluster:
         return time.monotonic() - began
 
     def start_node(
-        self, node_id: int, *, wait: bool = True, die_with_parent: bool = False
+        self,
+        node_id: int,
+        *,
+        wait: bool = True,
+        die_with_parent: bool = False,
+        cgroup: Path | None = None,
     ) -> float:
         """Start one node (a restart after :meth:`stop_node` or a kill); with ``wait`` return
-        once it serves requests again, which needs a quorum of controllers (itself included)."""
+        once it serves requests again, which needs a quorum of controllers (itself included).
+        ``cgroup``: see :meth:`LocalBroker.start`."""
         self._write_manifest()
-        return self.node(node_id).start(wait=wait, die_with_parent=die_with_parent)
+        return self.node(node_id).start(wait=wait, die_with_parent=die_with_parent, cgroup=cgroup)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Block until metadata lists every node as a live broker, or raise with the log tail

@@ -42,6 +42,7 @@ class OffsetTracker:
         "_pending",
         "_owned",
         "_inherited",
+        "_done_below",
         "_suspect_high",
         "_watermark",
         "_committed",
@@ -57,17 +58,40 @@ class OffsetTracker:
         self._pending: set[int] = set()  # fetched offsets not done yet
         self._owned: set[int] = set()  # pending offsets whose run started or has a verdict
         self._inherited: set[int] = set()  # done by the previous owner, not fetched yet
+        self._done_below: int | None = None  # this process ran every offset below it already
         self._suspect_high: int | None = None  # the previous owner had started runs up to it
         self._watermark: int | None = None
         self._committed: int | None = None
         self._committed_meta = ""
 
-    def inherit(self, committed: int, metadata: str) -> int:
+    def known_done(self) -> tuple[int | None, set[int]]:
+        """What this ownership knows is done, whether or not a commit said so: every offset
+        below the watermark, and the offsets done past it. Kept when the partition goes, for
+        the next assignment of the same process (:meth:`inherit`)."""
+        return self._watermark, {o for o in self._entries if o not in self._pending}
+
+    def inherit(
+        self,
+        committed: int,
+        metadata: str,
+        remembered: tuple[int | None, set[int]] | None = None,
+    ) -> int:
         """Take over what the previous owner committed: ``metadata`` names the offsets past
         ``committed`` it had finished. Returns how many; metadata of another format (or none)
-        is ignored (those runs are then delivered again, as before)."""
+        is ignored (those runs are then delivered again, as before).
+
+        ``remembered`` is :meth:`known_done` of this process's own last ownership of the
+        partition. It matters when that ownership ended without its commits reaching the
+        group coordinator (the session lost in a network partition, a coordinator gone): the
+        committed offset is then behind what this process ran, and without it every run
+        since the last commit that got through ran again here, with the same attempt."""
+        if remembered is not None:
+            watermark, past = remembered
+            if watermark is not None and watermark > committed:
+                self._done_below = watermark
+            self._inherited.update(o for o in past if o >= max(committed, 0))
         if committed < 0 or not metadata.startswith(METADATA_PREFIX):
-            return 0
+            return len(self._inherited)
         done: set[int] = set()
         ranges, _, started = metadata[len(METADATA_PREFIX) :].partition("|")
         try:
@@ -84,7 +108,7 @@ class OffsetTracker:
                 done.update(range(first, last + 1))
         except ValueError:
             return 0
-        self._inherited = {o for o in done if o > committed}
+        self._inherited.update(o for o in done if o > committed)
         return len(self._inherited)
 
     def add(self, offset: int) -> bool:
@@ -98,7 +122,8 @@ class OffsetTracker:
                 f"partition {self.partition}: offset {offset} after {last}; "
                 "a tracker lives for one assignment, make a new one after a rebalance"
             )
-        if offset in self._inherited:
+        below = self._done_below is not None and offset < self._done_below
+        if below or offset in self._inherited:
             self._inherited.discard(offset)
             if self._entries:
                 self._entries.append(offset)  # done, behind a pending one

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -327,6 +328,10 @@ DURING = 60
 WORKER_SESSION_MS = 30_000
 #: Two of three brokers down this long (the issue's fault), then one starts again.
 TWO_DOWN_S = 30
+#: A broker cut off from everything this long, then healed.
+PARTITION_S = 30
+#: cgroup v2, where a node is started to be cut off (iptables' cgroup match needs v2).
+CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
 #: The waits below, added up (scheduler start, the stream, the failover, the rest).
 FAULT_BUDGET_S = 90 + 60 + 60 + 180 + 150
 
@@ -394,6 +399,83 @@ def test_two_of_three_brokers_down_mid_stream(
     _kill_mid_stream(
         on_cluster, tmp_path, procs, figure, "two of three down", _leader_of_most, two_down=True
     )
+
+
+@contextlib.contextmanager
+def _isolated(ports: list[int], cgroup: Path) -> Iterator[None]:
+    """Cut a node off (the recipe of the verified cluster notes): nothing reaches its ports,
+    nothing leaves them, and nothing leaves its cgroup (its own connections to the other
+    nodes: rules on its ports alone leave that half open). Healed on the way out."""
+    tag = uuid.uuid4().hex[:8]
+    chain_in, chain_out = f"JWCUT-IN-{tag}", f"JWCUT-OUT-{tag}"
+    listed = ",".join(str(p) for p in ports)
+    lo_tcp = ["-p", "tcp", "-m", "multiport"]
+    rules = [
+        ["-N", chain_in],
+        ["-A", chain_in, "-i", "lo", *lo_tcp, "--dports", listed, "-j", "DROP"],
+        ["-A", chain_in, "-i", "lo", *lo_tcp, "--sports", listed, "-j", "DROP"],
+        ["-N", chain_out],
+        [
+            "-A",
+            chain_out,
+            "-o",
+            "lo",
+            "-p",
+            "tcp",
+            "-m",
+            "cgroup",
+            "--path",
+            cgroup.name,
+            "-j",
+            "DROP",
+        ],
+        ["-I", "INPUT", "1", "-j", chain_in],
+        ["-I", "OUTPUT", "1", "-j", chain_out],
+    ]
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", *rule], check=True, capture_output=True, text=True)
+        yield
+    finally:
+        for heal in (
+            ["-D", "INPUT", "-j", chain_in],
+            ["-D", "OUTPUT", "-j", chain_out],
+            ["-F", chain_in],
+            ["-X", chain_in],
+            ["-F", chain_out],
+            ["-X", chain_out],
+        ):
+            subprocess.run(["iptables", *heal], capture_output=True)
+
+
+@pytest.mark.timeout(FAULT_BUDGET_S + PARTITION_S + 180)
+def test_a_broker_cut_off_by_a_network_partition_mid_stream(
+    on_cluster: LocalCluster, tmp_path: Path, procs: Procs, figure: Any
+) -> None:
+    """One broker cut off from the other two and from every client for 30 s by iptables (its
+    JVM restarted in a cgroup of its own first, so its own connections can be dropped too),
+    then healed: its leaderships and coordinators move to the other two, and nothing is lost,
+    dispatched twice or run twice."""
+    if os.geteuid() != 0 or shutil.which("iptables") is None:
+        pytest.skip("needs root and iptables to cut a broker off")
+    if not (CGROUP_ROOT / "cgroup.procs").exists():
+        pytest.skip(f"needs cgroup v2 at {CGROUP_ROOT} for iptables' cgroup match")
+    victim = on_cluster.node_ids[-1]
+    cgroup = CGROUP_ROOT / f"jobwheel-test-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    on_cluster.stop_node(victim)
+    on_cluster.start_node(
+        victim, die_with_parent=not os.environ.get("JOBWHEEL_TEST_CLUSTER_DIR"), cgroup=cgroup
+    )
+    _all_back(on_cluster)  # and every partition with its preferred leader: some on the victim
+
+    def pick(settings: Settings, scheduler_log: Path) -> tuple[int, str]:
+        t = settings.topics
+        report = replication_report(settings, scaled(10), [t.requests, t.runs])
+        led = sum(1 for p in report.partitions if p.leader == victim)
+        return victim, f"led {led} of {2 * PARTITIONS} requests/runs partitions"
+
+    _kill_mid_stream(on_cluster, tmp_path, procs, figure, "network partition", pick, cut_off=cgroup)
 
 
 def java_string_hash(text: str) -> int:
@@ -515,11 +597,14 @@ def _kill_mid_stream(
     settings: Settings | None = None,
     rolling: bool = False,
     two_down: bool = False,
+    cut_off: Path | None = None,
 ) -> None:
     """``pick`` names the victim once the stream is under way; it is killed with SIGKILL, or
     with ``rolling`` stopped with SIGTERM first of a restart of every node, one at a time, or
     with ``two_down`` killed together with a second node, which starts again after
-    :data:`TWO_DOWN_S` while the victim stays down to the end."""
+    :data:`TWO_DOWN_S` while the victim stays down to the end, or with ``cut_off`` (the
+    cgroup the victim runs in) cut off from every other process by iptables for
+    :data:`PARTITION_S`, then healed."""
     settings = settings or _settings(on_cluster, tmp_path)
     ensure_topics(settings)
     env = settings_env(settings)
@@ -584,9 +669,10 @@ def _kill_mid_stream(
                     for i in range(DURING)
                 )
 
-            if two_down:
-                # No write is acknowledged while two are down (acks=all, min ISR 2): the jobs
-                # due in the outage are submitted before it.
+            if two_down or cut_off is not None:
+                # No write is acknowledged while two are down (acks=all, min ISR 2), nor by a
+                # leader cut off until its partitions move: the jobs due in the fault are
+                # submitted before it.
                 during = schedule_during(now_ms() + 2000)
             killed_at = now_ms()
             if rolling:
@@ -601,9 +687,14 @@ def _kill_mid_stream(
                     other, die_with_parent=not os.environ.get("JOBWHEEL_TEST_CLUSTER_DIR")
                 )
                 why += f"; node {other} killed with it and started again after {TWO_DOWN_S} s"
+            elif cut_off is not None:
+                node = on_cluster.node(victim)
+                with _isolated([node.port, node.controller_port], cut_off):
+                    time.sleep(PARTITION_S)  # the fault's length
+                why += f"; cut off by iptables for {PARTITION_S} s, then healed"
             else:
                 on_cluster.kill_node(victim, signal.SIGKILL)
-            if not two_down:
+            if not two_down and cut_off is None:
                 # While it is down and not yet fenced: more jobs through the SDK (acks=all).
                 during = schedule_during(killed_at + 2000)
 
@@ -679,8 +770,9 @@ def _kill_mid_stream(
             for p in range(PARTITIONS)
         }
         figure(
-            f"[cluster: {'' if rolling else 'kill -9 '}{what}] node {victim} ({why}) "
-            f"{'stopped first' if rolling else 'killed'} mid-stream; scheduler restarted "
+            f"[cluster: {'' if rolling or cut_off else 'kill -9 '}{what}] node {victim} ({why}) "
+            f"{'stopped first' if rolling else 'cut off' if cut_off else 'killed'} mid-stream; "
+            "scheduler restarted "
             f"after a hung call {len(scheduler.exits)} time(s); "
             f"{'every node restarted' if rolling else 'leaders moved'} "
             f"after {(moved_at - killed_at) / 1000:.1f} s; {len(everything)} one-off + "

@@ -82,6 +82,28 @@ def test_runs_done_past_an_unfinished_one_go_with_the_commit_and_the_next_owner_
     assert new.to_commit() == (20, "")
 
 
+def test_a_partition_lost_before_its_commits_got_through_is_not_run_again_here() -> None:
+    """The session lost in a network partition: the last commit that reached the broker is
+    at 10, but this process ran 10-14 and 17 since. Given the partition back, it runs only
+    what it had not run."""
+    old = OffsetTracker(0)
+    for offset in range(10, 20):
+        old.add(offset)
+    for offset in (10, 11, 12, 13, 14, 17):
+        old.mark_done(offset)
+    remembered = old.known_done()
+    assert remembered == (15, {17})
+
+    new = OffsetTracker(0)
+    new.inherit(10, "", remembered)
+    assert [o for o in range(10, 20) if new.add(o)] == [15, 16, 18, 19]
+    assert new.to_commit() == (15, "jw1:2")  # 10-14 done; 17 done past the watermark
+    # Someone else committed past what this process knew: nothing of it counts any more.
+    other = OffsetTracker(0)
+    other.inherit(30, "", remembered)
+    assert other.add(30)
+
+
 def test_inherited_runs_not_fetched_yet_stay_in_the_commit() -> None:
     new = OffsetTracker(0)
     new.inherit(100, "jw1:5,a")  # 105 and 110

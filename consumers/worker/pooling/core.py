@@ -193,6 +193,8 @@ class PoolCore:
         # condition: a revoke waits on it for the acknowledgements of its runs.
         self._lock = threading.Condition(threading.Lock())
         self._trackers: dict[int, OffsetTracker] = {}
+        #: What the last ownership of a partition knew was done (OffsetTracker.known_done).
+        self._remembered: dict[int, tuple[int | None, set[int]]] = {}
         self._held: set[int] = set()  # paused: too many offsets behind an unfinished run
         self._paused_parts: set[int] = set()  # consumer thread: paused in the client now
         self._hurry_seen = False  # a second stop(), for the consumer thread

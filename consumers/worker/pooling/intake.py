@@ -52,7 +52,7 @@ class Intake(PoolCore):
             )
             return
         for p, (offset, metadata) in committed.items():
-            done = trackers[p].inherit(offset, metadata)
+            done = trackers[p].inherit(offset, metadata, self._remembered.pop(p, None))
             if done:
                 log.info(
                     "runs finished by the previous owner are skipped",
@@ -121,6 +121,9 @@ class Intake(PoolCore):
                 tracker = self._trackers.pop(p, None)
                 if tracker is not None:
                     tracker.revoked = True
+                    # If this process gets the partition back before a commit of its runs
+                    # reached the broker, it does not run them again (OffsetTracker.inherit).
+                    self._remembered[p] = tracker.known_done()
                 self._held.discard(p)
 
     def _commit(
