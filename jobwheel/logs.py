@@ -134,6 +134,23 @@ class Throttle(logging.Filter):
         return True
 
 
+#: librdkafka lines about a retry that succeeds by itself, which read like failures: a fresh
+#: broker loads its coordinators for a moment after each start, and every first producer
+#: said "Failed to acquire idempotence PID ... Coordinator load in progress: retrying".
+SELF_HEALING = ("Coordinator load in progress",)
+
+
+class SelfHealing(logging.Filter):
+    """Turns the lines of :data:`SELF_HEALING` into DEBUG records (kept when debugging)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not any(text in message for text in SELF_HEALING):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def librdkafka_logger(package: str) -> logging.Logger:
     """The logger a package's confluent-kafka clients are given (their ``logger`` setting):
     ``<package>.librdkafka``, throttled. Without one, librdkafka prints raw ``%3|...|FAIL|``
@@ -141,6 +158,8 @@ def librdkafka_logger(package: str) -> logging.Logger:
     other: throttled in a service's log, left out of a one-shot command's output
     (:mod:`jobwheel.cli`)."""
     logger = logging.getLogger(f"{package}.librdkafka")
+    if not any(isinstance(f, SelfHealing) for f in logger.filters):
+        logger.addFilter(SelfHealing())
     if not any(isinstance(f, Throttle) for f in logger.filters):
         logger.addFilter(Throttle())
     return logger

@@ -27,3 +27,26 @@ def test_a_broker_outage_is_one_line_per_error_code_not_one_per_reconnect(
         log_client_error(denied)
     lines = [r for r in caplog.records if r.name == "jobwheel.kafka.errors"]
     assert [r.code for r in lines] == ["_TRANSPORT", "_AUTHENTICATION"]  # type: ignore[attr-defined]
+
+
+def test_a_retry_that_heals_itself_is_not_a_warning_at_every_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """librdkafka's first producer on a fresh broker warned 'Coordinator load in progress:
+    retrying' on every `jobwheel up`: it is a DEBUG record now; a real failure still warns."""
+    from jobwheel.logs import librdkafka_logger
+
+    logger = librdkafka_logger("jobwheel.test-self-healing")
+    healing = (
+        "GETPID [jobwheel-producer#producer-1] [thrd:main]: Failed to acquire idempotence PID "
+        "from broker 127.0.0.1:9092/1: Broker: Coordinator load in progress: retrying"
+    )
+    failing = "FAIL [jobwheel-producer#producer-1] [thrd:main]: Connection refused"
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        logger.warning("%s", healing)
+        logger.warning("%s", failing)
+    assert [r.getMessage() for r in caplog.records] == [failing]
+    with caplog.at_level(logging.DEBUG, logger=logger.name):
+        caplog.clear()
+        logger.warning("%s", healing)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("DEBUG", healing)]
