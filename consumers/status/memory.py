@@ -18,8 +18,9 @@ sink`` sampled every 10 s under a steady load (docs/operations.md, "Memory"):
 
 Each of these is bounded here, as a share of the budget: the engine by its own server settings
 (``max_server_memory_usage``, which also makes it purge freed pages early, and each cache's
-size), the fetch queue by ``queued.max.messages.kbytes``, a batch by its row count; the sink
-returns freed C heap memory to the system after its inserts (:func:`release_freed_memory`).
+size), the fetch queue by ``queued.max.messages.kbytes``, a batch by its row count; the sink keeps
+large buffers out of the C heap (:func:`limit_heap_growth`) and returns its freed memory to
+the system after its inserts (:func:`release_freed_memory`).
 The shares leave room for the fixed part: the engine gets 5/16 of the budget, the fetch queue
 1/32, and two batches about 1/16.
 """
@@ -108,16 +109,45 @@ def engine_settings_differing(actual: Mapping[str, str], wanted: Mapping[str, st
 
 
 @functools.cache
-def _malloc_trim() -> Any:
+def _glibc() -> Any:
+    """The C library if it is glibc (it has ``malloc_trim`` and ``mallopt``), else None."""
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to give back this way
+        libc = ctypes.CDLL(name) if name else None
+        if libc is None or not hasattr(libc, "malloc_trim") or not hasattr(libc, "mallopt"):
+            return None
+    except OSError:  # not loadable: nothing to tune this way
         return None
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim.restype = ctypes.c_int
-    return trim
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    libc.malloc_trim.restype = ctypes.c_int
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt.restype = ctypes.c_int
+    return libc
+
+
+#: glibc's mallopt parameters (malloc.h).
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+#: Allocations from this size up get pages of their own, returned when freed.
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def limit_heap_growth() -> bool:
+    """Keep the C heap from holding large freed buffers (glibc ``mallopt``); False where there
+    is no glibc. Call it before the process starts its threads.
+
+    Why: glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so
+    after the first batches the fetch buffers, the encoded inserts (MiBs each) and the lists of
+    a batch's rows came from the heap and left it fragmented; and each thread that allocates
+    may get an arena of its own (up to 8 per core), each keeping its own free memory. A fixed
+    threshold of 128 KiB and two arenas keep that from growing with the data.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.mallopt(_M_ARENA_MAX, 2)
+    return True
 
 
 def release_freed_memory() -> bool:
@@ -128,8 +158,8 @@ def release_freed_memory() -> bool:
     the pages of freed ones in its heaps for reuse; measured, 120 to 170 MiB of such free memory
     stayed resident in the sink after a backlog was worked off.
     """
-    trim = _malloc_trim()
-    if trim is None:
+    libc = _glibc()
+    if libc is None:
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True

@@ -54,7 +54,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobwheel.consumers.status.memory import StatusMemory, release_freed_memory
+from jobwheel.consumers.status.memory import (
+    StatusMemory,
+    limit_heap_growth,
+    release_freed_memory,
+)
 from jobwheel.consumers.status.metrics import SinkCollector, SinkMeters
 from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
 from jobwheel.errors import BrokerError, SchemaDecodeError, StoreError
@@ -335,6 +339,7 @@ class StatusSink:
         self.joined = False
         self._lag_at = 0.0
         self._released_at = 0.0
+        self._engine_released_at = 0.0
         self.watchdog = CallWatchdog(
             settings.status_call_deadline_ms / 1000,
             what="status sink",
@@ -353,6 +358,7 @@ class StatusSink:
 
     def run(self) -> None:
         """Consume until :meth:`stop`; flush what was read, then leave the group."""
+        limit_heap_growth()  # before librdkafka's and the inserter's threads (memory.py)
         consumer = GroupConsumer(
             consumer_config(self.settings, **self._overrides),
             "jobwheel.consumers.status",
@@ -507,6 +513,7 @@ class StatusSink:
                 self.stats.inserted += len(batch.rows)
                 self.stats.batches += 1
                 self.stats.last_insert_ms = time.time_ns() // 1_000_000
+                self._release_engine_memory()
                 return True
             except StoreError as exc:
                 self.stats.insert_failures += 1
@@ -524,6 +531,17 @@ class StatusSink:
                 log.exception("status insert crashed; stopping the sink, offsets not committed")
                 self._stop.set()
                 return False
+
+    def _release_engine_memory(self) -> None:
+        """On the inserter thread, which is the store's only other user here (a call on the
+        consumer thread would wait for the insert in flight), at most every ``_RELEASE_S``."""
+        if time.monotonic() - self._engine_released_at < _RELEASE_S:
+            return
+        self._engine_released_at = time.monotonic()
+        try:
+            self.store.release_engine_memory()
+        except StoreError as exc:  # memory stays with the engine; nothing else depends on it
+            log.debug("engine memory not released", extra={"error": str(exc)[:500]})
 
     def _commit(self, consumer: GroupConsumer, batch: _Batch, lost: set[tuple[str, int]]) -> None:
         offsets = {

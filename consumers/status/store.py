@@ -534,6 +534,17 @@ class StatusStore:
             raise StoreError(f"inserting {len(rows)} status events failed: {exc}") from exc
         return len(rows)
 
+    def release_engine_memory(self) -> None:
+        """Return the embedded engine's freed pages to the system (``SYSTEM JEMALLOC PURGE``;
+        nothing on a server, whose memory is its own).
+
+        Why: the engine's allocator keeps freed pages for reuse, and its own purging lagged:
+        measured, 220 to 290 MiB of freed pages stayed resident after inserts and merges that
+        had allocated them, next to 60 MiB in use.
+        """
+        if self.embedded:
+            self._command("SYSTEM JEMALLOC PURGE")
+
     def add_events(self, events: Iterable[StatusEvent]) -> int:
         """Insert model events directly (tests, tools); the sink uses :meth:`insert_events`."""
         return self.insert_events([event_row(e) for e in events])
