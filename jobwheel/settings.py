@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     clickhouse_database: str = "jobwheel"
     status_batch_size: int = 50_000
     status_batch_ms: int = 500
+    # The status service's memory budget (the sink process, or `jobwheel serve`): the embedded
+    # engine's limit and caches, the consumer's fetch queue and the largest insert batch are
+    # derived from it (consumers/status/memory.py; docs/operations.md, "Memory").
+    status_memory_mib: int = Field(default=1024, ge=512)
     # The status sink's blocking Kafka calls (offset commit, close) still running this long are
     # hung: it logs it and exits with code 75 for its supervisor to restart it (see
     # jobwheel.watchdog; a commit normally returns within the request timeout, 60 s at most).

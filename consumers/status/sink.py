@@ -54,6 +54,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobwheel.consumers.status.memory import (
+    StatusMemory,
+    limit_heap_growth,
+    release_freed_memory,
+)
 from jobwheel.consumers.status.metrics import SinkCollector, SinkMeters
 from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore, event_row, row_fits
 from jobwheel.errors import BrokerError, SchemaDecodeError, StoreError
@@ -72,6 +77,8 @@ _MAX_BACKOFF_S = 5.0
 _SWITCH_INTERVAL_S = 0.0005
 #: How often the consumer thread samples its partitions' lag for the metrics.
 _LAG_SAMPLE_S = 0.5
+#: How often, at most, freed C heap memory is given back after a batch is done (see memory.py).
+_RELEASE_S = 5.0
 
 
 @dataclass
@@ -103,9 +110,14 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     fenced scheduler's aborted transaction never shows up as status. These override the
     pass-through; the session timeout is only a default (10 s instead of librdkafka's 45 s, so
     the partitions of a crashed sink move to a live one quickly; heartbeats come from
-    librdkafka's own thread, so a slow insert does not expire the session).
+    librdkafka's own thread, so a slow insert does not expire the session), and so is the
+    fetch queue's size, a share of ``JOBWHEEL_STATUS_MEMORY_MIB`` (see memory.py).
     """
-    defaults = {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000}
+    defaults = {
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000,
+        "queued.max.messages.kbytes": StatusMemory.from_settings(settings).fetch_queue_kib,
+    }
     forced = {
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
@@ -307,7 +319,10 @@ class StatusSink:
         #: topic -> the ``source`` of every event read from it
         self.sources = {settings.topics.status: "scheduler", settings.topics.acks: "worker"}
         self.codec = codec or default_codec(settings.schema_registry_url)
-        self.batch_size = batch_size or settings.status_batch_size
+        memory = StatusMemory.from_settings(settings)
+        #: Rows per batch: the setting, at most what the memory budget allows (two batches
+        #: are alive at once, one filling while the other is inserted).
+        self.batch_size = min(batch_size or settings.status_batch_size, memory.batch_rows)
         self.batch_ms = batch_ms if batch_ms is not None else settings.status_batch_ms
         self.stats = SinkStats()
         self._overrides = dict(consumer_overrides or {})
@@ -323,6 +338,8 @@ class StatusSink:
         self.meters = SinkMeters()
         self.joined = False
         self._lag_at = 0.0
+        self._released_at = 0.0
+        self._engine_released_at = 0.0
         self.watchdog = CallWatchdog(
             settings.status_call_deadline_ms / 1000,
             what="status sink",
@@ -341,6 +358,7 @@ class StatusSink:
 
     def run(self) -> None:
         """Consume until :meth:`stop`; flush what was read, then leave the group."""
+        limit_heap_growth()  # before librdkafka's and the inserter's threads (memory.py)
         consumer = GroupConsumer(
             consumer_config(self.settings, **self._overrides),
             "jobwheel.consumers.status",
@@ -477,6 +495,10 @@ class StatusSink:
         if self._abandoned:
             return  # not inserted (or an earlier batch was not): its records are read again
         self._commit(consumer, batch, lost)
+        del batch  # its rows are freed here, before their memory is given back
+        if time.monotonic() - self._released_at >= _RELEASE_S:
+            self._released_at = time.monotonic()
+            release_freed_memory()
 
     def _insert(self, batch: _Batch) -> bool:
         """On the inserter thread: True once inserted, False if stopped before it could be."""
@@ -491,6 +513,7 @@ class StatusSink:
                 self.stats.inserted += len(batch.rows)
                 self.stats.batches += 1
                 self.stats.last_insert_ms = time.time_ns() // 1_000_000
+                self._release_engine_memory()
                 return True
             except StoreError as exc:
                 self.stats.insert_failures += 1
@@ -508,6 +531,17 @@ class StatusSink:
                 log.exception("status insert crashed; stopping the sink, offsets not committed")
                 self._stop.set()
                 return False
+
+    def _release_engine_memory(self) -> None:
+        """On the inserter thread, which is the store's only other user here (a call on the
+        consumer thread would wait for the insert in flight), at most every ``_RELEASE_S``."""
+        if time.monotonic() - self._engine_released_at < _RELEASE_S:
+            return
+        self._engine_released_at = time.monotonic()
+        try:
+            self.store.release_engine_memory()
+        except Exception as exc:  # housekeeping: the insert went through, whatever this does
+            log.debug("engine memory not released", extra={"error": str(exc)[:500]})
 
     def _commit(self, consumer: GroupConsumer, batch: _Batch, lost: set[tuple[str, int]]) -> None:
         offsets = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobwheel.consumers.status.memory import StatusMemory, engine_settings_differing
 from jobwheel.errors import ConfigError, QueryError, StoreError
 from jobwheel.schemas.models import StatusEvent
 
@@ -80,9 +81,17 @@ TTL_TABLES: Mapping[str, str] = {
 #: load its merges took a third of the sink's CPU. ``merge_selector_base`` 20 instead of 5 lets
 #: a table gather more parts of like size before merging them: fewer, wider merges, so each row
 #: is rewritten fewer times, for a few more parts to read (at most about twenty per table in
-#: ``load/RESULTS.md``'s runs). A ClickHouse server keeps its own defaults: its merges run on
-#: its own machine, and not every server version knows the setting.
-EMBEDDED_TABLE_SETTINGS: Mapping[str, str] = {"merge_selector_base": "20"}
+#: ``load/RESULTS.md``'s runs). ``max_parts_to_merge_at_once`` 10 instead of 100 bounds a merge's
+#: memory, which grows with the parts it reads at once (each part's columns have their own
+#: read buffers): measured, a merge of 19 parts of ``job_state`` or ``run_state`` took 170 to
+#: 225 MiB, and 16 of ``status_events`` (read row-wise) 138 MiB, more than half the engine's
+#: share of the status service's memory budget (memory.py), so inserts beside it failed with
+#: ``MEMORY_LIMIT_EXCEEDED``. A ClickHouse server keeps its own defaults: its merges run on its
+#: own machine, and not every server version knows the settings.
+EMBEDDED_TABLE_SETTINGS: Mapping[str, str] = {
+    "merge_selector_base": "20",
+    "max_parts_to_merge_at_once": "10",
+}
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -191,13 +200,19 @@ def event_row(
     ]
 
 
-def _connect(dsn: str) -> Client:
+def _connect(dsn: str, engine_options: Mapping[str, str] | None = None) -> Client:
     import clickhouse_connect
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     # Over HTTP, no session: the API threads and the sink thread share one client, and
-    # ClickHouse refuses concurrent queries in one session. chdb has no sessions.
-    kwargs: dict[str, Any] = {} if dsn.startswith("chdb:") else {"autogenerate_session_id": False}
+    # ClickHouse refuses concurrent queries in one session. chdb has no sessions; its options
+    # are the embedded engine's startup arguments (server settings), used by the first
+    # connection of the process only.
+    kwargs: dict[str, Any] = (
+        {"chdb_options": dict(engine_options or {})}
+        if dsn.startswith("chdb:")
+        else {"autogenerate_session_id": False}
+    )
     try:
         return clickhouse_connect.get_client(dsn=dsn, **kwargs)
     except ClickHouseError as exc:
@@ -236,13 +251,20 @@ class StatusStore:
         database: str = "jobwheel",
         ttl_days: int = 30,
         migrate: bool = True,
+        engine_options: Mapping[str, str] | None = None,
     ) -> StatusStore:
-        """Connect, create the database, and (by default) bring the schema up to date."""
-        if dsn.startswith("chdb:"):
+        """Connect, create the database, and (by default) bring the schema up to date.
+
+        :param engine_options: server settings of the embedded engine (``chdb:``; ignored for a
+            server), e.g. :meth:`StatusMemory.engine_options`; they take effect only if this
+            opens the process's engine first, and a difference is logged.
+        """
+        embedded = dsn.startswith("chdb:")
+        if embedded:
             path = dsn.removeprefix("chdb://")
             if path.startswith("/"):
                 Path(path).mkdir(parents=True, exist_ok=True)
-        client = _connect(dsn)
+        client = _connect(dsn, engine_options if embedded else None)
         if not _IDENT.match(database):
             client.close()
             raise ConfigError(f"clickhouse database {database!r} must be a plain identifier")
@@ -250,6 +272,8 @@ class StatusStore:
             client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
             client.database = database
             store = cls(client, database=database, ttl_days=ttl_days, dsn=dsn)
+            if embedded and engine_options:
+                store._check_engine_settings(engine_options)
             if migrate:
                 store.migrate()
         except Exception:
@@ -274,12 +298,33 @@ class StatusStore:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, migrate: bool = True) -> StatusStore:
+        """The process's store, an embedded engine bounded by ``JOBWHEEL_STATUS_MEMORY_MIB``."""
         return cls.open(
             settings.clickhouse_dsn,
             database=settings.clickhouse_database,
             ttl_days=settings.status_ttl_days,
             migrate=migrate,
+            engine_options=StatusMemory.from_settings(settings).engine_options(),
         )
+
+    def engine_settings(self, names: Iterable[str]) -> dict[str, str]:
+        """The values of the named server settings as the engine runs with them."""
+        rows = self.client.query(
+            "SELECT name, value FROM system.server_settings WHERE name IN {names:Array(String)}",
+            parameters={"names": list(names)},
+        ).result_rows
+        return {str(name): str(value) for name, value in rows}
+
+    def _check_engine_settings(self, wanted: Mapping[str, str]) -> None:
+        """Log the server settings the engine was not started with: it was started earlier in
+        this process (by another open, with other options) and keeps what it started with."""
+        differing = engine_settings_differing(self.engine_settings(wanted), wanted)
+        if differing:
+            log.warning(
+                "the embedded status engine was started without this memory budget (another "
+                "store opened it first in this process); restart the process to apply it",
+                extra={"dsn": self.dsn, "differing": differing},
+            )
 
     @property
     def embedded(self) -> bool:
@@ -488,6 +533,17 @@ class StatusStore:
         except Exception as exc:
             raise StoreError(f"inserting {len(rows)} status events failed: {exc}") from exc
         return len(rows)
+
+    def release_engine_memory(self) -> None:
+        """Return the embedded engine's freed pages to the system (``SYSTEM JEMALLOC PURGE``;
+        nothing on a server, whose memory is its own).
+
+        Why: the engine's allocator keeps freed pages for reuse, and its own purging lagged:
+        measured, 220 to 290 MiB of freed pages stayed resident after inserts and merges that
+        had allocated them, next to 60 MiB in use.
+        """
+        if self.embedded:
+            self._command("SYSTEM JEMALLOC PURGE")
 
     def add_events(self, events: Iterable[StatusEvent]) -> int:
         """Insert model events directly (tests, tools); the sink uses :meth:`insert_events`."""
