@@ -19,10 +19,12 @@ setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose $(VENV)/.chromium
 
 # The editable install also compiles schemas/_flat.c next to it (the flat codec's C half,
 # optional: without a compiler the install succeeds and the codec runs on its Python).
+# setuptools warns at every editable install of a package mapped from several folders
+# ("Editable installation ... folders ... with the same name"): that one warning is silenced.
 $(VENV)/.installed: pyproject.toml setup.py schemas/_flat.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[all,dev]'
 	touch $@
 
 # Java 17+ and Maven run the local broker; installed with apt-get only when missing and root.
