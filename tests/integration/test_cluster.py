@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from jobwheel.deploy.broker import LocalCluster, free_port
 from jobwheel.errors import ConfigError
-from jobwheel.kafka.admin import ensure_topics, live_brokers
+from jobwheel.kafka.admin import ensure_topics, live_brokers, topic_specs
 from jobwheel.kafka.replication import (
     ReplicationCollector,
     check_replication,
@@ -222,9 +222,10 @@ def test_topics_ensure_sizes_topics_for_the_cluster(
     warning when a setting asks for one replica on a cluster; a factor the cluster cannot hold
     is refused before anything is created."""
     sized = _settings(on_cluster, tmp_path)
-    assert len(ensure_topics(sized)) == 6
+    specs = topic_specs(sized)  # the registry: every topic and its partition count
+    assert sorted(ensure_topics(sized)) == sorted(s.name for s in specs)
     report = replication_report(sized, scaled(10))
-    assert not report.missing and len(report.partitions) == 6 * PARTITIONS
+    assert not report.missing and len(report.partitions) == sum(s.partitions for s in specs)
     assert {len(p.replicas) for p in report.partitions} == {3}
     for name in jobwheel_topics(sized):
         assert _topic_config(on_cluster.bootstrap, name, "min.insync.replicas") == "2", name

@@ -96,7 +96,10 @@ def test_a_flaky_run_shows_one_run_two_attempts_and_the_job_completed(
     )
     job, runs = detail["job"], detail["runs"]
     assert (job["task"], job["attempts"]) == ("demo.flaky", 2)
-    assert job["last_error"] == "RuntimeError: demo.flaky: attempt 1 fails (first 1 do)"
+    # The job succeeded: it shows no error now; attempt 1's error stays on its FAILED event.
+    assert job["last_error"] is None
+    (failed,) = [e for e in detail["events"] if e["state"] == "FAILED"]
+    assert failed["error"] == "RuntimeError: demo.flaky: attempt 1 fails (first 1 do)"
     assert job["next_fire_ms"] is None
     (run,) = runs
     assert run["run_id"] == job["last_run_id"]

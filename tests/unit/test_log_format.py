@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobwheel import logs
-from tests.support import jobwheel_argv, scaled
+from tests.support import jobwheel_argv, scaled, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,6 +74,14 @@ def test_a_worker_at_a_terminal_writes_text_unless_told_json(
             stdout=subprocess.DEVNULL,
             stderr=writer,
             timeout=scaled(60),
+        )
+        # Read what it said while the terminal is still open: once its last writer closes,
+        # Linux may drop what the reader has not taken yet (a loaded full run lost it all).
+        wait_until(
+            lambda: b"no_such_module" in b"".join(chunks),
+            10,
+            0.05,
+            f"the worker never named the module: {b''.join(chunks)!r}",
         )
     finally:
         os.close(writer)  # the child is gone: the reader now sees the end
