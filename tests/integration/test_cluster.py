@@ -215,6 +215,20 @@ def _settings(cluster: LocalCluster, tmp_path: Path, **overrides: Any) -> Settin
     )
 
 
+def _listed(settings: Settings) -> Any:
+    """The replication report once the metadata lists every partition of the topics just
+    created (a broker learns of a topic a moment after the controller made it: a loaded full
+    run read no partition at all)."""
+    expected = sum(s.partitions for s in topic_specs(settings))
+    last: list[Any] = [None]
+
+    def listed() -> Any:
+        last[0] = replication_report(settings, scaled(10))
+        return not last[0].missing and len(last[0].partitions) == expected and last[0]
+
+    return wait_until(listed, scaled(30), 0.2, f"fresh topics not all in the metadata: {last[0]}")
+
+
 def test_topics_ensure_sizes_topics_for_the_cluster(
     on_cluster: LocalCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -224,15 +238,14 @@ def test_topics_ensure_sizes_topics_for_the_cluster(
     sized = _settings(on_cluster, tmp_path)
     specs = topic_specs(sized)  # the registry: every topic and its partition count
     assert sorted(ensure_topics(sized)) == sorted(s.name for s in specs)
-    report = replication_report(sized, scaled(10))
-    assert not report.missing and len(report.partitions) == sum(s.partitions for s in specs)
+    report = _listed(sized)
     assert {len(p.replicas) for p in report.partitions} == {3}
     for name in jobwheel_topics(sized):
         assert _topic_config(on_cluster.bootstrap, name, "min.insync.replicas") == "2", name
 
     chosen = _settings(on_cluster, tmp_path, replication_factor=2, min_insync_replicas=2)
     ensure_topics(chosen)
-    assert {len(p.replicas) for p in replication_report(chosen, scaled(10)).partitions} == {2}
+    assert {len(p.replicas) for p in _listed(chosen).partitions} == {2}
     assert _topic_config(on_cluster.bootstrap, chosen.topics.runs, "min.insync.replicas") == "2"
 
     single = _settings(on_cluster, tmp_path, replication_factor=1)
