@@ -280,28 +280,39 @@ def _test_prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
-    """Settings for one test: unique topic prefix and group ids, its topics already created."""
+def settings_on(bootstrap: str, tmp_path: Path, **overrides: Any) -> Any:
+    """Settings for one test on the broker at ``bootstrap``: a unique topic prefix and group
+    ids, its topics already created. ``overrides`` are Settings fields (a test on a broker of
+    its own that needs, say, another partition count or a shorter transaction timeout)."""
     from jobwheel.deploy.broker import free_port
     from jobwheel.kafka.admin import ensure_topics
     from jobwheel.settings import Settings
 
     prefix = _test_prefix()
+    fields: dict[str, Any] = {
+        "partitions": 4,
+        "data_dir": tmp_path / "data",
+        "log_format": "text",
+        "scheduler_app_id": f"{prefix}-scheduler",
+        "worker_group": f"{prefix}-workers",
+        "status_group": f"{prefix}-status",
+        "api_port": free_port(),
+        **overrides,
+    }
     s = Settings(
         _env_file=None,  # type: ignore[call-arg]
-        bootstrap_servers=kafka_bootstrap,
+        bootstrap_servers=bootstrap,
         topic_prefix=prefix,
-        partitions=4,
-        data_dir=tmp_path / "data",
-        log_format="text",
-        scheduler_app_id=f"{prefix}-scheduler",
-        worker_group=f"{prefix}-workers",
-        status_group=f"{prefix}-status",
-        api_port=free_port(),
+        **fields,
     )
     ensure_topics(s)
     return s
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> Any:
+    """Settings for one test: unique topic prefix and group ids, its topics already created."""
+    return settings_on(kafka_bootstrap, tmp_path)
 
 
 def _env_value(value: Any) -> str:

@@ -8,7 +8,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -306,27 +305,3 @@ class SupervisedScheduler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
-
-
-def settings_on(bootstrap: str, tmp_path: Path, **overrides: Any) -> Settings:
-    """Settings for a test on a broker of its own: a fresh topic prefix and group ids, its
-    topics created. ``overrides`` are Settings fields."""
-    from jobwheel.kafka.admin import ensure_topics
-
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    fields: dict[str, Any] = {
-        "partitions": 4,
-        "data_dir": tmp_path / "data",
-        "scheduler_app_id": f"{prefix}-scheduler",
-        "worker_group": f"{prefix}-workers",
-        "status_group": f"{prefix}-status",
-        **overrides,
-    }
-    settings = Settings(
-        _env_file=None,  # type: ignore[call-arg]
-        bootstrap_servers=bootstrap,
-        topic_prefix=prefix,
-        **fields,
-    )
-    ensure_topics(settings)
-    return settings

@@ -14,11 +14,10 @@ import pytest
 
 from jobwheel.deploy.broker import LocalBroker
 from jobwheel.producers.client import JobClient, JobSpec
-from tests.conftest import settings_env
+from tests.conftest import settings_env, settings_on
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,
-    settings_on,
     start_scheduler,
 )
 from tests.support import Procs, log_tail, wait_until

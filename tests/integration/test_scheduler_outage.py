@@ -15,12 +15,11 @@ import pytest
 from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
-from tests.conftest import settings_env
+from tests.conftest import settings_env, settings_on
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,
     now_ms,
-    settings_on,
     start_scheduler,
     start_worker,
 )

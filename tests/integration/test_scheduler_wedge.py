@@ -29,12 +29,11 @@ import pytest
 from jobwheel.deploy.broker import LocalBroker, free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
-from tests.conftest import settings_env
+from tests.conftest import settings_env, settings_on
 from tests.integration.scheduler_support import (
     SupervisedScheduler,
     TopicTail,
     now_ms,
-    settings_on,
     start_worker,
 )
 from tests.support import Procs, log_tail, scaled, wait_until
