@@ -146,15 +146,31 @@ def test_cli_starts_a_three_node_cluster_stops_and_starts_one_node(tmp_path: Pat
 # --- the session's cluster ---------------------------------------------------------------------
 
 
-def _partitions_not_in_full_isr(bootstrap: str) -> list[str]:
-    """Every partition of the cluster (internal topics too) without a leader or full ISR."""
+def _partitions_where(bootstrap: str, bad: Callable[[Any], bool]) -> list[str]:
+    """Every partition of the cluster (internal topics too) whose metadata ``bad`` flags."""
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=scaled(10))
     return [
         f"{name}[{pid}] leader {p.leader} isr {p.isrs} of {p.replicas}"
         for name, topic in metadata.topics.items()
         for pid, p in topic.partitions.items()
-        if p.leader < 0 or len(p.isrs) < len(p.replicas)
+        if bad(p)
     ]
+
+
+def _wait_no_partition(
+    cluster: LocalCluster, bad: Callable[[Any], bool], timeout_s: float, what: str
+) -> None:
+    """Wait until no partition is ``bad``; the failure names those still flagged then."""
+    last: list[str] = []
+
+    def none_left() -> bool:
+        last[:] = _partitions_where(cluster.bootstrap, bad)
+        return not last
+
+    try:
+        wait_until(none_left, timeout_s, 0.5)
+    except AssertionError:
+        raise AssertionError(f"{what}: {last[:10]}") from None
 
 
 def _all_back(cluster: LocalCluster) -> None:
@@ -165,13 +181,12 @@ def _all_back(cluster: LocalCluster) -> None:
                 node_id, die_with_parent=not os.environ.get("JOBWHEEL_TEST_CLUSTER_DIR")
             )
     cluster.wait_ready(scaled(120))
-    last: list[list[str]] = [[]]
-
-    def full() -> bool:
-        last[0] = _partitions_not_in_full_isr(cluster.bootstrap)
-        return not last[0]
-
-    wait_until(full, scaled(120), 0.5, f"partitions not back in full ISR: {last[0][:10]}")
+    _wait_no_partition(
+        cluster,
+        lambda p: p.leader < 0 or len(p.isrs) < len(p.replicas),
+        scaled(120),
+        "partitions not back in full ISR",
+    )
     # A fault leaves the leaderships it moved on the nodes that stayed up until the controller's
     # imbalance check (5 min): after two of three were down, one node led every partition and
     # coordinated every group. Each partition gets its preferred leader back, so each test
@@ -179,18 +194,12 @@ def _all_back(cluster: LocalCluster) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     # (No timeout arguments: confluent-kafka 2.16 raises SystemError on operation_timeout.)
     admin.elect_leaders(ElectionType.PREFERRED, None).result(scaled(60))
-
-    def preferred() -> bool:
-        metadata = admin.list_topics(timeout=scaled(10))
-        last[0] = [
-            f"{name}[{pid}] leader {p.leader} of {p.replicas}"
-            for name, topic in metadata.topics.items()
-            for pid, p in topic.partitions.items()
-            if p.replicas and p.leader != p.replicas[0]
-        ]
-        return not last[0]
-
-    wait_until(preferred, scaled(60), 0.5, f"not led by their preferred leader: {last[0][:10]}")
+    _wait_no_partition(
+        cluster,
+        lambda p: bool(p.replicas) and p.leader != p.replicas[0],
+        scaled(60),
+        "not led by their preferred leader",
+    )
 
 
 @pytest.fixture
