@@ -3,6 +3,7 @@ membership or commits: the SDK's ``wait`` (one job's events) and the dead-letter
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -134,8 +135,6 @@ def read_table(
     end offsets taken first (a tombstone removes its key; records without a key are skipped).
     None when the broker does not have the topic. Raises :class:`BrokerError` when the end is
     not reached within ``timeout_s``: a table read part-way would look like rows missing."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     reader = TopicReader(settings, package, purpose)
     try:
@@ -177,8 +176,6 @@ def _watermarks(
     """:meth:`TopicReader.watermarks`, asked again through a broker's transient answers (a
     topic created a moment ago has no leader in every broker's metadata yet) until
     ``deadline`` (monotonic)."""
-    import time
-
     while True:
         try:
             return reader.watermarks(topic, partition, max(0.1, deadline - time.monotonic()))

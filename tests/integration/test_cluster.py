@@ -235,7 +235,10 @@ def _listed(settings: Settings) -> Any:
         last[0] = replication_report(settings, scaled(10))
         return not last[0].missing and len(last[0].partitions) == expected and last[0]
 
-    return wait_until(listed, scaled(30), 0.2, f"fresh topics not all in the metadata: {last[0]}")
+    try:
+        return wait_until(listed, scaled(30), 0.2)
+    except AssertionError:
+        raise AssertionError(f"fresh topics not all in the metadata: {last[0]}") from None
 
 
 def test_topics_ensure_sizes_topics_for_the_cluster(
