@@ -116,6 +116,7 @@ def ensure_topics(
         missing = [s for s in missing if s not in exists]
     raced = _create(admin, missing, timeout_s, validate_only=False)
     created = [s.name for s in missing if s not in raced]
+    warn_single_replicas([s for s in missing if s not in raced], len(metadata.brokers))
     _await_leaders(admin, [s.name for s in missing], timeout_s, bootstrap)
     if raced:  # someone else created them meanwhile: check them like the others
         _check_when_visible(admin, raced, timeout_s, bootstrap)
@@ -135,8 +136,8 @@ def sized_for_cluster(
     once that many replicas hold it, so losing one broker loses no acknowledged job, and
     writes go on while one broker is down. Factors the cluster cannot hold are refused here,
     naming the setting, rather than by the broker mid-way. Creating RF 1 topics on a cluster
-    is allowed (a setting asked for it) but warned about once: one broker's loss then loses
-    jobs.
+    is allowed (a setting asked for it); :func:`warn_single_replicas` says so for those
+    actually created.
     """
     out: list[TopicSpec] = []
     for spec in specs:
@@ -157,7 +158,14 @@ def sized_for_cluster(
                 "lower JOBWHEEL_MIN_INSYNC_REPLICAS or raise JOBWHEEL_REPLICATION_FACTOR"
             )
         out.append(TopicSpec(spec.name, spec.partitions, factor, config))
-    single = [s.name for s in out if s.replication_factor == 1]
+    return out
+
+
+def warn_single_replicas(created: Sequence[TopicSpec], brokers: int) -> None:
+    """One warning for the topics just created with one replica on a cluster: one broker's
+    loss then loses jobs. Only for topics created here: the metadata can miss topics created
+    a moment ago, and warning for those (which a dry run then finds) warned twice."""
+    single = [s.name for s in created if s.replication_factor == 1]
     if single and brokers > 1:
         log.warning(
             "creating topics with one replica on a cluster: losing one broker loses their "
@@ -169,7 +177,6 @@ def sized_for_cluster(
                 "the topics are created; an existing topic keeps its replicas",
             },
         )
-    return out
 
 
 def _create(  # type: ignore[no-untyped-def]

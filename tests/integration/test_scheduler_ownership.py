@@ -198,9 +198,15 @@ def test_a_claim_whose_first_transaction_aborts_still_changelogs_its_epoch(setti
             clock.set(due)
             reclaim(engine, p)
             aborts, commits = engine.stats.aborts, engine.stats.transactions
-            # One iteration: the claim is restored from its standby copy, the job fires, and
-            # the transaction with the claim's epoch and the run is refused.
+            # The claim is restored from its standby copy, the job fires, and the first
+            # transaction of the claim (its epoch and the run) is refused. Ready and that first
+            # transaction may come in one iteration or two: the test waits for its outcome.
             step_until(engine, lambda: engine.tasks[p].phase is Phase.READY, "never ready")
+            step_until(
+                engine,
+                lambda: (engine.stats.aborts, engine.stats.transactions) != (aborts, commits),
+                "the claim's first transaction never ended",
+            )
             assert (engine.stats.aborts, engine.stats.transactions) == (aborts + 1, commits)
             _alter(admin, runs, unlimited)
             lifted = True

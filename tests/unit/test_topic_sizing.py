@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from jobwheel.errors import ConfigError
-from jobwheel.kafka.admin import sized_for_cluster
+from jobwheel.kafka.admin import sized_for_cluster, warn_single_replicas
 from jobwheel.schemas.topics import Topics, TopicSpec
 from jobwheel.settings import Settings
 
@@ -48,9 +48,13 @@ def test_what_the_cluster_cannot_hold_is_refused_naming_the_setting() -> None:
 
 def test_one_replica_on_a_cluster_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="jobwheel.kafka.admin"):
-        sized_for_cluster(_specs(1), 1)  # a single broker: nothing else is possible
+        warn_single_replicas(sized_for_cluster(_specs(1), 1), 1)  # nothing else is possible
         assert caplog.records == []
-        sized_for_cluster(_specs(1), 3)
+        warn_single_replicas(sized_for_cluster(_specs(), 3), 3)  # three replicas: no warning
+        assert caplog.records == []
+        sized_for_cluster(_specs(1), 3)  # sizing alone says nothing: creating does
+        assert caplog.records == []
+        warn_single_replicas(sized_for_cluster(_specs(1), 3), 3)
     assert len(caplog.records) == 1
     assert caplog.records[0].topics == [s.name for s in _specs()]  # type: ignore[attr-defined]
 
