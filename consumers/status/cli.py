@@ -41,6 +41,7 @@ _CONTROL_HELP = {
     "trigger": "run a job once now, outside its schedule (a paused job stays paused)",
 }
 CONTROL_WAIT_S = 10.0
+_JOB_ID_HELP = "the job's id, or its start (4 characters or more) if no other id starts so"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -79,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(handler=sink)
 
     p = sub.add_parser("status", help="a job's state and its runs")
-    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("job_id", metavar="JOB_ID", help=_JOB_ID_HELP)
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(handler=status)
 
@@ -92,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "when no answer arrives within --wait (or the status API does not answer) it says "
             "so and exits 0: the command was sent.",
         )
-        c.add_argument("job_id", metavar="JOB_ID")
+        c.add_argument("job_id", metavar="JOB_ID", help=_JOB_ID_HELP)
         c.add_argument("--reason", metavar="TEXT", help="kept in the status event")
         c.add_argument(
             "--wait",
@@ -237,9 +238,10 @@ def control(args: argparse.Namespace) -> int:
     settings = _settings()
     rules.job_id(args.job_id)
     rules.optional_text(args.reason, "reason", rules.MAX_REASON_CHARS)
+    job_id = resolve_job_id(_Api(settings, timeout_s=5.0), args.job_id)
     with JobClient(settings) as client:
         client.check_broker()
-        command = client.control(args.control, args.job_id, args.reason)
+        command = client.control(args.control, job_id, args.reason)
     if args.wait <= 0:
         print(control_line(args.control, command, {}))
         return 0
@@ -274,6 +276,22 @@ def control_line(kind: str, command: JobCommand, answer: dict[str, Any]) -> str:
     if state:
         return f"{job}: {kind} applied; the job is {state}"
     return f"{job}: {kind} sent; the scheduler will make the job {_CONTROL_STATE[kind]}"
+
+
+def resolve_job_id(api: _Api, text: str) -> str:
+    """The whole id of the job ``text`` names, as the status API resolves a unique prefix
+    (``GET /jobs/{id}/runs``), or ``text`` itself when no job has it as id or prefix, or the
+    API does not answer (the scheduler is then the one to say whether it knows the job).
+    Raises the API's :class:`ValidationError` naming the candidates when it starts several."""
+    try:
+        code, payload = api.call("GET", f"/jobs/{urllib.parse.quote(text, safe='')}/runs?limit=1")
+    except JobwheelError:
+        return text
+    if code == 422 and isinstance(payload, dict) and payload.get("field") == "job_id":
+        raise ValidationError("job_id", str(payload.get("message")))
+    if code == 200 and isinstance(payload, dict) and isinstance(payload.get("job_id"), str):
+        return payload["job_id"]
+    return text
 
 
 def _await_verdict(api: _Api, kind: str, command: JobCommand, wait_s: float) -> dict[str, Any]:
@@ -562,7 +580,7 @@ def _register_dlq(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         )
         c.add_argument("--task", help="task name (of the dead run, or the rejected ScheduleJob)")
         c.add_argument("--reason", metavar="TEXT", help="part of the error (case-insensitive)")
-        c.add_argument("--job", metavar="ID", help="job id")
+        c.add_argument("--job", metavar="ID", help=_JOB_ID_HELP)
         c.add_argument("--kind", choices=deadletter.KINDS, help="kind of record")
         c.add_argument("--json", action="store_true", help="print JSON")
         c.add_argument(
@@ -610,11 +628,12 @@ def _dlq_filter(args: argparse.Namespace) -> Any:
     from jobwheel.schemas.timetext import instant_ms
 
     since = instant_ms(args.since, "since", now=SystemClock().now_ms()) if args.since else None
+    job = resolve_job_id(_Api(_settings(), timeout_s=5.0), args.job) if args.job else None
     return Filter(
         since_ms=since,
         task=args.task,
         reason=args.reason,
-        job_id=args.job,
+        job_id=job,
         kind=args.kind,
         limit=args.limit,
     )

@@ -152,6 +152,45 @@ def get_job(store: StatusStore, job_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+#: The shortest job id prefix that stands for a job (git's shortest abbreviation): a shorter
+#: one would too often pick a job the user did not mean, which a cancel cannot take back.
+MIN_JOB_ID_PREFIX = 4
+#: How many jobs an ambiguous prefix names.
+PREFIX_CANDIDATES = 5
+
+
+class AmbiguousJobId(ValidationError):
+    """A job id prefix that starts the ids of several jobs; ``candidates`` are some of them."""
+
+    def __init__(self, prefix: str, candidates: list[str], more: bool) -> None:
+        self.candidates = candidates
+        named = ", ".join(candidates) + (", ..." if more else "")
+        super().__init__(
+            "job_id",
+            f"{clip(prefix)} is the start of {'more than ' if more else ''}"
+            f"{len(candidates)} job ids ({named}); give more of the id",
+        )
+
+
+def resolve_job_id(store: StatusStore, text: str) -> str:
+    """The job ``text`` names: itself when a job has that id, else the one job whose id starts
+    with it (at least :data:`MIN_JOB_ID_PREFIX` characters), else ``text`` unchanged (the
+    caller's not-found answer then names it). Ids are long (32 hex characters by default) and
+    people copy their start, as the README's sample output shortens them. Raises
+    :class:`AmbiguousJobId` naming the candidates when several jobs start with it."""
+    if len(text) < MIN_JOB_ID_PREFIX or get_job(store, text) is not None:
+        return text
+    rows = store.query(
+        "SELECT job_id FROM jobs WHERE startsWith(job_id, {prefix:String}) "
+        "ORDER BY job_id LIMIT {limit:UInt32}",
+        {"prefix": text, "limit": PREFIX_CANDIDATES + 1},
+    )[2]
+    ids = [str(row[0]) for row in rows]
+    if len(ids) > 1:
+        raise AmbiguousJobId(text, ids[:PREFIX_CANDIDATES], more=len(ids) > PREFIX_CANDIDATES)
+    return ids[0] if ids else text
+
+
 def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[str, Any]]:
     """The job's runs, newest scheduled first, each with its result (:func:`with_results`)."""
     runs = store.dicts(

@@ -109,6 +109,28 @@ def _status_of_an_unknown_job_fails_with_a_reason(served: dict[str, str]) -> Non
     assert "not found" in out.stderr and "HTTP 404" in out.stderr
 
 
+def _a_unique_start_of_a_job_id_names_the_job(served: dict[str, str]) -> None:
+    """`status`, the job commands and `dlq --job` take the start of an id (the README's sample
+    shortens ids to their start); one that starts several ids is refused naming them, and
+    nothing is sent."""
+    out = jobwheel(served, "status", "cli-d")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("job cli-done  COMPLETED  "), out.stdout
+    as_json = json.loads(jobwheel(served, "status", "cli-b", "--json").stdout)
+    assert as_json["job"]["job_id"] == "cli-bad"
+    paused = jobwheel(served, "pause", "cli-w", "--no-wait")
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.strip() == "cli-wait: pause sent; the scheduler will make the job PAUSED"
+    for args in (["status", "cli-"], ["pause", "cli-"], ["dlq", "list", "--job", "cli-"]):
+        refused = jobwheel(served, *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        assert refused.stdout == ""
+        assert "'cli-' is the start of 3 job ids (cli-bad, cli-done, cli-wait)" in refused.stderr
+        assert "give more of the id" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    too_short = jobwheel(served, "status", "cli")  # under 4 characters: an id, not a prefix
+    assert too_short.returncode == 1 and "HTTP 404" in too_short.stderr
+
+
 def _list_filters(served: dict[str, str]) -> None:
     out = jobwheel(served, "list", "--state", "dead")
     assert out.returncode == 0, out.stderr
@@ -181,6 +203,7 @@ def test_read_commands_against_a_running_serve(served: dict[str, str], tmp_path:
     _docs_pages_work_offline_and_without_the_token(served)
     _status_prints_the_job_and_its_runs_one_line_each(served)
     _status_of_an_unknown_job_fails_with_a_reason(served)
+    _a_unique_start_of_a_job_id_names_the_job(served)
     _list_filters(served)
     _sql(served)
     _hostile_input(served, tmp_path)
