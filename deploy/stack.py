@@ -17,7 +17,8 @@ chatter, librdkafka lines and escape codes stay in the log files.
 workers first, while the scheduler and the status service still run, so a run a worker hands
 back is dispatched again and recorded at once. Each service gets at least its own grace
 (:attr:`Service.grace`: the worker's ``JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS`` plus the time to hand
-back and leave its group) before SIGKILL, and the terminal says what it is waiting for. A second
+back and leave its group) before SIGKILL, and the terminal says what it is waiting for, then
+every :data:`COUNTDOWN_EVERY_S` how long each service has left. A second
 Ctrl-C asks again (a worker then hands its runs back at once, a scheduler exits at once); a third
 kills what is left.
 
@@ -73,6 +74,10 @@ log = logging.getLogger(__name__)
 
 #: Grace of a service that declares none; also added to a service's own grace for its exit.
 STOP_GRACE_S = 10.0
+#: While a stop waits for services, how often the terminal is told how long each has left: a
+#: worker's grace is 25 s and more, and a terminal silent that long looks hung (and gets the
+#: second Ctrl-C that hands the runs back, or a kill).
+COUNTDOWN_EVERY_S = 5.0
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
@@ -671,6 +676,7 @@ class Stack:
             )
         asks_seen = self._asks
         waiting = list(group)
+        next_count = started + COUNTDOWN_EVERY_S
         while waiting:
             self._asked.wait(0.1)
             self._asked.clear()
@@ -702,6 +708,14 @@ class Stack:
                         f"!! service {running.service.name} did not stop within "
                         f"{deadlines[id(running)] - started:.0f}s; killed"
                     )
+            if waiting and now >= next_count:
+                next_count += COUNTDOWN_EVERY_S
+                left = ", ".join(
+                    f"{r.service.name} {max(0.0, deadlines[id(r)] - now):.0f}s" for r in waiting
+                )
+                one = len(waiting) == 1
+                then = ("kill " if asks_seen else "hurry ") + ("it" if one else "them")
+                self._say(f"still waiting: {left} left until SIGKILL (Ctrl-C again: {then})")
 
 
 def _port_free(host: str, port: int) -> bool:

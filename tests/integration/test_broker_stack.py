@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,6 +209,10 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     assert up.wait(scaled(12 + 25 + 30 + 20)) == 0, log.read_text()
     text = log.read_text()
     assert "stopping worker: waiting up to 37s (runs in flight may finish within 12s" in text
+    # While the worker takes its 12 s grace, the terminal counts down what is left of the 37.
+    left = [int(n) for n in re.findall(r"still waiting: worker (\d+)s left until SIGKILL", text)]
+    assert left and left == sorted(left, reverse=True) and left[0] < 37, text
+    assert "until SIGKILL (Ctrl-C again: hurry it)" in text
     assert "[worker] worker stopping running=1" in text
     assert "[worker] worker stopped" in text
     assert "service worker: stopped (exit 0)" in text
