@@ -112,3 +112,43 @@ def test_the_store_serves_the_latest_definition_and_the_next_fires(store: Status
     assert every == [1_000, 1_500, 2_000]
     assert queries.next_fires({"state": "PAUSED", "next_fire_ms": 1}, spec, 3) == []
     assert queries.job_spec(store, "nobody") is None
+
+
+def test_the_job_page_shows_a_cron_jobs_times_in_its_zone_beside_utc(store: StatusStore) -> None:
+    """A cron job's fires are wall times in its zone: the console writes each of its times in
+    UTC and, beside it, in that zone; a job of another trigger keeps UTC alone."""
+    from fastapi.testclient import TestClient
+
+    from jobwheel.consumers.status.api import create_app
+    from jobwheel.schemas.models import State
+    from jobwheel.settings import Settings
+
+    ny = scheduled("ny", ScheduleJob("t", Cron("30 2 * * *", "America/New_York")))
+    fire = T0 + 30 * 60_000  # 02:30 in New York, 07:30Z in January
+    run = status_support.event(
+        "ny",
+        State.DISPATCHED,
+        seq=ny.seq + 1,
+        t=fire + 5,
+        run_id=f"ny@{fire}",
+        attempt=1,
+        task="t",
+        scheduled_time_ms=fire,
+        next_fire_ms=fire + 86_400_000,  # what the scheduler's event says: the next day's
+    )
+    store.add_events([ny, run, scheduled("every", ScheduleJob("t", Every(60_000)))])
+    settings = Settings(_env_file=None, bootstrap_servers="127.0.0.1:1")  # type: ignore[call-arg]
+    with TestClient(create_app(settings, store, job_client_factory=lambda: None)) as client:
+        page = client.get("/console/jobs/ny").text
+        every = client.get("/console/jobs/every").text
+    day = datetime.fromtimestamp(fire / 1000, UTC).strftime("%Y-%m-%d")
+    beside = f"{day} 07:30:00.000Z ({day} 02:30:00 EST America/New_York)"
+    next_fires = page.split("<dt>next fires</dt><dd>")[1].split("</dd>")[0].split("<br>")
+    assert next_fires[0].endswith(
+        "07:30:00.000Z (" + next_fires[0][:10] + " 02:30:00 EST America/New_York)"
+    )
+    assert len(next_fires) > 1 and all("02:30:00 EST America/New_York)" in f for f in next_fires)
+    runs = page.split('class="runs"')[1]
+    assert beside in runs  # the run's scheduled time
+    assert "<dt>created</dt><dd>" in page and " EST America/New_York)</dd>" in page
+    assert "America/" not in every and " EST " not in every and "Z (" not in every

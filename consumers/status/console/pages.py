@@ -11,11 +11,15 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from jobwheel.consumers.status.console import charts
-from jobwheel.schemas import deadletter
+from jobwheel.errors import ValidationError
+from jobwheel.schemas import cron, deadletter
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
 
 JOB_STATES = ("SCHEDULED", "PAUSED", "COMPLETED", "DEAD", "CANCELLED")
 RANGES = {"15m": 15 * 60_000, "1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000}
@@ -33,6 +37,30 @@ def when(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def job_zone(spec: Mapping[str, Any] | None) -> ZoneInfo | None:
+    """The time zone a job's times mean something in: a cron job's own, where its expression
+    is read (``0 9 * * *`` in Europe/Berlin fires at 09:00 there, 08:00Z in winter). None for
+    UTC, another trigger, or a zone this host's tzdata lacks."""
+    trigger = (spec or {}).get("trigger") or {}
+    name = trigger.get("timezone") if trigger.get("type") == "Cron" else None
+    if not name or name == "UTC":
+        return None
+    try:
+        return cron.zone(str(name))
+    except ValidationError:
+        return None
+
+
+def when_in(ms: int | None, tz: ZoneInfo | None) -> str:
+    """A time in UTC, the console's one clock, and beside it the wall time in ``tz`` (a cron
+    job's zone): a user reading a Berlin job's fires should not have to add the offset."""
+    text = when(ms)
+    if ms is None or tz is None:
+        return text
+    local = datetime.fromtimestamp(ms / 1000, tz)
+    return f"{text} ({local:%Y-%m-%d %H:%M:%S %Z} {tz.key})"
 
 
 def ago(ms: int | None, now_ms: int) -> str:
@@ -331,12 +359,13 @@ def job(
     )
     if page.grant == "read":
         buttons = '<span class="muted">read-only token: no commands</span>'
+    tz = job_zone(spec)
     facts = [
-        ("state", f"{badge(job['state'])} since {escape(when(job['state_time_ms']))}"),
+        ("state", f"{badge(job['state'])} since {escape(when_in(job['state_time_ms'], tz))}"),
         ("task", f"<code>{escape(job.get('task') or '-')}</code>"),
-        ("next fire", escape(when(job.get("next_fire_ms")))),
-        ("created", escape(when(job["created_ms"]))),
-        ("updated", escape(when(job["updated_ms"]))),
+        ("next fire", escape(when_in(job.get("next_fire_ms"), tz))),
+        ("created", escape(when_in(job["created_ms"], tz))),
+        ("updated", escape(when_in(job["updated_ms"], tz))),
         ("attempts (last run)", str(job.get("attempts", 0))),
     ]
     if job.get("last_error"):
@@ -356,13 +385,13 @@ def job(
                 facts.append((name, escape(duration(spec[key]))))
         facts.append(("concurrency policy", escape(str(spec.get("concurrency_policy")))))
     if next_fires:
-        facts.append(("next fires", "<br>".join(escape(when(t)) for t in next_fires)))
+        facts.append(("next fires", "<br>".join(escape(when_in(t, tz)) for t in next_fires)))
     definition = "".join(f"<dt>{escape(k)}</dt><dd>{v}</dd>" for k, v in facts)
     run_rows = [
         [
             f'<code id="run-{escape(r["run_id"])}">{escape(r["run_id"])}</code>',
             badge(r["state"]),
-            escape(when(r.get("scheduled_time_ms"))),
+            escape(when_in(r.get("scheduled_time_ms"), tz)),
             escape(millis(r.get("lateness_ms"))),
             escape(millis(r.get("duration_ms"))),
             str(r.get("attempts", 0)),
