@@ -138,7 +138,11 @@ class JobFailedError(JobwheelError):
     def __init__(
         self, job_id: str, state: str, reason: str | None = None, error: str | None = None
     ) -> None:
-        why = "; ".join(x for x in (reason, f"last error: {error}" if error else None) if x)
+        # The scheduler's reason for a DEAD run quotes the task's error; said twice, it made
+        # one failure read like two.
+        said = error is not None and reason is not None and error in reason
+        last = f"last error: {error}" if error and not said else None
+        why = "; ".join(x for x in (reason, last) if x)
         super().__init__(f"job {job_id} ended {state}" + (f": {why}" if why else ""))
         self.job_id = job_id
         self.state = state

@@ -44,6 +44,11 @@ def test_results_waiting_and_a_dead_run_replayed_after_its_task_is_fixed(stack: 
         with pytest.raises(JobFailedError) as failed:
             client.wait(job, scaled(60))
         assert failed.value.state == "DEAD" and "task-is-broken exists" in str(failed.value)
+        # its one attempt was used up: said so, not "not retryable", and the error said once
+        said = str(failed.value)
+        assert "attempt 1 of 1 failed: " in said and "not retr" not in said, said
+        assert said.count("task-is-broken exists") == 1, said
+        assert failed.value.error is not None and "task-is-broken exists" in failed.value.error
 
     # the result is in `jobwheel status` and the API, the run by its own id
     stack.reaches(echo, "COMPLETED")
