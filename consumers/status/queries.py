@@ -361,7 +361,17 @@ def command_verdict(store: StatusStore, job_id: str, command_id: str) -> dict[st
         "ORDER BY seq, state_rank LIMIT 1",
         {"job_id": job_id, "prefix": f"{command_id}:"},
     )
-    return rows[0] if rows else None
+    if not rows:
+        return None
+    verdict = rows[0]
+    if verdict["state"] == State.RESUMED.value:
+        # RESUMED names the event, not a state a job is in (`jobwheel resume` said "the job is
+        # RESUMED"): a resumed job is SCHEDULED again, or already COMPLETED or DEAD when its
+        # runs ended while it was paused (the scheduler settles it with the resume).
+        job = get_job(store, job_id)
+        settled = job is not None and job["state"] in (State.COMPLETED.value, State.DEAD.value)
+        verdict["state"] = job["state"] if job is not None and settled else State.SCHEDULED.value
+    return verdict
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,20 @@ def test_a_commands_verdict_is_served_by_its_id(api: TestClient, store: StatusSt
     missing = api.get("/jobs/job-v/commands/c3")  # another job's command
     assert missing.status_code == 404 and "no answer" in missing.json()["detail"]
 
+    # A resume's answer is the state the job is in after it, not the event's name RESUMED:
+    # SCHEDULED again, or COMPLETED when its run ended while it was paused.
+    store.add_events([event("job-v", State.RESUMED, seq=4, t=t0 + 3, event_id="c4:RESUMED")])
+    assert api.get("/jobs/job-v/commands/c4").json()["state"] == "SCHEDULED"
+    store.add_events(
+        [
+            event("job-e", State.SCHEDULED, seq=1, t=t0, task="demo.echo", event_id="c5:SCHEDULED"),
+            event("job-e", State.PAUSED, seq=2, t=t0 + 1, event_id="c6:PAUSED"),
+            event("job-e", State.RESUMED, seq=3, t=t0 + 2, event_id="c7:RESUMED"),
+            event("job-e", State.COMPLETED, seq=3, t=t0 + 2),
+        ]
+    )
+    assert api.get("/jobs/job-e/commands/c7").json()["state"] == "COMPLETED"
+
 
 @pytest.mark.parametrize(
     ("query", "field"),
