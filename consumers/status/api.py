@@ -678,10 +678,16 @@ def _dead_letter_filter(
 
 
 def _not_found(job_id: str) -> JSONResponse:
+    short = len(job_id) < queries.MIN_JOB_ID_PREFIX
     return JSONResponse(
         {
             "detail": f"unknown job {clip(job_id)}: not found in the status store (never "
             "scheduled, or its first status event has not arrived yet)"
+            + (
+                f"; the start of an id names a job from {queries.MIN_JOB_ID_PREFIX} characters on"
+                if short
+                else ""
+            )
         },
         status_code=404,
     )

@@ -129,6 +129,7 @@ def _a_unique_start_of_a_job_id_names_the_job(served: dict[str, str]) -> None:
         assert "give more of the id" in refused.stderr and len(refused.stderr.splitlines()) == 1
     too_short = jobwheel(served, "status", "cli")  # under 4 characters: an id, not a prefix
     assert too_short.returncode == 1 and "HTTP 404" in too_short.stderr
+    assert "the start of an id names a job from 4 characters on" in too_short.stderr
 
 
 def _list_filters(served: dict[str, str]) -> None:
