@@ -511,9 +511,10 @@ def create_app(
     ) -> dict[str, Any]:
         """The job's runs, newest first (404 if the store has never heard of the job). The id
         may be a unique prefix (4 characters or more), as for ``GET /jobs/{id}``."""
-        job_id = queries.resolve_job_id(store, job_id)
-        if queries.get_job(store, job_id) is None:
+        job = queries.find_job(store, job_id)
+        if job is None:
             return _not_found(job_id)  # type: ignore[return-value]
+        job_id = job["job_id"]
         return {"job_id": job_id, "runs": queries.job_runs(store, job_id, limit=limit)}
 
     @app.get("/jobs/{job_id:path}", response_model=JobDetail, tags=["status"])
@@ -521,10 +522,10 @@ def create_app(
         """Current state of a job, its runs, and its status events in lifecycle order. The id
         may be a unique prefix of one (4 characters or more; the answer names the whole id); a
         prefix of several is refused (422) naming some of them."""
-        job_id = queries.resolve_job_id(store, job_id)
-        job = queries.get_job(store, job_id)
+        job = queries.find_job(store, job_id)
         if job is None:
             return _not_found(job_id)  # type: ignore[return-value]
+        job_id = job["job_id"]
         return {
             "job": job,
             "runs": queries.job_runs(store, job_id),

@@ -172,14 +172,14 @@ class AmbiguousJobId(ValidationError):
         )
 
 
-def resolve_job_id(store: StatusStore, text: str) -> str:
-    """The job ``text`` names: itself when a job has that id, else the one job whose id starts
-    with it (at least :data:`MIN_JOB_ID_PREFIX` characters), else ``text`` unchanged (the
-    caller's not-found answer then names it). Ids are long (32 hex characters by default) and
-    people copy their start, as the README's sample output shortens them. Raises
-    :class:`AmbiguousJobId` naming the candidates when several jobs start with it."""
-    if len(text) < MIN_JOB_ID_PREFIX or get_job(store, text) is not None:
-        return text
+def find_job(store: StatusStore, text: str) -> dict[str, Any] | None:
+    """The job ``text`` names: the job with that id, else the one job whose id starts with it
+    (at least :data:`MIN_JOB_ID_PREFIX` characters), else None. Ids are long (32 hex
+    characters by default) and people copy their start, as the README's sample output shortens
+    them. Raises :class:`AmbiguousJobId` naming the candidates when several ids start so."""
+    job = get_job(store, text)
+    if job is not None or len(text) < MIN_JOB_ID_PREFIX:
+        return job
     rows = store.query(
         "SELECT job_id FROM jobs WHERE startsWith(job_id, {prefix:String}) "
         "ORDER BY job_id LIMIT {limit:UInt32}",
@@ -188,7 +188,7 @@ def resolve_job_id(store: StatusStore, text: str) -> str:
     ids = [str(row[0]) for row in rows]
     if len(ids) > 1:
         raise AmbiguousJobId(text, ids[:PREFIX_CANDIDATES], more=len(ids) > PREFIX_CANDIDATES)
-    return ids[0] if ids else text
+    return get_job(store, ids[0]) if ids else None
 
 
 def job_runs(store: StatusStore, job_id: str, *, limit: int = 100) -> list[dict[str, Any]]:

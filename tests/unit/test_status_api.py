@@ -126,6 +126,26 @@ def test_list_filters_and_pages(api: TestClient, filled: int) -> None:
     }
 
 
+def test_a_job_is_found_by_a_unique_start_of_its_id(api: TestClient, store: StatusStore) -> None:
+    t0 = now_ms()
+    ids = ["5e0f2f89", "5e0f77aa", *(f"ab12-{n}" for n in range(7)), "ab1"]
+    store.add_events(
+        [event(j, State.SCHEDULED, seq=1, t=t0, task="demo.echo", event_id=f"{j}:S") for j in ids]
+    )
+    assert api.get("/jobs/5e0f2").json()["job"]["job_id"] == "5e0f2f89"
+    assert api.get("/jobs/5e0f7/runs").json() == {"job_id": "5e0f77aa", "runs": []}
+    assert api.get("/jobs/ab1").json()["job"]["job_id"] == "ab1"  # an exact id wins
+    both = api.get("/jobs/5e0f")
+    assert both.status_code == 422 and both.json()["field"] == "job_id"
+    assert both.json()["message"] == (
+        "'5e0f' is the start of 2 job ids (5e0f2f89, 5e0f77aa); give more of the id"
+    )
+    many = api.get("/jobs/ab12-/runs").json()["message"]
+    assert many.startswith("'ab12-' is the start of more than 5 job ids (ab12-0, ab12-1, ")
+    assert "ab12-4, ...)" in many
+    assert api.get("/jobs/5e0").status_code == 404  # under 4 characters: an id only
+
+
 def test_a_commands_verdict_is_served_by_its_id(api: TestClient, store: StatusStore) -> None:
     t0 = now_ms()
     store.add_events(
