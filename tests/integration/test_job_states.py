@@ -158,7 +158,8 @@ def test_every_transition_of_the_job_state_table_on_the_real_pipeline(walk: Walk
     assert w.job("tick")["state"] == "PAUSED"
     line = w.refused("pause", "tick", *wait)
     assert line == "jobwheel pause: refused: cannot pause: job is already PAUSED"
-    w.ok("resume", "tick", *wait)
+    # the answer is the job's state, not the event's name (RESUMED)
+    assert w.ok("resume", "tick", *wait) == "tick: resume applied; the job is SCHEDULED"
     assert w.reaches("tick", "SCHEDULED")["next_fire_ms"] == scheduled["next_fire_ms"]
     line = w.refused("resume", "tick", *wait)
     assert line == "jobwheel resume: refused: cannot resume: job is SCHEDULED, not PAUSED"
