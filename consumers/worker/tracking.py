@@ -252,6 +252,14 @@ class LatestAttempts:
     proper is the broker's: a replaced owner's transactions abort, and workers read
     ``read_committed``.
 
+    It also remembers whether this process finished the latest attempt (its verdict
+    acknowledged by the broker: :meth:`finish`). A record of that attempt fetched again is then
+    done, not run again, however it came back: a partition lost while the verdict was on its
+    way and regained after the broker took it (the commit before the loss never got through,
+    so the new ownership fetches the run again), a re-dispatch of the same attempt by a new
+    scheduler owner. The offsets' bookkeeping cannot see those: the verdict landed after the
+    ownership that ran it was gone.
+
     Memory is bounded: forgetting a very old run only costs the ability to recognise its stale
     records, which then run (at-least-once), never a lost run.
     """
@@ -260,18 +268,17 @@ class LatestAttempts:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._latest: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        #: run id -> (latest attempt, highest fencing token, that attempt finished here)
+        self._latest: OrderedDict[str, tuple[int, int, bool]] = OrderedDict()
 
     def observe(self, run_id: str, attempt: int, fencing_token: int = 0) -> str | None:
         """Record a dispatched attempt; returns why it is stale, or None when it may run."""
         latest = self._latest.get(run_id)
         if latest is None:
-            self._latest[run_id] = (attempt, fencing_token)
-            if len(self._latest) > self.capacity:
-                self._latest.popitem(last=False)
+            self._remember(run_id, (attempt, fencing_token, False))
             return None
         self._latest.move_to_end(run_id)
-        seen_attempt, seen_token = latest
+        seen_attempt, seen_token, finished = latest
         if fencing_token < seen_token:
             return f"fenced: token {fencing_token} < {seen_token}"
         if attempt < seen_attempt:
@@ -279,9 +286,30 @@ class LatestAttempts:
                 f"stale attempt: {attempt} < {seen_attempt}, a newer attempt of this run was "
                 "already dispatched"
             )
-        if attempt != seen_attempt or fencing_token != seen_token:
-            self._latest[run_id] = (attempt, fencing_token)
+        if attempt != seen_attempt:
+            self._latest[run_id] = (attempt, fencing_token, False)
+        elif fencing_token != seen_token:  # the same attempt sent again by a newer owner
+            self._latest[run_id] = (attempt, fencing_token, finished)
         return None
+
+    def finish(self, run_id: str, attempt: int, fencing_token: int) -> None:
+        """This process ran ``attempt`` and the broker has its verdict. Only the latest
+        attempt is marked (an older one is stale anyway)."""
+        latest = self._latest.get(run_id)
+        if latest is None:
+            self._remember(run_id, (attempt, fencing_token, True))
+        elif latest[0] == attempt:
+            self._latest[run_id] = (attempt, latest[1], True)
+
+    def finished(self, run_id: str, attempt: int) -> bool:
+        """Whether this process finished ``attempt`` of ``run_id`` (see :meth:`finish`)."""
+        latest = self._latest.get(run_id)
+        return latest is not None and latest[0] == attempt and latest[2]
+
+    def _remember(self, run_id: str, entry: tuple[int, int, bool]) -> None:
+        self._latest[run_id] = entry
+        if len(self._latest) > self.capacity:
+            self._latest.popitem(last=False)
 
     def newer_attempt(self, run_id: str, attempt: int) -> int | None:
         """The latest attempt seen for ``run_id`` if it is newer than ``attempt`` (a run that

@@ -162,3 +162,70 @@ def test_a_second_sigterm_exits_at_once_while_the_broker_is_down(
     assert (gave_up["undelivered_verdicts"], gave_up["uncommitted_offsets"]) == (0, {})
     assert gave_up["left_group"] is False
     assert gave_up["reason"].startswith("a second stop signal"), gave_up
+
+
+@pytest.mark.timeout(300)
+def test_a_run_finished_while_the_broker_is_frozen_runs_once_when_its_partition_comes_back(
+    own_broker: LocalBroker,
+    settings: Any,
+    jobwheel_env: dict[str, str],
+    procs: Any,
+    tmp_path: Path,
+) -> None:
+    """The broker freezes (SIGSTOP) just as a run finishes: its verdict waits, and the worker's
+    session runs out, so its partitions are lost. When the broker wakes, the verdict lands at
+    once and the same worker gets the partitions back; no commit of the run got through, so the
+    run is fetched again. Its offsets could not say it was done (the verdict came after the
+    ownership that ran it was gone), and it ran a second time, with the same attempt: seen on
+    the cluster with two of three brokers down (3 runs executed twice, no process died)."""
+    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
+    held = make_run(
+        settings,
+        "test.gate",
+        {"gate": str(gate), "started": str(started), "finished": str(finished)},
+    )
+    produce_runs(settings, [held])
+    partition = partition_for(held.job_id, settings.partitions)
+    # The verdict's request stays in flight through the freeze (no client-side timeout cuts it
+    # short), as a verdict sent just before a broker stalls does.
+    producer = {"message.timeout.ms": 300_000, "request.timeout.ms": 240_000}
+    env = {
+        **jobwheel_env,
+        "JOBWHEEL_LOG_FORMAT": "json",
+        "JOBWHEEL_WORKER_KAFKA_PRODUCER_CONFIG": json.dumps(producer),
+    }
+    log_path = tmp_path / "worker.log"
+    worker = start_worker(procs, env, log_path)
+    tail = StatusTail(settings)
+    try:
+        wait_until(lambda: file_lines(started), 60, message="the held run did not start")
+        pid = own_broker.running_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            gate.touch()  # the run finishes while the broker cannot take its verdict
+            wait_until(lambda: file_lines(finished), 30, message="the held run did not finish")
+            # The session runs out on the worker's side (no coordinator answers).
+            wait_for_log(log_path, '"partitions lost"', 120, proc=worker)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        tail.wait_for(held.run_id, State.SUCCEEDED, timeout_s=60)
+        wait_until(
+            lambda: len(log_events(log_path, "partitions assigned")) >= 2,
+            60,
+            message="the worker never got its partitions back",
+        )
+        # The known end: once the worker's commit is past the run's record, nothing of this
+        # group fetches it again; every execution it caused has happened by then.
+        wait_until(
+            lambda: committed_offsets(settings).get(partition, -1) > 0,
+            60,
+            interval_s=0.3,
+            message="the run's offset was never committed",
+        )
+        tail.poll_to_end()
+        assert worker.poll() is None, log_tail(log_path)
+        assert len(tail.of(held.run_id, State.SUCCEEDED)) == 1
+        assert file_lines(started) == [f"{held.run_id}:1"], "the run was executed again"
+    finally:
+        tail.close()

@@ -185,3 +185,23 @@ def test_a_lower_fencing_token_is_fenced_for_its_own_run_only() -> None:
     assert latest.observe("forged", 1, fencing_token=2**62) is None
     assert latest.observe("s", 1, fencing_token=1) is None
     assert latest.observe("s", 1, fencing_token=1) is None
+
+
+def test_a_finished_attempt_is_remembered_until_a_newer_attempt_arrives() -> None:
+    """What keeps a worker from running again an attempt it finished when the run's record
+    comes back after the ownership that ran it is gone (the verdict landed after the loss)."""
+    latest = LatestAttempts()
+    assert latest.observe("r", 1, fencing_token=3) is None
+    assert not latest.finished("r", 1)  # dispatched, not finished
+    latest.finish("r", 1, 3)
+    assert latest.finished("r", 1)
+    assert latest.observe("r", 1, fencing_token=3) is None  # the same record again
+    assert latest.finished("r", 1)
+    assert latest.observe("r", 1, fencing_token=4) is None  # re-sent by a newer owner
+    assert latest.finished("r", 1)  # still this process's finished attempt
+    assert latest.observe("r", 2, fencing_token=4) is None  # a new attempt: runs
+    assert not latest.finished("r", 2) and not latest.finished("r", 1)
+    latest.finish("r", 1, 4)  # an old attempt's verdict marks nothing
+    assert not latest.finished("r", 2)
+    latest.finish("unseen", 1, 1)  # forgotten or never observed: remembered from its verdict
+    assert latest.finished("unseen", 1) and not latest.finished("unseen", 2)

@@ -305,6 +305,12 @@ class Intake(PoolCore):
                         tracker.own(record.offset)
             self._hook("after_skip", run, None, "duplicate delivery of a known attempt")
             return
+        if self._latest.finished(run.run_id, run.attempt):
+            # Ran here already and its verdict is on the acks topic: fetched again because the
+            # partition came back before a commit of it got through (LatestAttempts).
+            self._done([(tracker, record.offset)])
+            self._hook("after_skip", run, None, "this worker ran this attempt already")
+            return
         execution = _Execution(run, [(tracker, record.offset)])
         execution.repeat = tracker.maybe_repeat(record.offset)
         self._inflight[execution.key] = execution

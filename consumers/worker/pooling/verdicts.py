@@ -70,9 +70,13 @@ class Verdicts(PoolCore):
         """Forget acknowledged executions and tell the middleware (after the broker ack)."""
         while self._acked:
             ex = self._acked.popleft()
+            ran = ex.outcome is not None and ex.outcome.state is not State.STALE
+            if ran:  # not for STALE: a forged or old record must not mark the real attempt done
+                self._latest.finish(ex.run.run_id, ex.run.attempt, ex.run.fencing_token)
             if self._inflight.get(ex.key) is ex:
                 del self._inflight[ex.key]
-            if ex.outcome is not None and ex.outcome.state is not State.STALE:
+            if ran:
+                assert ex.outcome is not None
                 self._hook("after_process", ex.run, ex.outcome)
 
     def _send_started(self, ex: _Execution) -> None:
