@@ -1096,10 +1096,14 @@ class LocalBroker:
                 node_id=self.node_id,
                 secrets_dir=self.secrets_dir,
             )
-            ready = probe._accepts() and probe._metadata_ok()
+            # One look, not a loop: a longer wait than the start-up loop's, so a busy host
+            # (a TLS handshake and SASL before the metadata) does not read as "not answering".
+            ready = probe._accepts() and probe._metadata_ok(timeout_s=STATUS_PROBE_S)
         return BrokerStatus(True, pid, bootstrap, self.data_dir, ready)
 
 
+#: How long `jobwheel broker status` waits for a node's metadata answer.
+STATUS_PROBE_S = 10.0
 #: A cluster's data dir holds this file: its nodes, their ports and the cluster id, written at
 #: the first start and read back by every later command (stop, status, a node's restart).
 CLUSTER_FILE = "cluster.json"
