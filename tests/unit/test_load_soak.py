@@ -57,6 +57,9 @@ def test_flatness_compares_the_start_and_the_end_of_the_last_half() -> None:
     within, past = (100 * (1 + FLAT_TOLERANCE) + d for d in (-0.1, 0.1))
     assert flatness([sample(600, x=100), sample(1200, x=within)], 1200)["x"]["flat"] is True
     assert flatness([sample(600, x=100), sample(1200, x=past)], 1200)["x"]["flat"] is False
+    # a short run sampled more coarsely than its window still compares its two ends
+    short = flatness([sample(5, x=50), sample(15, x=100), sample(25, x=200), sample(31, x=1)], 30)
+    assert (short["x"]["start_mib"], short["x"]["end_mib"], short["x"]["flat"]) == (100, 200, False)
 
 
 def test_a_minute_has_the_lateness_of_its_starts_and_the_mean_rss() -> None:
