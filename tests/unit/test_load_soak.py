@@ -35,8 +35,8 @@ def test_lost_jobs_and_duplicate_executions_are_counted() -> None:
     assert counts.add("probe-1") is None  # not one of the measured jobs
     assert counts.add("soak-9") is None
     assert (counts.started, counts.executions, counts.duplicates) == (2, 3, 1)
-    assert counts.lost(4) == [1, 3]
-    assert counts.lost(2) == [1]  # only jobs sent are asked about
+    assert counts.not_started(4) == [1, 3]
+    assert counts.not_started(2) == [1]  # only jobs sent are asked about
 
 
 def sample(t: float, **rss: float) -> dict[str, Any]:
