@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from load.e2e import Service
 from load.soak import (
     FLAT_TOLERANCE,
     StartCounts,
@@ -13,6 +14,7 @@ from load.soak import (
     flatness,
     jobs_to_send,
     minute_record,
+    process_names,
 )
 
 
@@ -72,3 +74,15 @@ def test_a_minute_has_the_lateness_of_its_starts_and_the_mean_rss() -> None:
     assert record["lateness_ms"] == {"n": 100, "p50": 50.0, "p99": 99.0, "max": 100.0}
     assert record["rss_mib"] == {"sink": 600.0}
     assert (record["sent"], record["started"], record["lag"]) == (20, 19, {"sink": 0})
+
+
+def test_each_process_has_a_name_of_its_own_in_the_timeline() -> None:
+    services = [Service("scheduler", 10), Service("scheduler", 11), Service("worker", 12)]
+    services += [Service("sink", 13), Service("broker", 14)]
+    assert process_names(services) == {
+        10: "scheduler-0",
+        11: "scheduler-1",
+        12: "worker",
+        13: "sink",
+        14: "broker",
+    }
