@@ -24,13 +24,14 @@ second. Its log cleaner also wakes every second instead of every 15 s.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from jobwheel.consumers.status.sink import StatusSink
@@ -117,9 +118,8 @@ def read_records(settings: Settings, topic: str) -> list[tuple[bytes | None, byt
 
 def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]]:
     """partition -> (first retained offset, end offset) of ``topic``, as the broker says now."""
-    tail = Tail(settings, [topic])
+    consumer = Consumer(settings.librdkafka(**{"group.id": f"test-offsets-{uuid.uuid4().hex}"}))
     try:
-        consumer = tail._consumer  # the reader's own consumer asks the broker
         return {
             p: kafka_call(
                 lambda p=p: consumer.get_watermark_offsets(
@@ -130,7 +130,7 @@ def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]]:
             for p in range(settings.partitions)
         }
     finally:
-        tail.close()
+        consumer.close()
 
 
 # --- the status store's TTL ------------------------------------------------------------------
