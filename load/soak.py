@@ -449,7 +449,7 @@ def _mib(rss: dict[str, float | None]) -> str:
 
 def minute_line(m: dict[str, Any]) -> str:
     late = m["lateness_ms"]
-    lag = ", ".join(f"{k} {'-' if v is None else v:,}" for k, v in m["lag"].items())
+    lag = ", ".join(f"{k} {'-' if v is None else f'{v:,}'}" for k, v in m["lag"].items())
     return (
         f"minute {m['minute']:>3}: sent {m['sent']:,} started {m['started']:,}; start lateness "
         f"ms p50 {_ms(late['p50'])} p99 {_ms(late['p99'])} max {_ms(late['max'])}; "

@@ -13,6 +13,7 @@ from load.soak import (
     due_ms,
     flatness,
     jobs_to_send,
+    minute_line,
     minute_record,
     process_names,
 )
@@ -86,3 +87,9 @@ def test_each_process_has_a_name_of_its_own_in_the_timeline() -> None:
         13: "sink",
         14: "broker",
     }
+
+
+def test_a_minute_line_says_a_lag_the_broker_did_not_answer_as_a_gap() -> None:
+    samples = [{"rss_mib": {"sink": None}, "lag": {"sink": None, "worker": 12_000}}]
+    line = minute_line(minute_record(1, [], samples))
+    assert "lag sink -, worker 12,000" in line and "RSS MiB sink -" in line
