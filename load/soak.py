@@ -344,6 +344,7 @@ def _soak(
     submitter = Submitter(settings, config, t0_ms, starts_dir)
     submitter.start()
     samples: list[dict[str, Any]] = []
+    error: str | None = None
     per_minute: list[dict[str, Any]] = []
     minute_late: list[float] = []
     minute_samples: list[dict[str, Any]] = []
@@ -394,11 +395,15 @@ def _soak(
                 if on_minute is not None:
                     on_minute(per_minute[-1])
                 minute_late, minute_samples = [], []
+            # A failure ends the run but keeps what was measured up to it (an hour's samples).
             if submitter.error is not None:
-                raise RuntimeError(f"submitting jobs failed: {submitter.error!r}")
-            for s in services:
-                if s.proc is not None and s.proc.poll() is not None:
-                    raise RuntimeError(f"{s.role} (pid {s.pid}) exited during the soak; {s.log}")
+                error = f"submitting jobs failed: {submitter.error!r}"
+            exited = [s for s in services if s.proc is not None and s.proc.poll() is not None]
+            if exited:
+                error = f"{exited[0].role} (pid {exited[0].pid}) exited; see {exited[0].log}"
+            if error is not None:
+                print(f"soak stopped at {t_s:.0f}s: {error}", file=sys.stderr, flush=True)
+                break
             all_started = submitter.sent >= total and counts.started >= total
             if t_s >= end_s or (t_s >= config.duration_s + config.lead_s and all_started):
                 break
@@ -411,7 +416,12 @@ def _soak(
         per_minute[-1]["partial"] = True
     flat = flatness(samples, config.duration_s)
     p99s = [m["lateness_ms"]["p99"] for m in per_minute]
-    passed = not missing and bool(p99s) and all(p is not None and p <= PASS_P99_MS for p in p99s)
+    passed = (
+        error is None
+        and not missing
+        and bool(p99s)
+        and all(p is not None and p <= PASS_P99_MS for p in p99s)
+    )
     return {
         "config": asdict(config) | {"jobs": total, "topic_prefix": settings.topic_prefix},
         "processes": {name: pid for pid, name in names.items()},
@@ -425,6 +435,7 @@ def _soak(
         "flatness": flat,
         "flat": bool(flat) and all(v["flat"] for v in flat.values()),
         "passed": passed,
+        "error": error,
         "samples": samples,
     }
 
@@ -488,6 +499,7 @@ def report(result: dict[str, Any]) -> str:
             )
             for name, f in result["flatness"].items()
         ),
+        *([f"stopped early: {result['error']}"] if result.get("error") else []),
         f"verdict: {'PASS' if result['passed'] else 'FAIL'} (every job started, every minute's p99 "
         f"start lateness <= {PASS_P99_MS} ms); RSS {'flat' if result['flat'] else 'NOT flat'} "
         f"(within {FLAT_TOLERANCE:.0%})",
