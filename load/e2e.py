@@ -1088,6 +1088,8 @@ def plot(result: Result, path: Path) -> bool:
     return True
 
 
+#: Where under its work directory :func:`own_broker` keeps its single broker's data.
+LOCAL_BROKER_DIR = "kafka"
 #: Heap of the generator's own broker, and of each node of its cluster (the same per JVM, so
 #: a cluster's figures differ from one broker's by the replication, not by the heap).
 BROKER_HEAP = "1g"
@@ -1114,7 +1116,7 @@ def own_broker(
         )
     else:
         broker = LocalBroker(
-            work / "kafka", port=free_port(), controller_port=free_port(), heap=BROKER_HEAP
+            work / LOCAL_BROKER_DIR, port=free_port(), controller_port=free_port(), heap=BROKER_HEAP
         )
     broker.start(die_with_parent=True)
     try:

@@ -12,10 +12,12 @@ generator records, for every process (broker, each scheduler, worker and the sin
 itself): resident memory (VmRSS) and CPU (% of one core over the interval); the lag of each
 consumer group (scheduler: requests and acks; workers: runs; sink: status and acks; records
 not yet committed); and the start lateness (task start minus due time) of the jobs that started
-in the interval (count, p50, p99, max). It counts the jobs not started (sent, and still not
-started ``--grace`` seconds after the last was due: lost, or a pipeline that fell that far
-behind, which the lag tells apart) and duplicate executions (starts beyond a job's first),
-keeping one byte per job, never the starts themselves: an hour at 2,000/s is 7.2 M of them.
+in the interval (count, p50, p99, max). Each minute it also records the disk the broker (when
+it is the generator's own), the scheduler's state and the sink's store take. It counts the
+jobs not started (sent, and still not started ``--grace`` seconds after the last was due: lost,
+or a pipeline that fell that far behind, which the lag tells apart) and duplicate executions
+(starts beyond a job's first), keeping one byte per job, never the starts themselves: an hour
+at 2,000/s is 7.2 M of them.
 
 It prints a line per minute (p99 start lateness, RSS of each process) and at the end the
 flatness check: each process's RSS at the start of the last half of the run and at its end,
@@ -49,6 +51,7 @@ from typing import Any
 from jobwheel.schemas.topics import DEFAULT_PARTITIONS
 from jobwheel.settings import Settings
 from load.e2e import (
+    LOCAL_BROKER_DIR,
     PASS_P99_MS,
     Config,
     Service,
@@ -279,12 +282,21 @@ def soak_once(
     out_dir: Path,
     broker_pids: Sequence[int] = (),
     on_minute: Callable[[dict[str, Any]], None] | None = None,
+    broker_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """One soak on fresh topics and processes; returns what ``soak.json`` holds."""
+    """One soak on fresh topics and processes; returns what ``soak.json`` holds.
+    ``broker_dir``: the broker's data directory, whose size each minute records (when the
+    broker is ours)."""
     pipeline = start_pipeline(config.pipeline, bootstrap, out_dir, broker_pids, stem="soak")
     settings, services = pipeline.settings, pipeline.services
     starts_dir = pipeline.run_dir / "starts"
     starts_dir.mkdir(parents=True)
+    run_dir = pipeline.run_dir
+    disk = {
+        "broker": [broker_dir] if broker_dir else [],
+        "scheduler": [run_dir / f"scheduler-{i}" for i in range(config.pipeline.schedulers)],
+        "sink": [run_dir / "sink"],
+    }
     t = settings.topics
     lags = {
         "scheduler": GroupLag(settings, settings.scheduler_app_id, [t.requests, t.acks]),
@@ -292,7 +304,7 @@ def soak_once(
     }
     try:
         wait_ready(config.pipeline, settings, services, pipeline.run_dir / "probe")
-        return _soak(config, settings, services, starts_dir, lags, on_minute)
+        return _soak(config, settings, services, starts_dir, lags, on_minute, disk)
     finally:
         for lag in lags.values():
             lag.close()
@@ -333,6 +345,7 @@ def _soak(
     starts_dir: Path,
     lags: dict[str, GroupLag],
     on_minute: Callable[[dict[str, Any]], None] | None,
+    disk: dict[str, list[Path]],
 ) -> dict[str, Any]:
     total = round(config.rate * config.duration_s)
     counts = StartCounts(total)
@@ -392,6 +405,9 @@ def _soak(
             minute_samples.append(sample)
             if int(t_s // 60) > len(per_minute):
                 per_minute.append(minute_record(len(per_minute) + 1, minute_late, minute_samples))
+                per_minute[-1]["disk_mib"] = {
+                    name: dirs_mib(paths) for name, paths in disk.items() if paths
+                }
                 if on_minute is not None:
                     on_minute(per_minute[-1])
                 minute_late, minute_samples = [], []
@@ -440,6 +456,21 @@ def _soak(
     }
 
 
+def dirs_mib(paths: Sequence[Path]) -> float | None:
+    """Disk used by the files under ``paths`` (allocated blocks, so the broker's sparse index
+    files count as what they take), in MiB; None when none of them exists."""
+    total, found = 0, False
+    for path in paths:
+        for root, _, files in os.walk(path):
+            found = True
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:  # deleted while walking (a merged part, a deleted segment)
+                    continue
+    return total / 2**20 if found else None
+
+
 def jobs_due(config: SoakConfig, t_s: float) -> int:
     """Jobs due by ``t_s`` into the run."""
     if t_s < config.lead_s:
@@ -465,6 +496,7 @@ def minute_line(m: dict[str, Any]) -> str:
         f"minute {m['minute']:>3}: sent {m['sent']:,} started {m['started']:,}; start lateness "
         f"ms p50 {_ms(late['p50'])} p99 {_ms(late['p99'])} max {_ms(late['max'])}; "
         f"RSS MiB {_mib(m['rss_mib'])}; lag {lag}"
+        + (f"; disk MiB {_mib(m['disk_mib'])}" if m.get("disk_mib") else "")
     )
 
 
@@ -626,7 +658,12 @@ def main(argv: list[str] | None = None) -> int:
                 pipeline=pipeline,
             )
             result = soak_once(
-                config, bootstrap, out, broker_pids, lambda m: print(minute_line(m), flush=True)
+                config,
+                bootstrap,
+                out,
+                broker_pids,
+                lambda m: print(minute_line(m), flush=True),
+                broker_dir=None if args.bootstrap else out / LOCAL_BROKER_DIR,
             )
             results.append(result)
             name = "soak" if len(rates) == 1 else f"soak-{int(rate)}"

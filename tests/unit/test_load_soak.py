@@ -4,12 +4,14 @@ compares the right ends of the run."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from load.e2e import Service
 from load.soak import (
     FLAT_TOLERANCE,
     StartCounts,
+    dirs_mib,
     due_ms,
     flatness,
     jobs_to_send,
@@ -93,3 +95,12 @@ def test_a_minute_line_says_a_lag_the_broker_did_not_answer_as_a_gap() -> None:
     samples = [{"rss_mib": {"sink": None}, "lag": {"sink": None, "worker": 12_000}}]
     line = minute_line(minute_record(1, [], samples))
     assert "lag sink -, worker 12,000" in line and "RSS MiB sink -" in line
+
+
+def test_disk_is_what_the_files_under_the_directories_take(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f").write_bytes(b"x" * 2**20)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "g").write_bytes(b"y" * 2**20)
+    assert 2 <= dirs_mib([tmp_path / "a", tmp_path / "c"]) < 2.1
+    assert dirs_mib([tmp_path / "missing"]) is None
