@@ -19,12 +19,13 @@ or a pipeline that fell that far behind, which the lag tells apart) and duplicat
 (starts beyond a job's first), keeping one byte per job, never the starts themselves: an hour
 at 2,000/s is 7.2 M of them.
 
-It prints a line per minute (p99 start lateness, RSS of each process) and at the end the
+It prints a line per minute (start lateness, RSS and CPU of each process, lag, disk) and at the
+end the
 flatness check: each process's RSS at the start of the last half of the run and at its end,
 each the mean of the samples of one minute (less in a short run), within 10 % (issue 33's
 "flat"). ``soak.json`` holds the configuration, every sample and the verdict; ``soak.png`` (with
-matplotlib: ``pip install -e '.[bench]'``) plots the p99 start lateness per interval and the
-RSS of every process over time.
+matplotlib: ``pip install -e '.[bench]'``) plots the start lateness per interval (p50, p99,
+max) and each process's RSS and CPU and each group's lag over time.
 
 With ``--rates`` it runs each rate in turn on fresh topics and processes (the same broker) and
 stops at the first that fails: a rate passes when every job started and every minute's p99
@@ -137,13 +138,14 @@ def minute_record(
     minute: int, lateness: Sequence[float], samples: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
     """One minute of the run: the start lateness of every job that started in it, each
-    process's mean RSS over its samples, and the last sample's counts and lag."""
+    process's mean RSS and CPU over its samples, and the last sample's counts and lag."""
     names = sorted({n for s in samples for n in s["rss_mib"]})
     last = samples[-1] if samples else {}
     return {
         "minute": minute,
         "lateness_ms": interval_lateness(lateness),
         "rss_mib": {n: _mean([s["rss_mib"].get(n) for s in samples]) for n in names},
+        "cpu_pct": {n: _mean([s.get("cpu_pct", {}).get(n) for s in samples]) for n in names},
         "lag": last.get("lag", {}),
         "sent": last.get("sent", 0),
         "started": last.get("started", 0),
@@ -495,7 +497,7 @@ def minute_line(m: dict[str, Any]) -> str:
     return (
         f"minute {m['minute']:>3}: sent {m['sent']:,} started {m['started']:,}; start lateness "
         f"ms p50 {_ms(late['p50'])} p99 {_ms(late['p99'])} max {_ms(late['max'])}; "
-        f"RSS MiB {_mib(m['rss_mib'])}; lag {lag}"
+        f"RSS MiB {_mib(m['rss_mib'])}; CPU % {_mib(m.get('cpu_pct', {}))}; lag {lag}"
         + (f"; disk MiB {_mib(m['disk_mib'])}" if m.get("disk_mib") else "")
     )
 
@@ -551,7 +553,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         return False
     samples = result["samples"]
     ts = [s["t"] / 60 for s in samples]
-    fig, (late, rss, lag) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    fig, (late, rss, cpu, lag) = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
     for key, label in (("p50", "p50"), ("p99", "p99"), ("max", "max")):
         points = [(t, s["lateness_ms"][key]) for t, s in zip(ts, samples, strict=True)]
         points = [(t, max(1.0, v)) for t, v in points if v is not None]
@@ -567,28 +569,29 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         f"soak: {c['rate']:,.0f} jobs/s for {c['duration_s'] / 60:g} min, "
         f"not started {result['not_started']:,}, duplicates {result['duplicates']}"
     )
-    for name in sorted({n for s in samples for n in s["rss_mib"]}):
-        points = [(t, s["rss_mib"].get(name)) for t, s in zip(ts, samples, strict=True)]
-        points = [(t, v) for t, v in points if v is not None]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            rss.plot(xs, ys, label=name, linewidth=0.9)
+    _per_process(rss, ts, samples, "rss_mib", "{}", "RSS (MiB)")
     rss.axvline(c["duration_s"] / 120, color="grey", linewidth=0.8, linestyle=":")
-    rss.set_ylabel("RSS (MiB)")
-    rss.legend(loc="upper left", fontsize=8)
-    for name in sorted({n for s in samples for n in s["lag"]}):
-        points = [(t, s["lag"].get(name)) for t, s in zip(ts, samples, strict=True)]
-        points = [(t, v) for t, v in points if v is not None]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            lag.plot(xs, ys, label=f"{name} lag", linewidth=0.9)
-    lag.set_ylabel("records not committed")
+    _per_process(cpu, ts, samples, "cpu_pct", "{}", "CPU (% of one core)")
+    _per_process(lag, ts, samples, "lag", "{} lag", "records not committed")
     lag.set_xlabel("minutes from the first job sent")
-    lag.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def _per_process(
+    ax: Any, ts: Sequence[float], samples: Sequence[dict[str, Any]], key: str, label: str, y: str
+) -> None:
+    """One line per name of ``samples[i][key]`` over time."""
+    for name in sorted({n for s in samples for n in s[key]}):
+        points = [(t, s[key].get(name)) for t, s in zip(ts, samples, strict=True)]
+        points = [(t, v) for t, v in points if v is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, label=label.format(name), linewidth=0.9)
+    ax.set_ylabel(y)
+    ax.legend(loc="upper left", fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
