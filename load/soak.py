@@ -20,9 +20,8 @@ or a pipeline that fell that far behind, which the lag tells apart) and duplicat
 at 2,000/s is 7.2 M of them.
 
 It prints a line per minute (start lateness, RSS and CPU of each process, lag, disk) and at the
-end the
-flatness check: each process's RSS at the start of the last half of the run and at its end,
-each the mean of the samples of one minute (less in a short run), within 10 % (issue 33's
+end the flatness check: each process's RSS at the start of the last half of the run and at its
+end, each the mean of the samples of one minute (less in a short run), within 10 % (issue 33's
 "flat"). ``soak.json`` holds the configuration, every sample and the verdict; ``soak.png`` (with
 matplotlib: ``pip install -e '.[bench]'``) plots the start lateness per interval (p50, p99,
 max) and each process's RSS and CPU and each group's lag over time.
