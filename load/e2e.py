@@ -245,9 +245,18 @@ def jit_cpu_s(before: dict[str, float] | None, after: dict[str, float] | None) -
 
 def proc_peak_rss_mib(pid: int) -> float | None:
     """Peak resident memory (VmHWM) of ``pid`` in MiB, None when it is gone."""
+    return _proc_status_mib(pid, "VmHWM")
+
+
+def proc_rss_mib(pid: int) -> float | None:
+    """Resident memory now (VmRSS) of ``pid`` in MiB, None when it is gone."""
+    return _proc_status_mib(pid, "VmRSS")
+
+
+def _proc_status_mib(pid: int, key: str) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -544,13 +553,15 @@ class StartsTail:
     5,000/s run, taken from the pipeline on a two-core machine.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, keep: bool = True) -> None:
+        """``keep`` False: :attr:`starts` stays empty (a soak of hours would hold millions)."""
         self.directory = directory
+        self.keep = keep
         self.starts: list[Start] = []
         self._offsets: dict[Path, int] = {}
 
     def read(self) -> list[Start]:
-        """The starts appended since the last call (also added to :attr:`starts`)."""
+        """The starts appended since the last call (also added to :attr:`starts` if kept)."""
         new: list[Start] = []
         for path in sorted(self.directory.glob("starts-*.txt")):
             offset = self._offsets.get(path, 0)
@@ -564,7 +575,8 @@ class StartsTail:
             if end:
                 self._offsets[path] = offset + end
                 new += parse_starts(data[:end].decode())
-        self.starts += new
+        if self.keep:
+            self.starts += new
         return new
 
 
@@ -651,13 +663,29 @@ def wait_for_groups(settings: Settings, config: Config, services: Sequence[Servi
     del admin
 
 
-def run_once(
-    config: Config, bootstrap: str, out_dir: Path, broker_pids: Sequence[int] = ()
-) -> Result:
-    """One load run on fresh topics and fresh processes; see the module doc."""
+@dataclass
+class Pipeline:
+    """The processes of one run on fresh topics: what :func:`start_pipeline` started."""
+
+    settings: Settings
+    services: list[Service]
+    run_dir: Path
+
+
+def start_pipeline(
+    config: Config,
+    bootstrap: str,
+    out_dir: Path,
+    broker_pids: Sequence[int] = (),
+    stem: str = "e2e",
+) -> Pipeline:
+    """Fresh topics (prefix ``stem`` + a random part) and the services on them, as the CLI
+    starts them: ``config.schedulers`` schedulers, ``config.workers`` workers running
+    ``load.tasks``, one sink (embedded store); the brokers of ``broker_pids`` are watched
+    with them. Logs and state go to ``out_dir/<prefix>``."""
     from jobwheel.kafka.admin import ensure_topics
 
-    prefix = f"e2e{uuid.uuid4().hex[:8]}"
+    prefix = f"{stem}{uuid.uuid4().hex[:8]}"
     settings = Settings(
         _env_file=None,  # type: ignore[call-arg]
         bootstrap_servers=bootstrap,
@@ -668,12 +696,8 @@ def run_once(
         status_group=f"{prefix}-status",
     )
     ensure_topics(settings)
-    replication = topics_replication(settings)
     run_dir = out_dir / prefix
-    starts_dir = run_dir / "starts"
-    probe_dir = run_dir / "probe"
-    starts_dir.mkdir(parents=True)
-    probe_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True)
 
     services: list[Service] = []
     for i in range(config.schedulers):
@@ -695,27 +719,17 @@ def run_once(
     # The generator's own clients log warnings only (librdkafka's informational lines about
     # closing clients are noise next to the progress bar).
     quiet = settings.model_copy(update={"kafka_config": {**settings.kafka_config, "log_level": 4}})
-    reader = RunsReader(quiet, duplicate=config.sabotage_duplicate)
-    try:
-        result = _drive(config, quiet, services, reader, starts_dir, probe_dir)
-        result.replication = replication
-        return result
-    finally:
-        reader.close()
-        stop_services(services)
+    return Pipeline(quiet, services, run_dir)
 
 
-def _drive(
-    config: Config,
-    settings: Settings,
-    services: list[Service],
-    reader: RunsReader,
-    starts_dir: Path,
-    probe_dir: Path,
-) -> Result:
+def wait_ready(
+    config: Config, settings: Settings, services: Sequence[Service], probe_dir: Path
+) -> None:
+    """Every process in its group, a probe job per partition run end to end, the sink
+    storing: readiness by what the pipeline does, never by a log line."""
     from jobwheel.producers.client import JobClient, JobSpec
 
-    # Ready: every process in its group, a probe per partition run, the sink storing.
+    probe_dir.mkdir(parents=True, exist_ok=True)
     wait_for_groups(settings, config, services)
     probes = jobs_per_partition(settings, "probe")
     with JobClient(settings) as client:
@@ -737,6 +751,39 @@ def _drive(
         "the sink to store events",
         services,
     )
+
+
+def run_once(
+    config: Config, bootstrap: str, out_dir: Path, broker_pids: Sequence[int] = ()
+) -> Result:
+    """One load run on fresh topics and fresh processes; see the module doc."""
+    pipeline = start_pipeline(config, bootstrap, out_dir, broker_pids)
+    settings, services = pipeline.settings, pipeline.services
+    replication = topics_replication(settings)
+    starts_dir = pipeline.run_dir / "starts"
+    probe_dir = pipeline.run_dir / "probe"
+    starts_dir.mkdir(parents=True)
+    reader = RunsReader(settings, duplicate=config.sabotage_duplicate)
+    try:
+        result = _drive(config, settings, services, reader, starts_dir, probe_dir)
+        result.replication = replication
+        return result
+    finally:
+        reader.close()
+        stop_services(services)
+
+
+def _drive(
+    config: Config,
+    settings: Settings,
+    services: list[Service],
+    reader: RunsReader,
+    starts_dir: Path,
+    probe_dir: Path,
+) -> Result:
+    from jobwheel.producers.client import JobClient, JobSpec
+
+    wait_ready(config, settings, services, probe_dir)
 
     if config.warmup_jobs > 0:
         warm_up(config, settings, services, starts_dir.parent / "warmup")
@@ -1041,6 +1088,8 @@ def plot(result: Result, path: Path) -> bool:
     return True
 
 
+#: Where under its work directory :func:`own_broker` keeps its single broker's data.
+LOCAL_BROKER_DIR = "kafka"
 #: Heap of the generator's own broker, and of each node of its cluster (the same per JVM, so
 #: a cluster's figures differ from one broker's by the replication, not by the heap).
 BROKER_HEAP = "1g"
@@ -1067,7 +1116,7 @@ def own_broker(
         )
     else:
         broker = LocalBroker(
-            work / "kafka", port=free_port(), controller_port=free_port(), heap=BROKER_HEAP
+            work / LOCAL_BROKER_DIR, port=free_port(), controller_port=free_port(), heap=BROKER_HEAP
         )
     broker.start(die_with_parent=True)
     try:
