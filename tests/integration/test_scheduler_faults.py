@@ -31,7 +31,7 @@ from tests.integration.scheduler_support import (
     start_worker,
     wait_owns_all,
 )
-from tests.support import scaled, wait_until
+from tests.support import scaled, wait_for_group, wait_until
 
 CODEC = default_codec()
 
@@ -146,6 +146,9 @@ def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
         tmp_path / "held",
         extra_env={"JOBWHEEL_SCHEDULER_KAFKA_CONSUMER_CONFIG": json.dumps(held)},
     )
+    # The deadlines are 1 s from dispatch: a worker still joining its group would answer
+    # after them, and the check below would blame the worker for its own start.
+    wait_for_group(settings, settings.worker_group, settings.topics.runs)
     with JobClient(settings) as client:
         jobs = client.schedule_many(
             [
