@@ -236,16 +236,20 @@ def test_hostile_acks_and_headers_are_dead_lettered_or_ignored_and_the_partition
     worker writes are ignored with a log line, a record that is no ack and an ack naming an
     impossible attempt are dead-lettered, the run still running finishes on its own verdict,
     and the partition goes on."""
-    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    # tests.tasks: the victim's run blocks on a gate, so it is still running for as long as
+    # the test needs, whatever the load.
+    argv = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
+    procs.spawn(argv, jobwheel_env, tmp_path / "worker.log")
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s")
     t = settings.topics
+    gate = tmp_path / "victim-gate"
     victim = "hostile-acks"
     p = partition_for(victim, settings.partitions)
     neighbour = next(
         j for i in range(10_000) if partition_for(j := f"neighbour-{i}", settings.partitions) == p
     )
     with JobClient(settings) as client:
-        client.schedule(victim, task="demo.sleep", args={"seconds": 6}, now=True)
+        client.schedule(victim, task="test.gate", args={"gate": str(gate)}, now=True)
     tail.wait(lambda: tail.events(victim, State.STARTED), 60, "the victim's run did not start")
     [run] = tail.runs_of(victim)
 
@@ -276,13 +280,15 @@ def test_hostile_acks_and_headers_are_dead_lettered_or_ignored_and_the_partition
         "not every hostile record was dead-lettered",
     )
     assert scheduler.poll() is None, "the scheduler died on a hostile ack"
-    # The forged SUCCEEDED did not finish the run: it is still running (6 s of sleep).
+    # The forged SUCCEEDED did not finish the run: it is still running (its gate is shut).
+    tail.read_to_end()  # after the dead letters: the scheduler's answer to the forgery is read
     assert not tail.events(victim, State.COMPLETED)
     errors = {m.value(): dict(m.headers() or [])["jobwheel.error"].decode() for m in dead}
     assert errors[b"x"].startswith("undecodable ack")
     assert "attempt -7" in errors[CODEC.encode(forged)]
     assert errors[b"junk"]
     # The run ends on the worker's own verdict, and the partition keeps working.
+    gate.touch()
     with JobClient(settings) as client:
         client.schedule(neighbour, task="demo.echo", now=True)
     tail.wait(lambda: tail.events(victim, State.COMPLETED), 60, "the victim did not complete")
