@@ -28,7 +28,7 @@ from tests.integration.test_worker import (
     produce_runs,
     start_worker,
 )
-from tests.support import log_tail, wait_until
+from tests.support import log_tail, scaled, wait_until
 
 
 @pytest.fixture
@@ -134,7 +134,8 @@ def test_a_long_run_holds_back_its_partitions_commit_while_later_runs_finish(
 ) -> None:
     jobs = same_partition_jobs(settings, 6)
     partition = partition_for(jobs[0], settings.partitions)
-    long_run = make_run(settings, "demo.sleep", {"seconds": 30}, job_id=jobs[0])
+    gate = tmp_path / "long-gate"  # shut: the long run executes until the test opens it
+    long_run = make_run(settings, "test.gate", {"gate": str(gate)}, job_id=jobs[0])
     quick = [make_run(settings, "demo.echo", {"i": i}, job_id=j) for i, j in enumerate(jobs[1:])]
     produce_runs(settings, [long_run, *quick])
     start_worker(procs, jobwheel_env, tmp_path / "worker.log")
@@ -162,6 +163,16 @@ def test_a_long_run_holds_back_its_partitions_commit_while_later_runs_finish(
     # The long run is still executing: nothing at or after its offset may be committed.
     assert not tail.of(long_run.run_id, State.SUCCEEDED)
     assert committed_offsets(settings).get(partition, 0) <= 0
+    # Once it ends, the partition's commit goes past every run of it (the same reader sees it).
+    gate.touch()
+    tail.wait_for(long_run.run_id, State.SUCCEEDED)
+    end = end_offsets(settings)[partition]
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, -1) >= end - 1,
+        scaled(30),
+        interval_s=0.2,
+        message="the partition was not committed once the long run ended",
+    )
 
 
 def test_a_forged_run_with_a_token_from_the_future_fences_nothing_else(
