@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -47,8 +46,8 @@ def tail(settings):
 def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
     settings, jobwheel_env, procs, tmp_path, tail, figure
 ):
-    """300 recurring jobs (every 1 s) and 2,000 one-off jobs; the scheduler is SIGKILLed every
-    2-5 s, 12 times, and restarted at once on the same disk."""
+    """300 recurring jobs (every 1 s) and 2,000 one-off jobs; the scheduler is SIGKILLed 12
+    times while at work, and restarted at once on the same disk."""
     start_worker(procs, jobwheel_env, tmp_path / "worker.log")
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s", log_name="s-0")
     start = now_ms() + 2000
@@ -70,7 +69,23 @@ def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
 
     rng = random.Random(7)
     for kill in range(1, 13):
-        time.sleep(rng.uniform(2, 5))
+        # Each kill lands on a scheduler at work, at a point of its own: once it has made a
+        # partition ready, after a random number of further runs (20 to 400: a few tenths of
+        # a second to about a second at the jobs' rate). A sleep of 2 to 5 s chose the point
+        # by the clock, and on a loaded host could kill a process still importing.
+        wait_until(
+            lambda s=scheduler: log_events(s.log_path, "partition ready"),
+            scaled(60),
+            0.05,
+            f"scheduler {kill - 1} never made a partition ready",
+        )
+        target = len(tail.all_runs()) + rng.randint(20, 400)
+        wait_until(
+            lambda t=target: len(tail.all_runs()) >= t,
+            scaled(30),
+            0.02,
+            f"scheduler {kill - 1} dispatched too few runs to be killed at work",
+        )
         os.kill(scheduler.pid, signal.SIGKILL)
         scheduler.wait(scaled(10))
         scheduler = start_scheduler(
