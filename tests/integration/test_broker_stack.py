@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -375,30 +376,41 @@ def test_jobwheel_up_backs_off_restarts_and_a_second_ctrl_c_hurries_a_third_kill
     def terms(name: str) -> int:
         return (marks / name).read_text().count("TERM") if (marks / name).exists() else 0
 
-    wait_said("service crashy: started", 5, 60)
-    delays = [
-        line.split("restarting in ")[1].split(";")[0].split(".")[0]
-        for line in said().splitlines()
-        if line.startswith("!! service crashy exited with code 3; restarting in ")
-    ]
-    assert delays == ["1s", "2s", "4s", "1s"], said()
-    assert "service stubborn: started" in said() and "service deaf: started" in said()
-    assert said().count("service stubborn: started") == 1  # they never exited
+    try:
+        wait_said("service crashy: started", 5, 60)
+        delays = [
+            line.split("restarting in ")[1].split(";")[0].split(".")[0]
+            for line in said().splitlines()
+            if line.startswith("!! service crashy exited with code 3; restarting in ")
+        ]
+        assert delays == ["1s", "2s", "4s", "1s"], said()
+        assert "service stubborn: started" in said() and "service deaf: started" in said()
+        assert said().count("service stubborn: started") == 1  # they never exited
 
-    up.send_signal(signal.SIGINT)
-    wait_said("stopping the stack (Ctrl-C again: hand running runs back at once)")
-    wait_until(lambda: terms("stubborn") == 1 and terms("deaf") == 1, scaled(30), 0.1, said())
-    wait_said("service crashy: stopped (on SIGTERM)")
-    assert "hurrying" not in said() and up.poll() is None  # waiting out their grace
+        up.send_signal(signal.SIGINT)
+        wait_said("stopping the stack (Ctrl-C again: hand running runs back at once)")
+        wait_until(lambda: terms("stubborn") == 1 and terms("deaf") == 1, scaled(30), 0.1, said())
+        wait_said("service crashy: stopped (on SIGTERM)")
+        assert "hurrying" not in said() and up.poll() is None  # waiting out their grace
 
-    up.send_signal(signal.SIGINT)
-    wait_said("hurrying ")
-    wait_said("service stubborn: stopped (exit 0)")
-    wait_until(lambda: terms("deaf") == 2, scaled(30), 0.1, said())
-    assert "killing" not in said() and up.poll() is None
+        up.send_signal(signal.SIGINT)
+        wait_said("hurrying ")
+        wait_said("service stubborn: stopped (exit 0)")
+        wait_until(lambda: terms("deaf") == 2, scaled(30), 0.1, said())
+        assert "killing" not in said() and up.poll() is None
 
-    up.send_signal(signal.SIGINT)
-    wait_said("killing deaf")
-    wait_said("service deaf: stopped (on SIGKILL)")
-    assert up.wait(scaled(30)) == 0, said()
-    assert terms("deaf") == 2 and terms("stubborn") == 2
+        up.send_signal(signal.SIGINT)
+        wait_said("killing deaf")
+        wait_said("service deaf: stopped (on SIGKILL)")
+        assert up.wait(scaled(30)) == 0, said()
+        assert terms("deaf") == 2 and terms("stubborn") == 2
+    finally:
+        # The services live in sessions of their own and two of them ignore SIGTERM (the
+        # signal they get when the supervisor dies): a failed test must not leave them behind.
+        # Only a pid whose command line still names this test's marks (a pid may be reused).
+        for line in said().splitlines():
+            if ": started (pid " in line:
+                pid = int(line.split("(pid ")[1].split(")")[0])
+                with contextlib.suppress(OSError):
+                    if str(marks) in Path(f"/proc/{pid}/cmdline").read_bytes().decode():
+                        os.kill(pid, signal.SIGKILL)
