@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -295,3 +296,126 @@ def test_a_second_jobwheel_up_on_the_same_data_dir_is_refused_and_leaves_the_fir
         assert "another scheduler is running" not in own and "Cannot lock file" not in own
     report = health()
     assert all(line in report for line in ready), report
+
+
+#: A ``jobwheel up`` whose services are the test's own: the CLI's own signal handling
+#: (``deploy.cli._stop_event``, the line ``jobwheel up`` runs) around a :class:`Stack` on the
+#: session's broker, in the main thread of a process the test signals, as a terminal would.
+#: STABLE_AFTER_S (a minute) is shortened so a run that stays up resets the back-off within
+#: the test; the back-off itself is the real one (1 s, doubling).
+UP_DRIVER = """
+import sys
+from pathlib import Path
+
+import jobwheel.deploy.stack as stack_module
+from jobwheel.deploy.cli import _stop_event
+from jobwheel.deploy.stack import Service, Stack
+from jobwheel.settings import get_settings
+
+data_dir, marks, stable_s = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+stack_module.STABLE_AFTER_S = stable_s
+service = (sys.executable, "-c", sys.argv[4])
+never = lambda settings: 600.0  # only the test's Ctrl-Cs end these two
+services = [
+    Service("crashy", (*service, "crashy", str(marks / "crashy"), str(stable_s + 0.5))),
+    Service("stubborn", (*service, "stubborn", str(marks / "stubborn")), grace=never),
+    Service("deaf", (*service, "deaf", str(marks / "deaf")), grace=never),
+]
+settings = get_settings()
+stack = Stack(settings, bootstrap=settings.bootstrap_servers, data_dir=data_dir, services=services)
+sys.exit(stack.run(_stop_event(again=stack.ask_again)))
+"""
+
+#: crashy: exits at once three times, then stays up past STABLE_AFTER_S and exits, then stays.
+#: stubborn: exits on its second SIGTERM. deaf: never exits on SIGTERM. Each notes its starts
+#: and the SIGTERMs it gets in its marks file.
+UP_SERVICE = """
+import signal, sys, time
+from pathlib import Path
+
+mode, mark = sys.argv[1], Path(sys.argv[2])
+def note(text):
+    with mark.open("a") as f:
+        f.write(text + "\\n")
+def on_term(signum, frame):
+    note("TERM")
+    if mode == "stubborn" and mark.read_text().count("TERM") >= 2:
+        sys.exit(0)
+note("up")
+if mode == "crashy":
+    starts = mark.read_text().count("up")
+    if starts <= 3:
+        sys.exit(3)
+    if starts == 4:
+        time.sleep(float(sys.argv[3]))
+        sys.exit(3)
+else:
+    signal.signal(signal.SIGTERM, on_term)
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.timeout(60 + 60 + 3 * 30)
+def test_jobwheel_up_backs_off_restarts_and_a_second_ctrl_c_hurries_a_third_kills(
+    settings, jobwheel_env, tmp_path: Path, procs: Procs
+):
+    """The restart policy and the stop of ``jobwheel up`` (deploy/stack.py's module doc), with
+    real SIGINTs to the supervising process. A service that keeps exiting is restarted after
+    1 s, 2 s, 4 s, and after 1 s again once a run of it stayed up past STABLE_AFTER_S. The
+    first Ctrl-C sends each service SIGTERM and waits its grace; the second sends SIGTERM
+    again (what makes a worker hand its runs back at once); the third kills what is left."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    stable_s = scaled(3)
+    out = tmp_path / "up.log"
+    argv = [sys.executable, "-c", UP_DRIVER, str(tmp_path / "data"), str(marks), str(stable_s)]
+    up = procs.spawn([*argv, UP_SERVICE], jobwheel_env, out)
+
+    def said() -> str:
+        return out.read_text(errors="replace")
+
+    def wait_said(text: str, count: int = 1, timeout_s: float = 30) -> None:
+        wait_until(lambda: said().count(text) >= count, scaled(timeout_s), 0.1, said())
+
+    def terms(name: str) -> int:
+        return (marks / name).read_text().count("TERM") if (marks / name).exists() else 0
+
+    try:
+        wait_said("service crashy: started", 5, 60)
+        delays = [
+            line.split("restarting in ")[1].split(";")[0].split(".")[0]
+            for line in said().splitlines()
+            if line.startswith("!! service crashy exited with code 3; restarting in ")
+        ]
+        assert delays == ["1s", "2s", "4s", "1s"], said()
+        assert "service stubborn: started" in said() and "service deaf: started" in said()
+        assert said().count("service stubborn: started") == 1  # they never exited
+
+        up.send_signal(signal.SIGINT)
+        wait_said("stopping the stack (Ctrl-C again: hand running runs back at once)")
+        wait_until(lambda: terms("stubborn") == 1 and terms("deaf") == 1, scaled(30), 0.1, said())
+        wait_said("service crashy: stopped (on SIGTERM)")
+        assert "hurrying" not in said() and up.poll() is None  # waiting out their grace
+
+        up.send_signal(signal.SIGINT)
+        wait_said("hurrying ")
+        wait_said("service stubborn: stopped (exit 0)")
+        wait_until(lambda: terms("deaf") == 2, scaled(30), 0.1, said())
+        assert "killing" not in said() and up.poll() is None
+
+        up.send_signal(signal.SIGINT)
+        wait_said("killing deaf")
+        wait_said("service deaf: stopped (on SIGKILL)")
+        assert up.wait(scaled(30)) == 0, said()
+        assert terms("deaf") == 2 and terms("stubborn") == 2
+    finally:
+        # The services live in sessions of their own and two of them ignore SIGTERM (the
+        # signal they get when the supervisor dies): a failed test must not leave them behind.
+        # Only a pid whose command line still names this test's marks (a pid may be reused).
+        for line in said().splitlines():
+            if ": started (pid " in line:
+                pid = int(line.split("(pid ")[1].split(")")[0])
+                with contextlib.suppress(OSError):
+                    if str(marks) in Path(f"/proc/{pid}/cmdline").read_bytes().decode():
+                        os.kill(pid, signal.SIGKILL)

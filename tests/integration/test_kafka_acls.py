@@ -14,12 +14,14 @@ import subprocess
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobwheel.deploy.broker import LocalBroker, free_port
+from jobwheel.kafka.admin import describe_group
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
@@ -114,7 +116,13 @@ def _settings(secure: dict[str, Any], kafka_config: dict[str, Any] | None) -> Se
 
 
 def _produce(
-    settings: Settings, topic: str, value: bytes = b"forged", **overrides: Any
+    settings: Settings,
+    topic: str,
+    value: bytes = b"forged",
+    *,
+    key: bytes = b"job-1",
+    headers: list[tuple[str, bytes]] | None = None,
+    **overrides: Any,
 ) -> str | None:
     """Produce one record as jobwheel's producers do; None when the broker acknowledged it,
     else the error's name."""
@@ -126,8 +134,9 @@ def _produce(
     producer = Producer(producer_config(settings, **{"message.timeout.ms": 15_000, **overrides}))
     producer.produce(
         topic,
-        key=b"job-1",
+        key=key,
         value=value,
+        headers=headers or [],
         on_delivery=lambda err, msg: errors.append(err.name() if err else ""),
     )
     try:
@@ -252,6 +261,85 @@ def test_jobwheel_processes_take_their_role_from_kafka_config(
     }
     refused = _jobwheel(as_worker, "submit", "--task", "demo.echo", "--in", "5s")
     assert refused.returncode == 1 and "TOPIC_AUTHORIZATION_FAILED" in refused.stderr
+
+
+def test_the_api_role_reads_dead_letters_describes_the_groups_and_waits_for_results(
+    secure: dict[str, Any],
+) -> None:
+    """What `jobwheel serve` does beyond its embedded sink, with the api role's rights only:
+    list dead letters (the console, `dlq list`), describe the scheduler and worker groups (the
+    console's cluster page), and `client.wait` (reads the status and acks topics at the job's
+    partition). Each record is written by the role that writes it in a deployment. The grants
+    are what make it work: the sink role cannot read the dead letters, and the api role cannot
+    describe a group it was not given."""
+    from confluent_kafka import Consumer
+
+    from jobwheel.errors import BrokerError
+    from jobwheel.producers.client import JobClient
+    from jobwheel.producers.deadletters import Filter, read_dead_letters
+    from jobwheel.schemas.models import StatusEvent
+    from jobwheel.schemas.topics import DEAD_RUN_KIND, ERROR_HEADER, KIND_HEADER
+    from tests.integration.test_worker import make_run
+    from tests.status_support import now_ms
+
+    api, scheduler, worker = (_role(secure, r) for r in ("api", "scheduler", "worker"))
+    codec = default_codec()
+    job = f"acl-api-{uuid.uuid4().hex[:6]}"
+    run = make_run(scheduler, "demo.fail", job_id=job, run_id=f"{job}@1")
+    dead = [(KIND_HEADER, DEAD_RUN_KIND), (ERROR_HEADER, b"RuntimeError: always")]
+    assert (
+        _produce(
+            scheduler,
+            scheduler.topics.dead_letter,
+            codec.encode(run),
+            key=job.encode(),
+            headers=dead,
+        )
+        is None
+    )
+    letters = read_dead_letters(api, Filter(job_id=job), timeout_s=scaled(30))
+    assert [(d.kind, d.run.run_id if d.run else None) for d in letters] == [
+        ("dead-run", run.run_id)
+    ]
+    # Without DESCRIBE on it the broker leaves the topic out of the sink's metadata.
+    with pytest.raises(BrokerError, match="dead-letter topic .* not found"):
+        read_dead_letters(_role(secure, "sink"), Filter(job_id=job), timeout_s=scaled(30))
+
+    # A member in the worker group (as the worker role), so there is something to describe.
+    member = Consumer(worker.librdkafka(**{"group.id": worker.worker_group, "client.id": job}))
+    try:
+        member.subscribe([worker.topics.runs])
+        wait_until(
+            lambda: member.poll(0.2) is None and member.assignment(),
+            scaled(60),
+            0.1,
+            "the worker-role consumer got no partitions",
+        )
+        _, members = describe_group(api, api.worker_group, scaled(15))
+        assert [(m.client_id, len(m.assigned)) for m in members] == [(job, 2)]
+    finally:
+        member.close()
+    state, _ = describe_group(api, api.scheduler_app_id, scaled(15))
+    assert state  # described, member or none
+    with pytest.raises(BrokerError, match="GROUP_AUTHORIZATION_FAILED"):
+        describe_group(api, "some-other-group", scaled(15))
+
+    # The job's outcome as a worker (acks) and the scheduler (status) write it.
+    waited = f"{job}-w"
+    at = now_ms()
+
+    def event(state: State, **fields: Any) -> bytes:
+        return codec.encode(
+            StatusEvent(f"{waited}:{state.value}", waited, state, at, "test", seq=3, **fields)
+        )
+
+    ok = event(State.SUCCEEDED, run_id=f"{waited}@1", attempt=1, result_json='{"x": 1}')
+    assert _produce(worker, worker.topics.acks, ok, key=waited.encode()) is None
+    done = event(State.COMPLETED)
+    assert _produce(scheduler, scheduler.topics.status, done, key=waited.encode()) is None
+    with JobClient(api) as client:
+        since = datetime.now(UTC) - timedelta(minutes=1)
+        assert client.wait(waited, timeout=scaled(30), since=since) == {"x": 1}
 
 
 def test_apply_again_keeps_passwords_and_revokes_extra_grants(secure: dict[str, Any]) -> None:

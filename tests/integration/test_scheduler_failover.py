@@ -4,6 +4,7 @@ transactions are refused: nothing it does afterwards becomes visible)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import defaultdict
@@ -15,10 +16,12 @@ import pytest
 from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
+from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import (
     TopicTail,
     log_events,
     now_ms,
+    ready_partitions,
     start_scheduler,
     wait_owns_all,
 )
@@ -140,6 +143,103 @@ def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
         f"[failover] 500 jobs, 1 of 2 schedulers SIGKILLed: every job fired once; "
         f"max lateness {late} ms (includes the session timeout)"
     )
+
+
+def owned(log_path: Path) -> set[int]:
+    """The partitions a scheduler owns now, by its log: made ready, less those revoked or
+    lost since."""
+    held: set[int] = set()
+    for line in log_path.read_text(errors="replace").splitlines():
+        if '"msg": "partition ready"' in line:
+            held.add(json.loads(line)["partition"])
+        elif '"msg": "partition revoked"' in line or '"msg": "partition lost"' in line:
+            held -= set(json.loads(line)["partitions"])
+    return held
+
+
+@pytest.mark.parametrize(
+    ("protocol", "standby", "sig"),
+    [
+        ("consumer", True, signal.SIGTERM),
+        ("consumer", False, signal.SIGTERM),
+        ("classic", True, signal.SIGKILL),
+    ],
+    ids=["standby", "no-standby", "classic-sigkill"],
+)
+def test_a_takeover_restores_only_the_tail_from_a_standby_copy(
+    settings, jobwheel_env, procs, tmp_path, tail, protocol, standby, sig
+):
+    """A scheduler keeps a warm copy of each partition it does not own
+    (JOBWHEEL_SCHEDULER_STANDBY): when the owner stops, the partitions it took over come from
+    those copies (``from_standby``) and only the changelog records the copy had not read yet
+    are restored, not the partition's whole changelog. With standbys off the same takeover
+    restores every record from the start. Either way every job still fires once.
+
+    The owner is stopped with SIGTERM, not SIGKILL: the handover is then immediate (no session
+    timeout to wait out, which the SIGKILL failover test already pays), and what is measured
+    here, where the new owner's state comes from, is the same.
+
+    The classic group protocol (JOBWHEEL_SCHEDULER_GROUP_PROTOCOL=classic, cooperative-sticky)
+    is run here once, with a SIGKILL: the takeover after a session timeout, on the standby
+    copies, each job once. It is the one failover test on classic: the crash-loop (40 s) and
+    the SIGSTOPped-owner (60 s) tests twice over would add about 100 s to a suite held to
+    30 minutes and at 25.5; this one adds about 20."""
+    extra = {
+        "JOBWHEEL_SCHEDULER_STANDBY": "true" if standby else "false",
+        "JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": protocol,
+    }
+    # Started side by side (each start costs seconds of imports); both own partitions once
+    # the group has settled with the two of them.
+    a = start_scheduler(procs, jobwheel_env, tmp_path / "a", wait=False, extra_env=extra)
+    b = start_scheduler(procs, jobwheel_env, tmp_path / "b", wait=False, extra_env=extra)
+    wait_until(
+        lambda: (
+            (held := (owned(a.log_path), owned(b.log_path)))[0]
+            and held[1]
+            and held[0] | held[1] == set(range(settings.partitions))
+        ),
+        scaled(60),
+        0.2,
+        f"the two schedulers never shared the partitions:\n{log_tail(a.log_path)}\n"
+        f"{log_tail(b.log_path)}",
+    )
+    # After the handover (a SIGKILL's waits out the session timeout), on the time scale.
+    due = now_ms() + int(scaled(5_000 if sig == signal.SIGTERM else 12_000))
+    assert [e["protocol"] for e in log_events(b.log_path, "scheduler started")] == [protocol]
+    with JobClient(settings) as client:
+        job_ids = client.schedule_many(at_jobs("standby", due, 40, 1000))
+    tail.wait(
+        lambda: len(tail.events(state=State.SCHEDULED)) >= 40, 30, "jobs were not all SCHEDULED"
+    )
+    assignments_before = len(log_events(b.log_path, "partitions assigned; restoring"))
+    assert stop(a, sig, scaled(30)) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+
+    wait_until(
+        lambda: owned(b.log_path) == set(range(settings.partitions)),
+        scaled(60),
+        0.2,
+        f"the second scheduler did not take every partition over:\n{log_tail(b.log_path)}",
+    )
+    taken = log_events(b.log_path, "partitions assigned; restoring")[assignments_before:]
+    taken_over = sorted({p for e in taken for p in e["partitions"]})
+    assert taken_over, "the second scheduler took no partition over"
+    # What a copy made from nothing would restore: every job's record at least.
+    jobs_there = sum(partition_for(j, settings.partitions) in taken_over for j in job_ids)
+    assert jobs_there > 0
+    # The claim's restore: from its local state's checkpoint to the changelog's end.
+    measured = {e["partition"]: e for e in log_events(b.log_path, "changelog measured")}
+    to_restore = sum(measured[p]["end"] - measured[p]["restore_from"] for p in taken_over)
+    if standby:
+        assert sorted(p for e in taken for p in e["from_standby"]) == taken_over
+        assert to_restore < jobs_there, (to_restore, jobs_there, measured)
+    else:
+        assert [p for e in taken for p in e["from_standby"]] == []
+        ready = ready_partitions(b.log_path)
+        restored = sum(ready[p]["restored_records"] for p in taken_over)
+        assert to_restore >= restored >= jobs_there, (to_restore, restored, jobs_there)
+
+    tail.wait(lambda: all(tail.runs_of(j) for j in job_ids), 60, "not every job fired")
+    assert tail.duplicate_dispatches() == {}
 
 
 def stop_between_poll_and_commit(pid: int) -> None:

@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -31,7 +30,7 @@ from tests.integration.scheduler_support import (
     start_worker,
     wait_owns_all,
 )
-from tests.support import scaled, wait_until
+from tests.support import scaled, wait_for_group, wait_until
 
 CODEC = default_codec()
 
@@ -47,8 +46,8 @@ def tail(settings):
 def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
     settings, jobwheel_env, procs, tmp_path, tail, figure
 ):
-    """300 recurring jobs (every 1 s) and 2,000 one-off jobs; the scheduler is SIGKILLed every
-    2-5 s, 12 times, and restarted at once on the same disk."""
+    """300 recurring jobs (every 1 s) and 2,000 one-off jobs; the scheduler is SIGKILLed 12
+    times while at work, and restarted at once on the same disk."""
     start_worker(procs, jobwheel_env, tmp_path / "worker.log")
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s", log_name="s-0")
     start = now_ms() + 2000
@@ -70,7 +69,23 @@ def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
 
     rng = random.Random(7)
     for kill in range(1, 13):
-        time.sleep(rng.uniform(2, 5))
+        # Each kill lands on a scheduler at work, at a point of its own: once it has made a
+        # partition ready, after a random number of further runs (20 to 400: a few tenths of
+        # a second to about a second at the jobs' rate). A sleep of 2 to 5 s chose the point
+        # by the clock, and on a loaded host could kill a process still importing.
+        wait_until(
+            lambda s=scheduler: log_events(s.log_path, "partition ready"),
+            scaled(60),
+            0.05,
+            f"scheduler {kill - 1} never made a partition ready",
+        )
+        target = len(tail.all_runs()) + rng.randint(20, 400)
+        wait_until(
+            lambda t=target: len(tail.all_runs()) >= t,
+            scaled(30),
+            0.02,
+            f"scheduler {kill - 1} dispatched too few runs to be killed at work",
+        )
         os.kill(scheduler.pid, signal.SIGKILL)
         scheduler.wait(scaled(10))
         scheduler = start_scheduler(
@@ -146,6 +161,9 @@ def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
         tmp_path / "held",
         extra_env={"JOBWHEEL_SCHEDULER_KAFKA_CONSUMER_CONFIG": json.dumps(held)},
     )
+    # The deadlines are 1 s from dispatch: a worker still joining its group would answer
+    # after them, and the check below would blame the worker for its own start.
+    wait_for_group(settings, settings.worker_group, settings.topics.runs)
     with JobClient(settings) as client:
         jobs = client.schedule_many(
             [
@@ -233,16 +251,20 @@ def test_hostile_acks_and_headers_are_dead_lettered_or_ignored_and_the_partition
     worker writes are ignored with a log line, a record that is no ack and an ack naming an
     impossible attempt are dead-lettered, the run still running finishes on its own verdict,
     and the partition goes on."""
-    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    # tests.tasks: the victim's run blocks on a gate, so it is still running for as long as
+    # the test needs, whatever the load.
+    argv = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
+    procs.spawn(argv, jobwheel_env, tmp_path / "worker.log")
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s")
     t = settings.topics
+    gate = tmp_path / "victim-gate"
     victim = "hostile-acks"
     p = partition_for(victim, settings.partitions)
     neighbour = next(
         j for i in range(10_000) if partition_for(j := f"neighbour-{i}", settings.partitions) == p
     )
     with JobClient(settings) as client:
-        client.schedule(victim, task="demo.sleep", args={"seconds": 6}, now=True)
+        client.schedule(victim, task="test.gate", args={"gate": str(gate)}, now=True)
     tail.wait(lambda: tail.events(victim, State.STARTED), 60, "the victim's run did not start")
     [run] = tail.runs_of(victim)
 
@@ -273,13 +295,15 @@ def test_hostile_acks_and_headers_are_dead_lettered_or_ignored_and_the_partition
         "not every hostile record was dead-lettered",
     )
     assert scheduler.poll() is None, "the scheduler died on a hostile ack"
-    # The forged SUCCEEDED did not finish the run: it is still running (6 s of sleep).
+    # The forged SUCCEEDED did not finish the run: it is still running (its gate is shut).
+    tail.read_to_end()  # after the dead letters: the scheduler's answer to the forgery is read
     assert not tail.events(victim, State.COMPLETED)
     errors = {m.value(): dict(m.headers() or [])["jobwheel.error"].decode() for m in dead}
     assert errors[b"x"].startswith("undecodable ack")
     assert "attempt -7" in errors[CODEC.encode(forged)]
     assert errors[b"junk"]
     # The run ends on the worker's own verdict, and the partition keeps working.
+    gate.touch()
     with JobClient(settings) as client:
         client.schedule(neighbour, task="demo.echo", now=True)
     tail.wait(lambda: tail.events(victim, State.COMPLETED), 60, "the victim did not complete")

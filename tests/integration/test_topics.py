@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from jobwheel.errors import TopicMismatchError
 from jobwheel.kafka.admin import ensure_topics
+from tests.support import scaled
 
 
 def _partition_counts(settings) -> dict[str, int]:
@@ -99,3 +102,63 @@ def test_cli_topics_ensure_mismatch_exits_nonzero(settings, jobwheel_env):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "JOBWHEEL_PARTITIONS=4" in proc.stderr
+
+
+_OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+_TOPIC_TABLE = "| topic | `cleanup.policy` | `retention.ms` | timestamps |"
+_DURATIONS_MS = {"day": 24 * 3600 * 1000, "days": 24 * 3600 * 1000, "h": 3600 * 1000}
+_SIZES = {"MiB": 1024 * 1024}
+
+
+def _operations_topic_table() -> list[list[str]]:
+    """The rows of docs/operations.md's table of topic configs: the one place an operator
+    reads them, so the test takes the promise from there instead of a copy of it."""
+    text = _OPERATIONS.read_text(encoding="utf-8")
+    at = text.find(_TOPIC_TABLE)
+    assert at >= 0, f"docs/operations.md lost the table headed {_TOPIC_TABLE!r}"
+    rows = []
+    for line in text[at:].split("\n\n")[0].splitlines()[2:]:
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _amount(text: str, units: dict[str, int]) -> str:
+    number, unit = text.split()
+    return str(int(number) * units[unit])
+
+
+def test_the_broker_holds_the_topic_configs_operations_md_states(settings):
+    """Every topic the fixture made through ``ensure_topics`` (what ``jobwheel up`` and each
+    scheduler run), read back from the broker, has the policy, retention, segment setting
+    and timestamp type docs/operations.md states. The changelog must be compacted: a
+    deleting one would lose every job older than its retention on the next restore."""
+    from confluent_kafka.admin import ConfigResource
+
+    names = {
+        f"`<prefix>.{t.split('.', 1)[1]}`": t
+        for t in (spec.name for spec in settings.topics.specs())
+    }
+    names["`<app id>-jobs-changelog`"] = settings.topics.changelog(settings.scheduler_app_id)
+    rows = _operations_topic_table()
+    assert sorted(r[0] for r in rows) == sorted(names), "the table and the topics differ"
+
+    admin = AdminClient(settings.librdkafka())
+    resources = {r[0]: ConfigResource(ConfigResource.Type.TOPIC, names[r[0]]) for r in rows}
+    answers = admin.describe_configs(list(resources.values()))
+    for doc_name, policy_cell, retention_cell, timestamps_cell in rows:
+        config = answers[resources[doc_name]].result(timeout=scaled(10))
+        policy = re.fullmatch(r"(\S+)(?: \(`(\S+)` (\d+ \S+)\))?", policy_cell)
+        assert policy is not None, f"unreadable policy cell {policy_cell!r}"
+        assert config["cleanup.policy"].value == policy.group(1), doc_name
+        if policy.group(2):
+            units = _SIZES if policy.group(2).endswith("bytes") else _DURATIONS_MS
+            wanted = _amount(policy.group(3), units)
+            assert config[policy.group(2)].value == wanted, (doc_name, policy.group(2))
+        if retention_cell.startswith("none"):
+            # Compaction alone: nothing is deleted by age.
+            assert "delete" not in config["cleanup.policy"].value.split(","), doc_name
+        else:
+            wanted = _amount(retention_cell.split(" (")[0], _DURATIONS_MS)
+            assert config["retention.ms"].value == wanted, doc_name
+        stamp = "LogAppendTime" if timestamps_cell.startswith("`LogAppendTime`") else "CreateTime"
+        assert config["message.timestamp.type"].value == stamp, doc_name

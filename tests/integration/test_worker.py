@@ -409,10 +409,16 @@ def test_long_runs_heartbeat_with_a_fresh_deadline(
 def test_duplicate_delivery_while_running_executes_once(
     settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
 ) -> None:
-    counter = tmp_path / "count.txt"
-    run = make_run(settings, "demo.count", {"path": str(counter), "sleep_s": 2})
+    counter, gate = tmp_path / "count.txt", tmp_path / "gate"
+    run = make_run(settings, "test.gate", {"gate": str(gate), "started": str(counter)})
     produce_runs(settings, [run, run])
-    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    log_path = tmp_path / "worker.log"
+    worker = start_worker(procs, jobwheel_env, log_path, log_level="DEBUG")
+    # The duplicate is handled while the first delivery runs: its gate is still shut.
+    wait_for_log(log_path, "state=DUPLICATE", scaled(30), proc=worker)
+    assert counter.read_text().splitlines() == [f"{run.run_id}:1"]
+    tail.wait_for(run.run_id, State.STARTED)  # a run past 100 ms says so before it ends
+    gate.touch()
     tail.wait_for(run.run_id, State.SUCCEEDED)
     assert counter.read_text().splitlines() == [f"{run.run_id}:1"]
     assert len(tail.of(run.run_id, State.STARTED)) == 1

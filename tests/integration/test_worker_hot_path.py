@@ -28,7 +28,7 @@ from tests.integration.test_worker import (
     produce_runs,
     start_worker,
 )
-from tests.support import log_tail, wait_until
+from tests.support import log_tail, scaled, wait_until
 
 
 @pytest.fixture
@@ -134,7 +134,8 @@ def test_a_long_run_holds_back_its_partitions_commit_while_later_runs_finish(
 ) -> None:
     jobs = same_partition_jobs(settings, 6)
     partition = partition_for(jobs[0], settings.partitions)
-    long_run = make_run(settings, "demo.sleep", {"seconds": 30}, job_id=jobs[0])
+    gate = tmp_path / "long-gate"  # shut: the long run executes until the test opens it
+    long_run = make_run(settings, "test.gate", {"gate": str(gate)}, job_id=jobs[0])
     quick = [make_run(settings, "demo.echo", {"i": i}, job_id=j) for i, j in enumerate(jobs[1:])]
     produce_runs(settings, [long_run, *quick])
     start_worker(procs, jobwheel_env, tmp_path / "worker.log")
@@ -162,6 +163,16 @@ def test_a_long_run_holds_back_its_partitions_commit_while_later_runs_finish(
     # The long run is still executing: nothing at or after its offset may be committed.
     assert not tail.of(long_run.run_id, State.SUCCEEDED)
     assert committed_offsets(settings).get(partition, 0) <= 0
+    # Once it ends, the partition's commit goes past every run of it (the same reader sees it).
+    gate.touch()
+    tail.wait_for(long_run.run_id, State.SUCCEEDED)
+    end = end_offsets(settings)[partition]
+    wait_until(
+        lambda: committed_offsets(settings).get(partition, -1) >= end - 1,
+        scaled(30),
+        interval_s=0.2,
+        message="the partition was not committed once the long run ended",
+    )
 
 
 def test_a_forged_run_with_a_token_from_the_future_fences_nothing_else(
@@ -191,10 +202,12 @@ def test_time_limits_fail_the_run_and_a_stuck_thread_keeps_its_slot(
     counter = tmp_path / "count.txt"
     slow_async = make_run(settings, "demo.sleep", {"seconds": 30}, timeout_ms=300)
     stuck_job, after_job = same_partition_jobs(settings, 2)  # fetched in this order
+    # The sync task blocks (in its thread) until the test opens its gate, then notes its end.
+    stuck_gate = tmp_path / "stuck-gate"
     stuck_sync = make_run(
         settings,
-        "demo.count",
-        {"path": str(counter), "sleep_s": 2},
+        "test.gate",
+        {"gate": str(stuck_gate), "finished": str(counter)},
         job_id=stuck_job,
         timeout_ms=300,
     )
@@ -210,8 +223,13 @@ def test_time_limits_fail_the_run_and_a_stuck_thread_keeps_its_slot(
     produce_runs(settings, [stuck_sync, after])
     stuck = tail.wait_for(stuck_sync.run_id, State.FAILED)[0]
     assert stuck.reason is not None and stuck.reason.startswith("timed out")
-    assert stuck.duration_ms is not None and stuck.duration_ms < 2000  # not the thread's end
-    done = tail.wait_for(after.run_id, State.SUCCEEDED)[0]
-    stuck_started = stuck.started_ms or tail.of(stuck_sync.run_id, State.STARTED)[0].event_time_ms
-    assert done.started_ms is not None and done.started_ms >= stuck_started + 2000
+    # FAILED at the limit, not at the thread's end: the thread is still blocked on its gate.
+    assert not counter.exists()
+    # It keeps the one slot: the next run has not started (read to the end after the FAILED).
+    tail.poll_to_end()
+    assert not tail.of(after.run_id), tail.of(after.run_id)
+    stuck_gate.touch()
+    tail.wait_for(after.run_id, State.SUCCEEDED)
+    # The next run ran only once the thread had returned.
+    assert counter.read_text().splitlines() == [f"{stuck_sync.run_id}:1", f"{after.run_id}:1"]
     assert "keeps its slot until it returns" in log_path.read_text()
