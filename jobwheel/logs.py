@@ -103,7 +103,14 @@ def configure(level: str = "INFO", fmt: str | None = None) -> str:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for chatty in QUIET_BELOW_WARNING:
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     return _chosen
+
+
+#: Libraries that log every HTTP request at INFO (the Schema Registry client's httpx): one line
+#: per record a service encodes would bury its own lines. Their warnings still show.
+QUIET_BELOW_WARNING = ("httpx", "httpcore")
 
 
 class Throttle(logging.Filter):

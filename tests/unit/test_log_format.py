@@ -134,3 +134,25 @@ def test_a_log_file_in_the_other_format_is_set_aside_not_appended_to(tmp_path: P
     assert (tmp_path / "worker.log.json").read_text().count(json_line) == 2
     log.write_text(text_line)
     assert set_aside_other_format(log, "json") == tmp_path / "worker.log.text"
+
+
+def test_http_clients_say_only_their_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    """The Schema Registry client (httpx) logs every request at INFO: a scheduler encoding
+    through a registry printed one line per record."""
+    import logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        logs.configure("INFO", "json")
+        logging.getLogger("jobwheel.test").info("ours")
+        logging.getLogger("httpx").info("HTTP Request: POST http://registry/subjects 200 OK")
+        logging.getLogger("httpx").warning("registry slow")
+        err = capsys.readouterr().err
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        logging.getLogger("httpx").setLevel(logging.NOTSET)
+    assert '"msg": "ours"' in err  # the reader sees INFO lines of its own
+    assert "HTTP Request" not in err
+    assert "registry slow" in err
