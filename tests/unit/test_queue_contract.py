@@ -138,3 +138,35 @@ def test_each_declared_queue_has_its_runs_topic_and_default_keeps_the_old_one() 
 def test_a_bad_queue_in_the_settings_is_refused() -> None:
     with pytest.raises(ValueError, match="queue"):
         Settings(queues="reports,bad name")
+
+
+def test_every_declared_queue_has_its_grants() -> None:
+    """On a cluster with an authorizer, a pool's workers read its topic in its group, and the
+    scheduler writes every queue's topic; the default queue keeps the grants it had."""
+    from jobwheel.deploy.acls import role_grants
+
+    settings = Settings(topic_prefix="jw", queues="reports", worker_group="jw-workers")
+
+    def names(role: str) -> set[tuple[str, str]]:
+        return {(g.resource, g.name) for g in role_grants(settings, role)}
+
+    assert {("TOPIC", "jw.runs"), ("TOPIC", "jw.runs.reports")} <= names("scheduler")
+    worker = names("worker")
+    assert {("TOPIC", "jw.runs"), ("TOPIC", "jw.runs.reports")} <= worker
+    assert {("GROUP", "jw-workers"), ("GROUP", "jw-workers-reports")} <= worker
+
+
+def test_a_worker_serves_the_queue_asked_else_its_tasks_queue_and_only_a_declared_one() -> None:
+    from jobwheel.consumers.worker.cli import serving_queue
+    from jobwheel.errors import ConfigError
+
+    declared = ("default", "reports")
+    assert serving_queue(None, [], declared) == "default"
+    assert serving_queue(None, ["reports"], declared) == "reports"
+    assert serving_queue(["default"], ["reports"], declared) == "default"
+    with pytest.raises(ConfigError, match="not declared.*JOBWHEEL_QUEUES"):
+        serving_queue(["gpu"], [], declared)
+    with pytest.raises(ConfigError, match="one worker per queue"):
+        serving_queue(None, ["default", "reports"], declared)
+    with pytest.raises(ConfigError, match="queue"):
+        serving_queue(["bad name"], [], declared)
