@@ -263,6 +263,7 @@ class SchedulerEngine:
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
+        self._queues = frozenset(settings.queue_names)  # read per ack: not re-parsed each time
         # "Now" is the wall clock held within the tolerance of the broker's time as read
         # (see BrokerBoundClock): a step of this host's clock moves it that much at most.
         self.clock = BrokerBoundClock(
@@ -713,7 +714,7 @@ class SchedulerEngine:
                     task.reached_ms = reached
         # Per queue: one pool's acks say nothing about how far another pool has got. A queue
         # this scheduler does not know (a hostile header) is no queue of its runs.
-        if queue not in self.settings.queue_names:
+        if queue not in self._queues:
             queue = DEFAULT_QUEUE
         seen = task.queue_seen.get(queue)
         if seen is None or record.timestamp_ms > seen:

@@ -64,7 +64,7 @@ def executions(log: Path) -> list[tuple[str, int]]:
     return out
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)  # the sum of its waits
 def test_two_pools_run_each_job_once_on_a_worker_of_its_queue(
     pools: Any, procs: Any, tmp_path: Path, tail: TopicTail
 ) -> None:
@@ -130,6 +130,7 @@ def test_two_pools_run_each_job_once_on_a_worker_of_its_queue(
     assert tail.runs_of(stray) == []
 
 
+@pytest.mark.timeout(480)  # the sum of its waits
 def test_a_pool_without_workers_gets_no_copies_from_the_other_pools_acks(
     pools: Any, procs: Any, tmp_path: Path, tail: TopicTail, figure: Any
 ) -> None:

@@ -170,3 +170,35 @@ def test_a_worker_serves_the_queue_asked_else_its_tasks_queue_and_only_a_declare
         serving_queue(None, ["default", "reports"], declared)
     with pytest.raises(ConfigError, match="queue"):
         serving_queue(["bad name"], [], declared)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "wanted"),
+    [
+        (["--queue", "gpu"], {}, "'gpu' is not a declared queue (default)"),
+        (["--queue", "gpu"], {"JOBWHEEL_QUEUES": "reports"}, "declared queue (default, reports)"),
+        (["--queue", "bad name"], {}, "is not a queue name"),
+    ],
+)
+def test_submit_refuses_an_undeclared_or_bad_queue_before_sending(
+    args: list[str], env: dict[str, str], wanted: str
+) -> None:
+    """Exit 2, one line naming the queue, nothing sent: no broker is needed to be refused
+    (the command is built and checked before a producer exists)."""
+    import os
+    import subprocess
+
+    from tests.support import jobwheel_argv, scaled
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
+    result = subprocess.run(
+        jobwheel_argv(["jobwheel", "submit", "--task", "demo.echo", "--now", *args]),
+        env={**base, "JOBWHEEL_BOOTSTRAP_SERVERS": "127.0.0.1:1", **env},
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "queue" in line and wanted in line, line
