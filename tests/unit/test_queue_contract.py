@@ -26,6 +26,8 @@ from jobwheel.schemas.validation import check_command, queue
 from jobwheel.settings import Settings
 from jobwheel.streams.jobstate import JobRecord, decode_job, encode_job
 
+# fixed dates: issue times given to the codec and the pure checks with their own "now", never
+# compared with the wall clock (the CLI test sends no time of its own)
 CATALOGUE = SchemaCatalogue.load()
 
 
