@@ -780,6 +780,7 @@ class SchedulerEngine:
             emit=lambda part: self._emit(task, part, out),
             queue_watermark=lambda queue: self._queue_watermark(task, now, queue),
             reached_by_queue=task.queue_reached,
+            queue_acked=task.queue_seen,
         )
         task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:

@@ -136,6 +136,7 @@ class ProcessorCore:
         #: where the queue's own acks allow deadlines to expire (see ``punctuate``).
         self._reached_by_queue: Mapping[str, int] | None = None
         self._queue_watermark: Callable[[str], int] | None = None
+        self._queue_acked: Mapping[str, int] | None = None
 
     def load(self, job_id: str) -> JobRecord | None:
         """The job's record, the caller's to change and :meth:`save`."""

@@ -51,6 +51,7 @@ class Punctuation(ProcessorCore):
         emit: Emit | None = None,
         queue_watermark: Callable[[str], int] | None = None,
         reached_by_queue: Mapping[str, int] | None = None,
+        queue_acked: Mapping[str, int] | None = None,
     ) -> tuple[Output, int]:
         """Handle up to ``limit`` due timers, stopping early once the output reaches
         ``max_records`` records (one transaction stays bounded however far behind the
@@ -72,7 +73,12 @@ class Punctuation(ProcessorCore):
         watermark passed but its queue's did not is not expired (another pool's acks say
         nothing about this run; its own pool may be down with the run waiting on its topic)
         but looked at again a visibility timeout later; and the queue's own progress decides
-        whether a run is still queued. Without them, the partition's (one queue).
+        whether a run is still queued. Without them, the partition's (one queue). A run whose
+        deadline passed while its queue was silent, once ``queue_acked`` (the append time of
+        the queue's latest ack: its pool, not the silence ceiling) shows the pool back, gets
+        a visibility timeout counted from now: its pool has just come back and is working
+        through its backlog with several runs at once, and a run started a moment ago has
+        not said so yet (quick runs send no STARTED).
 
         Each timer is handled whole or not at all (:meth:`_guarded`): ``emit``, when given,
         gets each timer's output as soon as it is made (the engine encodes it there), and a
@@ -82,6 +88,7 @@ class Punctuation(ProcessorCore):
         self._reached = reached_ms
         self._queue_watermark = queue_watermark
         self._reached_by_queue = reached_by_queue
+        self._queue_acked = queue_acked
         out = Output()
         budget = max_records if max_records is not None else 1 << 62
         entries = self.state.timers.due(now_ms, limit)
@@ -368,6 +375,13 @@ class Punctuation(ProcessorCore):
                 # queue: its pool has not answered up to then (none running, or stalled). Not
                 # lost: looked at again later, against the deadline it had.
                 run.deadline_ms = deadline
+                run.due_ms = now_ms + timeout
+                return
+            acked = None if self._queue_acked is None else self._queue_acked.get(queue)
+            if run.deadline_ms and acked is not None and acked >= run.deadline_ms:
+                # Its deadline passed while its pool was away; the pool is back: the timeout
+                # counts from now, as for a run just fetched.
+                run.deadline_ms = 0
                 run.due_ms = now_ms + timeout
                 return
         if self._reached_by_queue is not None:

@@ -100,3 +100,40 @@ def test_a_silent_queue_still_has_the_silence_ceiling() -> None:
         copies = out.runs
     assert copies[0].attempt == 2
     assert t - (T0 + TIMEOUT) >= silence  # not before the ceiling passed its first deadline
+
+
+def test_a_run_whose_pool_comes_back_gets_a_timeout_from_then() -> None:
+    """B's deadline passed while B had no worker. When B's acks come again (its worker is back,
+    working through the backlog several runs at once), the run gets a visibility timeout
+    counted from then, not an immediate copy: it may be executing, and a quick run says
+    nothing before its verdict. Lost for real, it is copied a timeout later, as always."""
+    p = proc()
+    p.on_command(cmd("jb", "b"), T0)
+    p.punctuate(T0, 100)
+    seen = {"default": T0 + 5 * TIMEOUT}
+    t = T0 + 5 * TIMEOUT
+    p.punctuate(t, 100, deadline_watermark=t, queue_watermark=lambda q: seen.get(q, 0))
+    assert p.load("jb").active[f"jb@{T0}"].deadline_ms == T0 + TIMEOUT  # put off
+    # B is back: its acks (of other runs, dispatched later) pass the deadline.
+    t += TIMEOUT
+    seen["b"] = t
+    late = {"b": T0 + 1}  # B reached runs dispatched after this one
+
+    def again(now: int) -> list[tuple[str, int]]:
+        out, _ = p.punctuate(
+            now,
+            100,
+            deadline_watermark=now,
+            queue_watermark=lambda q: seen.get(q, 0),
+            reached_by_queue=late,
+            queue_acked=seen,
+        )
+        return [(r.job_id, r.attempt) for r in out.runs]
+
+    assert again(t) == []
+    run = p.load("jb").active[f"jb@{T0}"]
+    assert (run.deadline_ms, run.due_ms) == (0, t + TIMEOUT)
+    # A timeout later, B's acks past it and still no verdict: copied.
+    t += TIMEOUT
+    seen["b"] = t
+    assert again(t) == [("jb", 2)]
