@@ -11,11 +11,13 @@ role       may
 =========  ==================================================================================
 submitter  write ``requests`` (the SDK, ``jobwheel submit``, services that schedule jobs); read
            ``workers`` (which tasks the live workers serve, checked before a job is sent)
-scheduler  read ``requests`` and ``acks``; write ``runs``, ``status``, ``dead-letter``; describe
+scheduler  read ``requests`` and ``acks``; write ``runs`` (every queue's: ``runs.<queue>`` of
+           ``JOBWHEEL_QUEUES``), ``status``, ``dead-letter``; describe
            ``workers`` (its check of the topics at start); read and write its own topics
            (``<app id>-*``: the job store's changelog); consumer group ``<app id>`` (and its
            group configs: session timing); transactional ids ``<app id>*``
-worker     read ``runs`` (group ``JOBWHEEL_WORKER_GROUP``); write ``acks`` and ``workers`` (its
+worker     read ``runs`` and each queue's ``runs.<queue>`` (groups ``JOBWHEEL_WORKER_GROUP`` and
+           ``JOBWHEEL_WORKER_GROUP-<queue>``); write ``acks`` and ``workers`` (its
            announcement: the tasks it serves)
 sink       read ``status`` and ``acks`` (group ``JOBWHEEL_STATUS_GROUP``)
 api        what submitter and sink may (``jobwheel serve`` runs the embedded sink); for the
@@ -78,6 +80,9 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
     def topic(name: str, ops: tuple[str, ...]) -> Grant:
         return Grant("TOPIC", name, ops)
 
+    # Every declared queue's runs topic and its workers' group (JOBWHEEL_QUEUES).
+    queues = settings.queue_names
+
     submitter = [topic(t.requests, WRITE), topic(t.workers, READ)]
     sink = [
         topic(t.status, READ),
@@ -89,7 +94,7 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
         "scheduler": [
             topic(t.requests, READ),
             topic(t.acks, READ),
-            topic(t.runs, WRITE),
+            *(topic(t.runs_for(q), WRITE) for q in queues),
             topic(t.status, WRITE),
             topic(t.dead_letter, WRITE),
             # Only to see that it exists: a scheduler checks every topic at start (and would
@@ -100,10 +105,10 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
             Grant("TRANSACTIONAL_ID", app, WRITE, prefixed=True),
         ],
         "worker": [
-            topic(t.runs, READ),
+            *(topic(t.runs_for(q), READ) for q in queues),
             topic(t.acks, WRITE),
             topic(t.workers, WRITE),
-            Grant("GROUP", settings.worker_group, READ),
+            *(Grant("GROUP", settings.worker_group_for(q), READ) for q in queues),
         ],
         "sink": sink,
         "api": [
@@ -111,7 +116,7 @@ def role_grants(settings: Settings, role: str) -> list[Grant]:
             *sink,
             topic(t.dead_letter, READ),
             Grant("GROUP", app, ("DESCRIBE",)),
-            Grant("GROUP", settings.worker_group, ("DESCRIBE",)),
+            *(Grant("GROUP", settings.worker_group_for(q), ("DESCRIBE",)) for q in queues),
         ],
     }
     username(settings, role)  # validates the role

@@ -28,6 +28,7 @@ from jobwheel.kafka import config as kafka_keys
 from jobwheel.schemas.topics import (
     DEFAULT_PARTITIONS,
     DEFAULT_PREFIX,
+    DEFAULT_QUEUE,
     DEFAULT_REPLICATION_FACTOR,
     Topics,
 )
@@ -150,6 +151,12 @@ class Settings(BaseSettings):
     # between adding the consumed offsets to a transaction and committing it.
     scheduler_fault_commit_delay_ms: int = 0
 
+    # Queues (worker pools) jobs may name, comma-separated: each has its runs topic
+    # (<prefix>.runs.<queue>; the default queue's is <prefix>.runs) and its workers' group
+    # (<worker group>-<queue>; the default queue's is JOBWHEEL_WORKER_GROUP). `default` is
+    # always declared. The scheduler rejects a job naming a queue not declared here.
+    queues: str = DEFAULT_QUEUE
+
     # Workers (consumers/)
     worker_group: str = "jobwheel-workers"
     worker_concurrency: int = 8
@@ -232,6 +239,20 @@ class Settings(BaseSettings):
             raise ValueError(f"one of {', '.join(LOG_LEVELS)}")
         return level
 
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, value: str) -> str:
+        from jobwheel.errors import ValidationError
+        from jobwheel.schemas.validation import queue
+
+        for name in (q.strip() for q in value.split(",")):
+            if name:
+                try:
+                    queue(name)
+                except ValidationError as exc:
+                    raise ValueError(str(exc)) from exc
+        return value
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -273,7 +294,19 @@ class Settings(BaseSettings):
 
     @property
     def topics(self) -> Topics:
-        return Topics(self.topic_prefix, self.partitions, self.replication_factor)
+        return Topics(self.topic_prefix, self.partitions, self.replication_factor, self.queue_names)
+
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        """The declared queues (``JOBWHEEL_QUEUES``), ``default`` first, each once."""
+        names = [q.strip() for q in self.queues.split(",") if q.strip()]
+        return tuple(dict.fromkeys((DEFAULT_QUEUE, *names)))
+
+    def worker_group_for(self, queue: str) -> str:
+        """The consumer group of ``queue``'s workers: ``JOBWHEEL_WORKER_GROUP`` for the
+        default queue (a deployment from before queues keeps its group and its offsets),
+        ``<JOBWHEEL_WORKER_GROUP>-<queue>`` for any other."""
+        return self.worker_group if queue == DEFAULT_QUEUE else f"{self.worker_group}-{queue}"
 
     @property
     def clickhouse_dsn(self) -> str:

@@ -95,6 +95,7 @@ def submit(args: argparse.Namespace) -> int:
         spec_from_args(args, settings.max_args_bytes),
         now_ms=SystemClock().now_ms(),
         max_args_bytes=settings.max_args_bytes,
+        queues=settings.queue_names,
     )
     check = "refuse" if args.require_worker else "warn"
     with JobClient(settings, task_check=check) as client:

@@ -146,7 +146,12 @@ class _Commands:
         return err
 
     def build_schedule(self, spec: JobSpec, now_ms: int) -> JobCommand:
-        command = build_schedule(spec, now_ms=now_ms, max_args_bytes=self.settings.max_args_bytes)
+        command = build_schedule(
+            spec,
+            now_ms=now_ms,
+            max_args_bytes=self.settings.max_args_bytes,
+            queues=self.settings.queue_names,
+        )
         task = spec.task
         if self.known_tasks is not None and task not in self.known_tasks:
             names = sorted(self.known_tasks)
@@ -165,7 +170,7 @@ class _Commands:
     ) -> list[str]:
         """The task check of the ScheduleJobs among ``commands`` (see :class:`TaskCheck`);
         ``refuse`` refuses whatever the client's mode."""
-        tasks = [c.body.task for c in commands if isinstance(c.body, ScheduleJob)]
+        tasks = [(c.body.task, c.body.queue) for c in commands if isinstance(c.body, ScheduleJob)]
         mode: TaskCheckMode = "refuse" if refuse else self.tasks.mode
         if not tasks or mode == "off":
             return []

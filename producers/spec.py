@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from jobwheel.errors import ValidationError, clip
 from jobwheel.producers import validation as v
 from jobwheel.schemas import timetext
 from jobwheel.schemas import validation as rules
-from jobwheel.schemas.models import ConcurrencyPolicy, JobCommand, ScheduleJob
+from jobwheel.schemas.models import DEFAULT_QUEUE, ConcurrencyPolicy, JobCommand, ScheduleJob
 
 DEFAULT_VISIBILITY_TIMEOUT = timedelta(seconds=30)
 
@@ -104,6 +104,11 @@ class JobSpec:
         ConcurrencyPolicy.ALLOW, "ALLOW, FORBID or REPLACE (default ALLOW)", metavar="POLICY"
     )
     idempotency_key: str | None = _option(None, "apply commands with this key once", metavar="K")
+    queue: str = _option(
+        DEFAULT_QUEUE,
+        "the queue (worker pool) its runs go to, one of JOBWHEEL_QUEUES (default 'default')",
+        metavar="NAME",
+    )
 
 
 #: The options, in the order of :class:`JobSpec`.
@@ -173,8 +178,30 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
-def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCommand:
-    """The validated ScheduleJob command for ``spec`` (raises ValidationError naming the field)."""
+def check_queue(queue: str, declared: Collection[str] | None) -> str:
+    """``queue`` by the contract's rule and, when the caller sees the declared queues (its
+    settings' ``JOBWHEEL_QUEUES``), one of them: the scheduler would answer any other
+    REJECTED, so it is refused before anything is sent."""
+    rules.queue(queue)
+    if declared is not None and queue not in declared:
+        raise ValidationError(
+            "queue",
+            f"{clip(queue)} is not a declared queue ({', '.join(declared)}); declare it in "
+            "JOBWHEEL_QUEUES (here and on the schedulers) and run `jobwheel topics ensure`, or "
+            "name one of those",
+        )
+    return queue
+
+
+def build_schedule(
+    spec: JobSpec,
+    *,
+    now_ms: int,
+    max_args_bytes: int,
+    queues: Collection[str] | None = None,
+) -> JobCommand:
+    """The validated ScheduleJob command for ``spec`` (raises ValidationError naming the field).
+    ``queues``: the declared queues, when the caller knows them (see :func:`check_queue`)."""
     job_id = rules.job_id(spec.job_id) if spec.job_id is not None else _new_id()
     trigger = v.trigger(
         now=spec.now,
@@ -205,5 +232,6 @@ def build_schedule(spec: JobSpec, *, now_ms: int, max_args_bytes: int) -> JobCom
         ),
         concurrency_policy=rules.concurrency_policy(spec.concurrency_policy),
         idempotency_key=rules.idempotency_key(spec.idempotency_key),
+        queue=check_queue(spec.queue, queues),
     )
     return JobCommand(_new_id(), job_id, now_ms, body)

@@ -18,6 +18,7 @@ from typing import Literal
 
 from jobwheel.errors import BrokerError, UnknownTaskWarning, UnservedTaskError
 from jobwheel.schemas import workers as roster
+from jobwheel.schemas.topics import DEFAULT_QUEUE
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,10 @@ class TaskCheck:
                 raise self._failure
             return self._roster
 
-    def problem(self, task: str) -> str | None:
-        """What is wrong with sending a run of ``task`` now (one sentence), or None."""
+    def problem(self, task: str, queue: str = DEFAULT_QUEUE) -> str | None:
+        """What is wrong with sending a run of ``task`` on ``queue`` now (one sentence), or
+        None. Only the queue's workers count (those in its group): another pool's workers
+        never get the run."""
         try:
             found = self._current()
         except BrokerError as exc:
@@ -112,10 +115,15 @@ class TaskCheck:
                 f"cannot tell which tasks the workers serve: the topic "
                 f"{self.settings.topics.workers} does not exist; run `jobwheel topics ensure`"
             )
-        return roster.task_problem(task, found.live, found.topic)
+        group = self.settings.worker_group_for(queue)
+        pool = [w for w in found.live if w.group == group]
+        return roster.task_problem(task, pool, found.topic)
 
     def check(
-        self, tasks: list[str], stacklevel: int | None = 2, mode: TaskCheckMode | None = None
+        self,
+        tasks: list[str] | list[tuple[str, str]],
+        stacklevel: int | None = 2,
+        mode: TaskCheckMode | None = None,
     ) -> list[str]:
         """Apply the mode to ``tasks``: ``warn`` returns the problems, and issues an
         :class:`UnknownTaskWarning` for each unless ``stacklevel`` is None (the caller prints
@@ -126,8 +134,9 @@ class TaskCheck:
         if mode == "off":
             return []
         said: list[str] = []
-        for task in dict.fromkeys(tasks):
-            problem = self.problem(task)
+        pairs = [(t, DEFAULT_QUEUE) if isinstance(t, str) else t for t in tasks]
+        for task, queue in dict.fromkeys(pairs):
+            problem = self.problem(task, queue)
             if problem is None or problem in said:
                 continue
             if mode == "refuse":

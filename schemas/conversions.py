@@ -68,6 +68,7 @@ def _schedule_to(b: ScheduleJob) -> tuple[str, dict[str, Any]]:
             "starting_deadline_ms": b.starting_deadline_ms,
             "concurrency_policy": str(b.concurrency_policy),
             "idempotency_key": b.idempotency_key,
+            "queue": b.queue,
         },
     )
 
@@ -84,6 +85,7 @@ def _schedule_from(d: dict[str, Any]) -> ScheduleJob:
         starting_deadline_ms=d["starting_deadline_ms"],
         concurrency_policy=ConcurrencyPolicy(d["concurrency_policy"]),
         idempotency_key=d["idempotency_key"],
+        queue=d["queue"],
     )
 
 

@@ -249,6 +249,7 @@ def plan(
             timeout_ms=run.timeout_ms,
             visibility_timeout_ms=run.visibility_timeout_ms,
             reason=reason,
+            queue=run.queue,
         )
         command = JobCommand(command_id, run.job_id, now_ms, body)
         try:

@@ -13,7 +13,11 @@ import enum
 from dataclasses import dataclass
 from typing import TypeVar
 
+from jobwheel.schemas.topics import DEFAULT_QUEUE
+
 _T = TypeVar("_T")
+
+__all__ = ["DEFAULT_QUEUE"]  # re-exported: the queue of commands and runs that name none
 
 
 def _quick_init(cls: type[_T]) -> type[_T]:
@@ -136,6 +140,8 @@ class ScheduleJob:
     starting_deadline_ms: int | None = None
     concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.ALLOW
     idempotency_key: str | None = None
+    #: job_command.v4: the queue (worker pool) its runs go to; older commands read "default"
+    queue: str = DEFAULT_QUEUE
 
 
 @_quick_init
@@ -189,6 +195,7 @@ class ReplayRun:
     timeout_ms: int | None = None
     visibility_timeout_ms: int = 30_000
     reason: str | None = None
+    queue: str = DEFAULT_QUEUE  # job_command.v4
 
 
 CommandBody = ScheduleJob | CancelJob | PauseJob | ResumeJob | TriggerJob | ReplayRun
@@ -223,6 +230,8 @@ class Run:
     deadline_ms: int
     partition: int
     fencing_token: int
+    #: run.v2: the queue it was dispatched to (its runs topic); older runs read "default"
+    queue: str = DEFAULT_QUEUE
 
 
 @_quick_init
@@ -270,4 +279,5 @@ def spec_document(spec: ScheduleJob) -> dict[str, object]:
         "starting_deadline_ms": spec.starting_deadline_ms,
         "concurrency_policy": spec.concurrency_policy.value,
         "idempotency_key": spec.idempotency_key,
+        "queue": spec.queue,
     }

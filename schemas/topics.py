@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from jobwheel.schemas.models import Run
 
 DEFAULT_PREFIX = "jobwheel"
+#: The queue of a job that names none, and of every record written before queues existed:
+#: its runs go to ``<prefix>.runs``, read by the group ``JOBWHEEL_WORKER_GROUP``. Always
+#: declared, whatever ``JOBWHEEL_QUEUES`` says.
+DEFAULT_QUEUE = "default"
 DEFAULT_PARTITIONS = 12
 #: None: ``topics ensure`` picks min(3, brokers) when it creates a topic, and
 #: min.insync.replicas 2 when that is 3 (see :func:`jobwheel.kafka.admin.ensure_topics`).
@@ -40,6 +44,11 @@ STATE_HEADER = "jobwheel.state"
 #: from it how far the partition's worker has got, and does not give up on runs that merely
 #: wait behind a backlog.
 DISPATCHED_HEADER = "jobwheel.dispatched"
+#: On acks records: the queue whose runs topic the run came from (ASCII), written by the
+#: worker; absent (a worker older than queues): ``default``. The scheduler keeps its acks
+#: watermark and "how far the worker got" per queue, so one pool's acks never expire the
+#: deadlines of another pool's runs.
+QUEUE_HEADER = "jobwheel.queue"
 #: On dead-letter records: why the record is there (UTF-8 text).
 ERROR_HEADER = "jobwheel.error"
 #: On dead-letter records: ``dead-run`` for a run out of attempts; absent for a bad request.
@@ -123,6 +132,15 @@ def read_run_header(
     return None
 
 
+def runs_topic(prefix: str, queue: str) -> str:
+    """The runs topic of ``queue``: ``<prefix>.runs`` for the default queue (the topic every
+    deployment had before queues, so an upgrade keeps its runs and its workers' offsets),
+    ``<prefix>.runs.<queue>`` for any other. The one place a queue becomes a topic name."""
+    if queue == DEFAULT_QUEUE:
+        return f"{prefix}.runs"
+    return f"{prefix}.runs.{queue}"
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     """What a topic must look like on the broker. ``replication_factor`` None: sized for the
@@ -141,6 +159,8 @@ class Topics:
     prefix: str = DEFAULT_PREFIX
     partitions: int = DEFAULT_PARTITIONS
     replication_factor: int | None = DEFAULT_REPLICATION_FACTOR
+    #: The declared queues (``JOBWHEEL_QUEUES``): each has a runs topic.
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
 
     @property
     def requests(self) -> str:
@@ -150,7 +170,11 @@ class Topics:
     @property
     def runs(self) -> str:
         """The execution topic: one record per dispatched run attempt, consumed by workers."""
-        return f"{self.prefix}.runs"
+        return runs_topic(self.prefix, DEFAULT_QUEUE)
+
+    def runs_for(self, queue: str) -> str:
+        """The runs topic of ``queue`` (:func:`runs_topic`)."""
+        return runs_topic(self.prefix, queue)
 
     @property
     def acks(self) -> str:
@@ -199,7 +223,14 @@ class Topics:
                     "message.timestamp.type": "LogAppendTime",
                 },
             ),
-            spec(self.runs, **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}),
+            # One runs topic per declared queue, co-partitioned with requests like the rest.
+            *(
+                spec(
+                    self.runs_for(queue),
+                    **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)},
+                )
+                for queue in dict.fromkeys((DEFAULT_QUEUE, *self.queues))
+            ),
             spec(
                 self.acks,
                 **{

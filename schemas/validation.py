@@ -50,6 +50,11 @@ from jobwheel.schemas.models import (
 )
 
 TASK_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}", re.ASCII)
+#: A queue names a topic (``<prefix>.runs.<queue>``, :func:`jobwheel.schemas.topics.runs_topic`)
+#: and a consumer group: the characters Kafka allows in a topic name, and a length that leaves
+#: room for any prefix within Kafka's 249.
+MAX_QUEUE_CHARS = 64
+QUEUE_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_QUEUE_CHARS}}}", re.ASCII)
 MAX_ID_CHARS = 200
 MAX_REASON_CHARS = 10_000
 MAX_PAST_MS = 3_600_000
@@ -124,6 +129,18 @@ def task(value: Any) -> str:
             "task",
             f"{clip(value)} is not a task name; use 1..200 letters, digits, '_', '.', ':' or '-' "
             "(e.g. 'billing.send_invoice')",
+        )
+    return value
+
+
+def queue(value: Any) -> str:
+    """Queue names become topic names: letters, digits, ``. _ -``; 1..64 characters, and not
+    ``.`` or ``..`` (Kafka refuses those as names)."""
+    if not isinstance(value, str) or QUEUE_RE.fullmatch(value) is None or value.strip(".") == "":
+        raise ValidationError(
+            "queue",
+            f"{clip(value)} is not a queue name; use 1..{MAX_QUEUE_CHARS} letters, digits, "
+            "'.', '_' or '-' (e.g. 'reports')",
         )
     return value
 
@@ -415,6 +432,7 @@ def check_command(command: JobCommand, *, now_ms: int, max_args_bytes: int) -> J
         )
         concurrency_policy(body.concurrency_policy)
         idempotency_key(body.idempotency_key)
+        queue(body.queue)
     elif isinstance(body, CancelJob | PauseJob | ResumeJob | TriggerJob):
         optional_text(body.reason, "reason", MAX_REASON_CHARS)
     elif isinstance(body, ReplayRun):
@@ -430,6 +448,7 @@ def check_command(command: JobCommand, *, now_ms: int, max_args_bytes: int) -> J
         positive_ms(_long(body.timeout_ms, "timeout", allow_none=True), "timeout", allow_none=True)
         positive_ms(_long(body.visibility_timeout_ms, "visibility_timeout"), "visibility_timeout")
         optional_text(body.reason, "reason", MAX_REASON_CHARS)
+        queue(body.queue)
     else:
         raise ValidationError("body", f"unsupported command {clip(body)}")
     return command

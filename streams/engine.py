@@ -76,9 +76,11 @@ from jobwheel.schemas.partitioning import partition_for
 from jobwheel.schemas.progress import Progress
 from jobwheel.schemas.topics import (
     DEAD_RUN_KIND,
+    DEFAULT_QUEUE,
     DISPATCHED_HEADER,
     ERROR_HEADER,
     KIND_HEADER,
+    QUEUE_HEADER,
     RUN_HEADER,
     SIZE_HEADER,
     SOURCE_OFFSET_HEADER,
@@ -187,6 +189,12 @@ class PartitionTask:
     # The latest dispatch time of a run the partition's worker reported on (acks header).
     reached_ms: int | None = None
     reached_committed_ms: int | None = None
+    # The same two facts per queue (acks header jobwheel.queue; none: the default queue):
+    # each pool's acks count for its own runs only (see _queue_watermark).
+    queue_seen: dict[str, int] = field(default_factory=dict)
+    queue_seen_committed: dict[str, int] = field(default_factory=dict)
+    queue_reached: dict[str, int] = field(default_factory=dict)
+    queue_reached_committed: dict[str, int] = field(default_factory=dict)
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
@@ -255,6 +263,7 @@ class SchedulerEngine:
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
+        self._queues = frozenset(settings.queue_names)  # read per ack: not re-parsed each time
         # "Now" is the wall clock held within the tolerance of the broker's time as read
         # (see BrokerBoundClock): a step of this host's clock moves it that much at most.
         self.clock = BrokerBoundClock(
@@ -682,9 +691,13 @@ class SchedulerEngine:
         hostile producer can write there), so a header the workers never write is ignored
         with a log line, and a record that is no ack is dead-lettered."""
         skip = False
+        queue = DEFAULT_QUEUE
+        reached: int | None = None
         for name, value in record.headers or ():
             if name == STATE_HEADER and value in SKIPPED_ACKS:
                 skip = True
+            elif name == QUEUE_HEADER and value:
+                queue = value.decode("ascii", "replace")
             elif name == DISPATCHED_HEADER:
                 reached = _dispatched_ms(value)
                 if reached is None:
@@ -699,6 +712,17 @@ class SchedulerEngine:
                     )
                 elif task.reached_ms is None or reached > task.reached_ms:
                     task.reached_ms = reached
+        # Per queue: one pool's acks say nothing about how far another pool has got. A queue
+        # this scheduler does not know (a hostile header) is no queue of its runs.
+        if queue not in self._queues:
+            queue = DEFAULT_QUEUE
+        seen = task.queue_seen.get(queue)
+        if seen is None or record.timestamp_ms > seen:
+            task.queue_seen[queue] = record.timestamp_ms
+        if reached is not None:
+            before = task.queue_reached.get(queue)
+            if before is None or reached > before:
+                task.queue_reached[queue] = reached
         if skip:
             return
         processor = task.processor
@@ -754,6 +778,9 @@ class SchedulerEngine:
             budget,
             reached_ms=task.reached_ms,
             emit=lambda part: self._emit(task, part, out),
+            queue_watermark=lambda queue: self._queue_watermark(task, now, queue),
+            reached_by_queue=task.queue_reached,
+            queue_acked=task.queue_seen,
         )
         task.behind = handled >= limit or result.size >= budget
         if handled or task.state.dirty:
@@ -767,7 +794,20 @@ class SchedulerEngine:
         merely ahead of this reader), at least ``JOBWHEEL_SCHEDULER_ACKS_SILENCE_MS`` before
         now: a partition no worker answers on (none running, a run none can read) cannot
         hold a deadline, and its job, for ever."""
-        seen = self._acks_watermark(task)
+        return self._silence_bound(task, now, self._acks_watermark(task))
+
+    def _queue_watermark(self, task: PartitionTask, now: int, queue: str) -> int:
+        """:meth:`_deadline_watermark` of one queue's runs: the acks its own workers wrote.
+        All pools report on the one acks topic, so the partition's watermark moves with any
+        pool's acks; a queue with no worker (or a stalled one) must not have its deadlines
+        expired by another pool's acks and copies of its runs piled into its backlog. The
+        silence ceiling is the partition's: with the acks read to the end, a deadline of any
+        queue expires at most ``JOBWHEEL_SCHEDULER_ACKS_SILENCE_MS`` after its time."""
+        return self._silence_bound(task, now, task.queue_seen.get(queue, 0))
+
+    def _silence_bound(self, task: PartitionTask, now: int, seen: int) -> int:
+        """``seen`` (an acks watermark), or the silence ceiling when it is behind that and the
+        partition's acks are read to the end."""
         ceiling = now - self.settings.scheduler_acks_silence_ms
         if seen >= ceiling or self.acks is None:
             return seen
@@ -798,7 +838,13 @@ class SchedulerEngine:
         # Each run names itself in a header too: a worker that cannot decode the value (a
         # newer schema) still answers it FAILED rather than leaving it to its deadline.
         records = [
-            _Out(t.runs, p, run.job_id.encode(), enc(run), [(RUN_HEADER, run_header(run))])
+            _Out(
+                t.runs_for(run.queue),
+                p,
+                run.job_id.encode(),
+                enc(run),
+                [(RUN_HEADER, run_header(run))],
+            )
             for run in result.runs
         ]
         for event in result.status:
@@ -936,6 +982,8 @@ class SchedulerEngine:
                 task.acks_committed = task.acks_next
             task.acks_seen_committed_ms = task.acks_seen_ms
             task.reached_committed_ms = task.reached_ms
+            task.queue_seen_committed = dict(task.queue_seen)
+            task.queue_reached_committed = dict(task.queue_reached)
             task.committed_note = task.pending_note
 
     def _produce(self, record: _Out, track: bool = False) -> None:
@@ -1059,6 +1107,8 @@ class SchedulerEngine:
                 task.acks_next = None
             task.acks_seen_ms = task.acks_seen_committed_ms  # the rewound acks are unread again
             task.reached_ms = task.reached_committed_ms
+            task.queue_seen = dict(task.queue_seen_committed)
+            task.queue_reached = dict(task.queue_reached_committed)
 
     # --- restore ----------------------------------------------------------------------------
 
@@ -1248,6 +1298,7 @@ class SchedulerEngine:
             max_args_bytes=self.settings.max_args_bytes,
             max_active_runs=self.settings.scheduler_max_active_runs,
             max_record_bytes=self._record_limit,
+            queues=self.settings.queue_names,
         )
         self.acks.assign(p, _start(task.acks_committed))
         self.input.resume(p)

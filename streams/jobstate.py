@@ -35,6 +35,7 @@ import orjson
 
 from jobwheel.errors import StateError
 from jobwheel.schemas.models import (
+    DEFAULT_QUEUE,
     After,
     At,
     ConcurrencyPolicy,
@@ -106,6 +107,9 @@ class ActiveRun:
     #: Attempts the run had used before a dead-letter replay gave it ``max_attempts`` more.
     base: int = 0
     dispatched_ms: int = 0  # when the current attempt was dispatched
+    #: The visibility deadline the dispatch or the run's acks set, while ``due_ms`` is later
+    #: because the acks of the run's own queue had not reached it (0: ``due_ms`` is it).
+    deadline_ms: int = 0
 
     @property
     def limit_extra(self) -> int:
@@ -292,6 +296,7 @@ def encode_job(job: JobRecord, timers: Timers | None = None) -> bytes:
                     r.handbacks,
                     r.base,
                     r.dispatched_ms,
+                    r.deadline_ms,
                 ]
                 for r in job.active.values()
             ],
@@ -329,10 +334,12 @@ def decode_job(data: bytes) -> JobRecord:
             starting_deadline_ms=s["starting_deadline_ms"],
             concurrency_policy=ConcurrencyPolicy(s["concurrency_policy"]),
             idempotency_key=s["idempotency_key"],
+            queue=s.get("queue", DEFAULT_QUEUE),  # absent in records written before queues
         )
         active = {
-            # r[7] (base) and r[8] (dispatched_ms) are absent in records written before
-            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], *r[7:9])
+            # r[7] (base), r[8] (dispatched_ms), r[9] (deadline_ms) are absent in records
+            # written before them
+            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], *r[7:10])
             for r in raw["active"]
         }
         return JobRecord(

@@ -417,6 +417,7 @@ def create_app(
             schedule_spec(req, settings.max_args_bytes),
             now_ms=queries.now_ms(),
             max_args_bytes=settings.max_args_bytes,
+            queues=settings.queue_names,
         )
         problems = clients.get().send_checked(command, require_worker=require_worker)
         return Accepted(

@@ -15,6 +15,7 @@ answer, the command is still sent and the command says it cannot confirm.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -804,7 +805,16 @@ def health(args: argparse.Namespace) -> int:
             lambda: _check_group(settings, settings.scheduler_app_id, args.timeout),
         ),
         ("partitions", lambda: _check_scheduler_partitions(settings, args.timeout)),
-        ("workers", lambda: _check_group(settings, settings.worker_group, args.timeout)),
+        # One pool per declared queue (JOBWHEEL_QUEUES), each its own group.
+        *(
+            (
+                "workers" if queue == "default" else f"workers:{queue}",
+                functools.partial(
+                    _check_group, settings, settings.worker_group_for(queue), args.timeout
+                ),
+            )
+            for queue in settings.queue_names
+        ),
         ("status", lambda: _check_api(settings, args.timeout)),
     ]
     over_http = {"status"}

@@ -45,6 +45,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     p.add_argument(
+        "--queue",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="the queue (worker pool) to serve: its runs topic, in the group "
+        "JOBWHEEL_WORKER_GROUP-NAME (JOBWHEEL_WORKER_GROUP for 'default'). Default: the queue "
+        "the --tasks modules' tasks name (@task(..., queue=...)), else 'default'. One queue per "
+        "process: start one worker per queue",
+    )
+    p.add_argument(
         "--concurrency",
         type=int,
         default=None,
@@ -75,6 +85,34 @@ def load_tasks(modules: str) -> None:
         raise ConfigError(f"--tasks: the modules {names} register no @task functions")
 
 
+def serving_queue(asked: list[str] | None, of_tasks: list[str], declared: tuple[str, ...]) -> str:
+    """The queue a worker serves: the one ``--queue`` names, else the one its tasks name
+    (``@task(..., queue=...)``), else ``default``. A queue the settings do not declare is
+    refused (its topic is not created, and the scheduler would reject its jobs), and so is
+    more than one: one pool per process."""
+    from jobwheel.schemas import validation
+
+    names = list(dict.fromkeys(asked)) if asked else list(of_tasks) or ["default"]
+    if len(names) > 1:
+        source = "--queue names" if asked else "the --tasks modules' tasks name"
+        raise ConfigError(
+            f"{source} {len(names)} queues ({', '.join(names)}); a worker process serves one: "
+            "start one worker per queue (jobwheel worker --queue NAME --tasks MODULES)"
+        )
+    queue = names[0]
+    try:
+        validation.queue(queue)
+    except Exception as exc:
+        raise ConfigError(f"--queue: {exc}") from None
+    if queue not in declared:
+        raise ConfigError(
+            f"queue {queue!r} is not declared: the declared queues are {', '.join(declared)}; "
+            f"add it to JOBWHEEL_QUEUES (for the schedulers too) and run `jobwheel topics "
+            "ensure` to create its runs topic"
+        )
+    return queue
+
+
 def _worker(args: argparse.Namespace) -> int:
     from jobwheel.consumers.worker.metrics import WorkerCollector
     from jobwheel.consumers.worker.pool import WorkerPool
@@ -84,7 +122,9 @@ def _worker(args: argparse.Namespace) -> int:
     if args.concurrency is not None and args.concurrency < 1:
         raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
     load_tasks(args.tasks)
-    pool = WorkerPool(get_settings(), default_registry, concurrency=args.concurrency)
+    settings = get_settings()
+    queue = serving_queue(args.queue, default_registry.queues(), settings.queue_names)
+    pool = WorkerPool(settings, default_registry, concurrency=args.concurrency, queue=queue)
     uninstall = WorkerCollector(pool).install()  # served when JOBWHEEL_METRICS_PORT is set
     try:
         clean = _run(pool)

@@ -301,7 +301,8 @@ class Executor:
                 State.FAILED,
                 _elapsed_ms(started),
                 error=format_error(exc),
-                reason=f"unknown task {run.task!r}: not registered in this worker; not retried",
+                reason=f"unknown task {run.task!r}: not registered in this worker "
+                f"(queue {run.queue!r}); not retried",
             )
         try:
             args, kwargs = self._arguments(spec, run)

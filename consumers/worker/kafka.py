@@ -47,14 +47,17 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+def consumer_config(
+    settings: Settings, group: str | None = None, **overrides: Any
+) -> dict[str, Any]:
     """The worker's consumer config: defaults, the pass-through ``kafka_config`` (SASL/TLS ...),
     then the keys the delivery guarantees depend on, which the pass-through cannot change:
     manual commits of finished work only (no auto commit, no auto offset store), and
     ``read_committed`` so runs of aborted scheduler transactions (a fenced owner's) never run.
+    ``group``: the queue's group (:meth:`Settings.worker_group_for`), else the default one.
     """
     return committing_consumer_config(
-        settings, settings.worker_group, CONSUMER_DEFAULTS, "worker", **overrides
+        settings, group or settings.worker_group, CONSUMER_DEFAULTS, "worker", **overrides
     )
 
 
@@ -71,10 +74,12 @@ _CONFIRM_SLICE_S = 0.01
 class RunsConsumer:
     """A consumer group member on one topic, speaking partitions as ints. One thread only."""
 
-    def __init__(self, settings: Settings, topic: str, **overrides: Any) -> None:
+    def __init__(
+        self, settings: Settings, topic: str, group: str | None = None, **overrides: Any
+    ) -> None:
         self.topic = topic
         self._group = GroupConsumer(
-            consumer_config(settings, **overrides), _PACKAGE, "runs consumer"
+            consumer_config(settings, group, **overrides), _PACKAGE, "runs consumer"
         )
 
     def _parts(self, pairs: list[tuple[str, int]]) -> list[int]:

@@ -98,7 +98,7 @@ class WorkerCollector(Collector):
 
     def _ready(self) -> tuple[bool, str]:
         pool = self.pool
-        group = pool.settings.worker_group
+        group = pool.group
         if pool.stopping:
             return False, "stopping: runs in flight finish or are handed back"
         if not pool.joined:

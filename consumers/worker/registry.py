@@ -18,7 +18,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from jobwheel.consumers.worker.backoff import DEFAULT_BACKOFF, Backoff
-from jobwheel.errors import TaskError
+from jobwheel.errors import TaskError, ValidationError
+from jobwheel.schemas import validation
+from jobwheel.schemas.topics import DEFAULT_QUEUE
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,6 +37,9 @@ class TaskSpec:
     timeout_ms: int | None = None
     max_attempts: int | None = None
     backoff: Backoff = DEFAULT_BACKOFF
+    #: The queue (worker pool) this task is served on: a worker started with ``--tasks`` and
+    #: no ``--queue`` serves the queues of its tasks.
+    queue: str = DEFAULT_QUEUE
 
     #: Seen through decorators that keep ``functools.wraps`` and on objects with an
     #: ``async def __call__``: called as sync, either would return a coroutine unrun.
@@ -76,8 +81,13 @@ class TaskRegistry:
         timeout: timedelta | float | None = None,
         max_attempts: int | None = None,
         backoff: Backoff | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> TaskSpec:
         """Register ``fn`` under ``name``; a second, different function for a name is refused."""
+        try:
+            validation.queue(queue)
+        except ValidationError as exc:
+            raise TaskError(f"task {name!r}: {exc}") from None
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise TaskError(
                 f"task name {name!r} is invalid: use 1..200 letters, digits, '_', '-', '.', ':'"
@@ -94,6 +104,7 @@ class TaskRegistry:
             timeout_ms=_to_ms(timeout, f"task {name!r}: timeout"),
             max_attempts=max_attempts,
             backoff=backoff or DEFAULT_BACKOFF,
+            queue=queue,
         )
         with self._lock:
             existing = self._tasks.get(name)
@@ -112,11 +123,14 @@ class TaskRegistry:
         timeout: timedelta | float | None = None,
         max_attempts: int | None = None,
         backoff: Backoff | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`; returns the function unchanged."""
 
         def decorate(fn: F) -> F:
-            self.register(name, fn, timeout=timeout, max_attempts=max_attempts, backoff=backoff)
+            self.register(
+                name, fn, timeout=timeout, max_attempts=max_attempts, backoff=backoff, queue=queue
+            )
             return fn
 
         return decorate
@@ -138,6 +152,10 @@ class TaskRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._tasks)
+
+    def queues(self) -> list[str]:
+        """The queues the registered tasks name, each once, in the order first named."""
+        return list(dict.fromkeys(spec.queue for spec in self._tasks.values()))
 
     def describe(self, limit: int = 20) -> str:
         names = self.names()
@@ -165,6 +183,7 @@ def task(
     max_attempts: int | None = None,
     backoff: Backoff | None = None,
     registry: TaskRegistry | None = None,
+    queue: str = DEFAULT_QUEUE,
 ) -> Callable[[F], F]:
     """Register a sync or async function as the task ``name``.
 
@@ -173,7 +192,12 @@ def task(
 
         @task("send_email", timeout=30, max_attempts=5)
         async def send_email(to: str, subject: str) -> None: ...
+
+    ``queue`` names the worker pool that serves it (``@task("reports.build",
+    queue="reports")``): ``jobwheel worker --tasks MODULE`` without ``--queue`` serves the
+    queues its tasks name. It does not route runs: the job's own queue does (``queue=`` of
+    ``JobClient.schedule``, ``jobwheel submit --queue``).
     """
     return (registry if registry is not None else default_registry).task(
-        name, timeout=timeout, max_attempts=max_attempts, backoff=backoff
+        name, timeout=timeout, max_attempts=max_attempts, backoff=backoff, queue=queue
     )

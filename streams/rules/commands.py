@@ -62,6 +62,21 @@ class CommandRules(ProcessorCore):
             out.rejected = reason
             return out
         body = cmd.body
+        if isinstance(body, ScheduleJob | ReplayRun) and (
+            unknown := self.unknown_queue(body.queue)
+        ):
+            # Refused before anything changes, and dead-lettered by the engine: declared
+            # later, the queue takes the command replayed from there. Never accepted into a
+            # job whose runs no topic could carry.
+            if isinstance(body, ScheduleJob) or self.load(cmd.job_id) is None:
+                out = self.reject(
+                    clip_id(cmd.job_id),
+                    unknown,
+                    now_ms,
+                    event_id=f"{clip_id(cmd.command_id)}:REJECTED",
+                )
+                out.rejected = unknown
+                return out
         if isinstance(body, ScheduleJob):
             return self._schedule(cmd, body, now_ms)
         if isinstance(body, ReplayRun):
@@ -224,6 +239,7 @@ class CommandRules(ProcessorCore):
                 max_attempts=body.max_attempts,
                 timeout_ms=body.timeout_ms,
                 visibility_timeout_ms=body.visibility_timeout_ms,
+                queue=body.queue,
             )
             job = JobRecord(
                 job_id=cmd.job_id,

@@ -7,10 +7,12 @@ and :mod:`.acks`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from jobwheel.errors import RecordTooLargeError, StateError
+from jobwheel.errors import RecordTooLargeError, StateError, ValidationError
 from jobwheel.schemas.models import (
+    DEFAULT_QUEUE,
     Run,
     State,
     StatusEvent,
@@ -116,8 +118,12 @@ class ProcessorCore:
         max_args_bytes: int = MAX_ARGS_BYTES,
         max_active_runs: int = MAX_ACTIVE_RUNS,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        queues: Collection[str] = (DEFAULT_QUEUE,),
     ) -> None:
         self.partition = partition
+        #: The declared queues (``JOBWHEEL_QUEUES``): a job naming another is REJECTED, and
+        #: a run is never produced to a topic that was not declared (and so not created).
+        self.queues = frozenset(queues) | {DEFAULT_QUEUE}
         self.state = state
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
@@ -126,6 +132,11 @@ class ProcessorCore:
         #: The engine lowers it when its producer refuses a smaller changelog record.
         self.max_record_bytes = max_record_bytes
         self._reached: int | None = None
+        #: Per queue, during a punctuation: how far the queue's workers have got, and up to
+        #: where the queue's own acks allow deadlines to expire (see ``punctuate``).
+        self._reached_by_queue: Mapping[str, int] | None = None
+        self._queue_watermark: Callable[[str], int] | None = None
+        self._queue_acked: Mapping[str, int] | None = None
 
     def load(self, job_id: str) -> JobRecord | None:
         """The job's record, the caller's to change and :meth:`save`."""
@@ -202,6 +213,19 @@ class ProcessorCore:
                 pass  # the event stands; its sequence number is not kept
         return out
 
+    def unknown_queue(self, queue: str) -> str | None:
+        """Why ``queue`` cannot take runs here (None: it can): the reason a job naming it is
+        REJECTED, naming the queue and how to declare it."""
+        if queue in self.queues:
+            return None
+        return (
+            f"unknown queue {queue!r}: this scheduler's queues are "
+            f"{', '.join(sorted(self.queues))}; declare it (JOBWHEEL_QUEUES={queue} on the "
+            "schedulers, next to the others, and `jobwheel topics ensure` for its runs topic), "
+            "start workers for it (`jobwheel worker --queue "
+            f"{queue}`), then send the command again (`jobwheel dlq replay` resends it)"
+        )
+
     def _make_run(self, job: JobRecord, active: ActiveRun, now_ms: int) -> Run:
         spec = job.spec
         return Run(
@@ -219,6 +243,7 @@ class ProcessorCore:
             deadline_ms=active.due_ms,
             partition=self.partition,
             fencing_token=self.fencing_token,
+            queue=spec.queue,
         )
 
     def _dispatch(
@@ -234,6 +259,12 @@ class ProcessorCore:
         base: int = 0,
         event_id: str | None = None,
     ) -> None:
+        unknown = self.unknown_queue(job.spec.queue)
+        if unknown is not None:
+            # A job accepted while its queue was declared, on a scheduler started since
+            # without it: no runs topic to put the run on. The caller's guard gives the job
+            # its verdict (a fire pauses the job, a run ends DEAD), naming the queue.
+            raise ValidationError("queue", unknown)
         deadline = now_ms + job.spec.visibility_timeout_ms
         seq = job.next_seq()
         active = ActiveRun(

@@ -3,7 +3,7 @@ deadlines that expired past the acks watermark, and the next instant anything is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from jobwheel.errors import RecordTooLargeError, StateError
 from jobwheel.schemas.models import (
@@ -49,6 +49,9 @@ class Punctuation(ProcessorCore):
         max_records: int | None = None,
         reached_ms: int | None = None,
         emit: Emit | None = None,
+        queue_watermark: Callable[[str], int] | None = None,
+        reached_by_queue: Mapping[str, int] | None = None,
+        queue_acked: Mapping[str, int] | None = None,
     ) -> tuple[Output, int]:
         """Handle up to ``limit`` due timers, stopping early once the output reaches
         ``max_records`` records (one transaction stays bounded however far behind the
@@ -63,12 +66,29 @@ class Punctuation(ProcessorCore):
         queued behind other runs, not lost, and gets another visibility timeout instead of a
         second copy (for at most :data:`QUEUE_PATIENCE` timeouts).
 
+        With worker pools the partition's acks come from several queues' workers, so
+        ``deadline_watermark`` is the furthest any of them got. ``queue_watermark(queue)``
+        says how far the acks of one queue's own workers have been read, and
+        ``reached_by_queue`` how far each queue's workers got: a deadline the partition's
+        watermark passed but its queue's did not is not expired (another pool's acks say
+        nothing about this run; its own pool may be down with the run waiting on its topic)
+        but looked at again a visibility timeout later; and the queue's own progress decides
+        whether a run is still queued. Without them, the partition's (one queue). A run whose
+        deadline passed while its queue was silent, once ``queue_acked`` (the append time of
+        the queue's latest ack: its pool, not the silence ceiling) shows the pool back, gets
+        a visibility timeout counted from now: its pool has just come back and is working
+        through its backlog with several runs at once, and a run started a moment ago has
+        not said so yet (quick runs send no STARTED).
+
         Each timer is handled whole or not at all (:meth:`_guarded`): ``emit``, when given,
         gets each timer's output as soon as it is made (the engine encodes it there), and a
         timer whose handling or output fails leaves nothing but the job's verdict on it. The
         returned output holds every timer's, emitted or not.
         """
         self._reached = reached_ms
+        self._queue_watermark = queue_watermark
+        self._reached_by_queue = reached_by_queue
+        self._queue_acked = queue_acked
         out = Output()
         budget = max_records if max_records is not None else 1 << 62
         entries = self.state.timers.due(now_ms, limit)
@@ -346,14 +366,35 @@ class Punctuation(ProcessorCore):
             self._give_up(job, run, now_ms, out, State.SKIPPED, "job cancelled")
             return
         timeout = job.spec.visibility_timeout_ms
+        queue = job.spec.queue
+        reached = self._reached
+        if self._queue_watermark is not None:
+            deadline = run.deadline_ms or run.due_ms
+            if deadline > self._queue_watermark(queue):
+                # The partition's acks passed the deadline, but not those of the run's own
+                # queue: its pool has not answered up to then (none running, or stalled). Not
+                # lost: looked at again later, against the deadline it had.
+                run.deadline_ms = deadline
+                run.due_ms = now_ms + timeout
+                return
+            acked = None if self._queue_acked is None else self._queue_acked.get(queue)
+            if run.deadline_ms and acked is not None and acked >= run.deadline_ms:
+                # Its deadline passed while its pool was away; the pool is back: the timeout
+                # counts from now, as for a run just fetched.
+                run.deadline_ms = 0
+                run.due_ms = now_ms + timeout
+                return
+        if self._reached_by_queue is not None:
+            reached = self._reached_by_queue.get(queue)
         if (
-            self._reached is not None
-            and run.dispatched_ms > self._reached
+            reached is not None
+            and run.dispatched_ms > reached
             and now_ms - run.dispatched_ms < QUEUE_PATIENCE * timeout
         ):
-            # Not yet reached by the partition's worker (it starts runs in dispatch order):
+            # Not yet reached by the queue's worker (it starts runs in dispatch order):
             # waiting behind a backlog, not lost. A copy would only join the same queue.
             run.due_ms = now_ms + timeout
+            run.deadline_ms = 0
             return
         if run.attempt < job.spec.max_attempts + run.limit_extra:
             self._redispatch(

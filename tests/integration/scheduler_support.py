@@ -50,7 +50,11 @@ class TopicTail:
         self._to_end: queue.Queue[tuple[threading.Event, list[BaseException], float]] = (
             queue.Queue()
         )
-        self._reader = Tail(settings, [t.runs, t.status, t.acks, t.dead_letter])
+        # Every declared queue's runs topic (JOBWHEEL_QUEUES); ``runs_on`` says which carried
+        # each run.
+        self._runs_topics = [t.runs_for(q) for q in settings.queue_names]
+        self.runs_on: dict[str, list[Run]] = {topic: [] for topic in self._runs_topics}
+        self._reader = Tail(settings, [*self._runs_topics, t.status, t.acks, t.dead_letter])
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -65,8 +69,9 @@ class TopicTail:
             except SchemaDecodeError:
                 self.garbage.append(msg)
                 return
-            if msg.topic() == t.runs:
+            if msg.topic() in self.runs_on:
                 self.runs.append((value, msg.timestamp()[1]))
+                self.runs_on[msg.topic()].append(value)
             else:
                 self.status.append(value)
 

@@ -97,7 +97,7 @@ def test_single_object_framing_is_readable_with_plain_avro(native: bool) -> None
     codec = Codec(native=native)
     data = codec.encode(COMMAND)
     current = codec.catalogue.current("io.jobwheel.JobCommand")  # what encode writes
-    assert current.label() == "job_command.v3"
+    assert current.label() == "job_command.v4"
     assert data[:2] == b"\xc3\x01"
     assert data[2:10] == current.fingerprint
     # What a service in another language does: parse the schema file, skip the header.
@@ -146,7 +146,7 @@ def test_undecodable_bytes_raise_schema_decode_error_keeping_the_bytes(
 def test_truncated_body_keeps_bytes_and_cause(codec: Codec) -> None:
     data = _run_bytes(codec)
     for cut in (11, len(data) // 2, len(data) - 1):
-        with pytest.raises(SchemaDecodeError, match="does not decode as run.v1") as info:
+        with pytest.raises(SchemaDecodeError, match="does not decode as run.v2") as info:
             codec.decode(data[:cut])
         assert info.value.raw == data[:cut]
         assert info.value.__cause__ is not None

@@ -6,6 +6,8 @@ value), so these pin the reader to the documented format.
 
 from __future__ import annotations
 
+import dataclasses
+
 from jobwheel.schemas import deadletter as dl
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import JobCommand, Now, ReplayRun, Run, ScheduleJob, State
@@ -178,3 +180,12 @@ def test_dlq_list_marks_the_letters_replayed_already():
     assert "replayed" not in dead_letter_line({**pending.as_dict(), "replayed": None})
     # Without the status API's view the older letter is still known.
     assert replay_marks([first, again]) == {"2:7": marks["2:7"]}
+
+
+def test_a_dead_runs_replay_keeps_its_queue():
+    """A forgotten job is recreated from its dead run: on the queue the run was dispatched to,
+    not on the default one."""
+    run = dataclasses.replace(RUN, queue="reports")
+    headers = [(ERROR_HEADER, b"attempt 3 of 3 failed: E: x"), (KIND_HEADER, DEAD_RUN_KIND)]
+    replay = plan(read(b"j", CODEC.encode(run), headers))
+    assert replay.command is not None and replay.command.body.queue == "reports"

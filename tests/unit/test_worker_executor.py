@@ -231,10 +231,11 @@ def test_a_timeout_error_raised_by_the_task_itself_is_an_ordinary_failure(
 
 
 def test_unknown_task_fails_without_retry(threads: ThreadPoolExecutor) -> None:
-    out = run_task(TaskRegistry(), threads, replace(RUN, task="nope"))
+    out = run_task(TaskRegistry(), threads, replace(RUN, task="nope", queue="reports"))
     assert out.state is State.FAILED
     assert out.retry_delay_ms is None
     assert "unknown task 'nope'" in out.reason
+    assert "(queue 'reports')" in out.reason  # which pool lacks it
     assert out.error.startswith("TaskError: ")
 
 

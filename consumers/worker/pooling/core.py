@@ -28,8 +28,9 @@ from jobwheel.consumers.worker.registry import TaskRegistry, default_registry
 from jobwheel.consumers.worker.tracking import LatestAttempts, OffsetTracker
 from jobwheel.errors import BrokerError
 from jobwheel.retry import Backoff
+from jobwheel.schemas import validation
 from jobwheel.schemas import workers as roster
-from jobwheel.schemas.models import Run
+from jobwheel.schemas.models import DEFAULT_QUEUE, Run
 from jobwheel.settings import Settings
 
 # The pool logs under its public name whichever part of it speaks (operators filter on it).
@@ -137,8 +138,11 @@ class _Undecodable:
 
 
 class PoolCore:
-    """Consumes the runs topic as a member of ``settings.worker_group`` until :meth:`stop`.
+    """Consumes the runs topic of one queue as a member of its group until :meth:`stop`.
 
+    :param queue: the queue (worker pool) served: its runs topic
+        (:func:`jobwheel.schemas.topics.runs_topic`) in the group
+        :meth:`Settings.worker_group_for` names (``JOBWHEEL_WORKER_GROUP`` for ``default``).
     :param concurrency: runs executing at once (default ``settings.worker_concurrency``).
     :param grace_ms: shutdown grace (default ``settings.worker_shutdown_grace_ms``).
     :param middleware: hooks around processing (default: structured logging)."""
@@ -155,6 +159,7 @@ class PoolCore:
         worker_id: str | None = None,
         latest_attempts_capacity: int = 100_000,
         rng: random.Random | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
         from jobwheel.schemas.codec import Codec
 
@@ -169,7 +174,10 @@ class PoolCore:
         self.middleware = list(middleware) if middleware is not None else default_middleware()
         self._clock = clock or SystemClock()
         self._codec = Codec(settings.schema_registry_url)
-        self._runs_topic = settings.topics.runs
+        self.queue = validation.queue(queue)
+        self.group = settings.worker_group_for(queue)
+        self._runs_topic = settings.topics.runs_for(queue)
+        self._queue_header = queue.encode()
         self._acks_topic = settings.topics.acks
         self._dead_letter_topic = settings.topics.dead_letter
         self._workers_topic = settings.topics.workers
@@ -289,7 +297,7 @@ class PoolCore:
         self._loop = asyncio.get_running_loop()
         self._producer = StatusProducer(self.settings, **{"client.id": "jobwheel-worker"})
         self._consumer = RunsConsumer(
-            self.settings, self._runs_topic, **{"client.id": "jobwheel-worker"}
+            self.settings, self._runs_topic, self.group, **{"client.id": "jobwheel-worker"}
         )
         await self._in_consumer_thread(
             self._consumer.subscribe, self._on_assign, self._on_revoke, self._on_lost
@@ -300,8 +308,9 @@ class PoolCore:
             "worker started",
             extra={
                 "worker": self.worker_id,
+                "queue": self.queue,
                 "topic": self._runs_topic,
-                "group": self.settings.worker_group,
+                "group": self.group,
                 "concurrency": self.concurrency,
                 "tasks": self.registry.describe(),
             },
@@ -492,7 +501,7 @@ class PoolCore:
         """This worker as the workers topic tells it (:mod:`jobwheel.schemas.workers`)."""
         return roster.WorkerRecord(
             worker_id=self.worker_id,
-            group=self.settings.worker_group,
+            group=self.group,
             tasks=tuple(self.registry.names()),
             host=socket.gethostname(),
             pid=os.getpid(),

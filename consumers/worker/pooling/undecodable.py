@@ -38,6 +38,7 @@ from jobwheel.schemas.topics import (
     DISPATCHED_HEADER,
     ERROR_HEADER,
     KIND_HEADER,
+    QUEUE_HEADER,
     SIZE_HEADER,
     SOURCE_OFFSET_HEADER,
     SOURCE_PARTITION_HEADER,
@@ -142,6 +143,7 @@ class Undecodable(PoolCore):
         headers = [
             (STATE_HEADER, State.FAILED.value.encode()),
             (DISPATCHED_HEADER, str(ref.dispatched_at_ms).encode()),
+            (QUEUE_HEADER, self._queue_header),
         ]
         return self._acks_topic, ref.job_id.encode(), self._codec.encode(event), headers
 

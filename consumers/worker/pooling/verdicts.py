@@ -16,7 +16,7 @@ from jobwheel.consumers.worker.pooling.core import (
 from jobwheel.errors import BrokerError, DeliveryError
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for
-from jobwheel.schemas.topics import DISPATCHED_HEADER, STATE_HEADER
+from jobwheel.schemas.topics import DISPATCHED_HEADER, QUEUE_HEADER, STATE_HEADER
 
 
 class Verdicts(PoolCore):
@@ -150,5 +150,6 @@ class Verdicts(PoolCore):
         headers = [
             (STATE_HEADER, event.state.value.encode()),
             (DISPATCHED_HEADER, str(run.dispatched_at_ms).encode()),
+            (QUEUE_HEADER, self._queue_header),
         ]
         return self._acks_topic, key_for(event.job_id), self._codec.encode(event), headers
