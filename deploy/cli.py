@@ -20,6 +20,14 @@ from jobwheel.settings import get_settings
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this package's subcommands; each sets ``handler=`` to a function of the args."""
+    _register_broker(sub)
+    _register_topics(sub)
+    _register_acls(sub)
+    _register_up(sub)
+
+
+def _register_broker(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``broker start|stop|status``: the local Kafka of a data dir."""
     broker = sub.add_parser(
         "broker", help="run a local Kafka broker, or a cluster of them (no Docker)"
     )
@@ -65,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _broker_args(status, ports=False)
     status.set_defaults(handler=_broker_status)
 
+
+def _register_topics(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``topics ensure``."""
     topics = sub.add_parser("topics", help="topic provisioning")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     ensure = topics_sub.add_parser(
@@ -72,6 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     ensure.set_defaults(handler=_topics_ensure)
 
+
+def _register_acls(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``acls apply|show``: the roles' rights on a secured cluster."""
     acls = sub.add_parser(
         "acls", help="Kafka principals and ACLs: one SCRAM user per role with only what it needs"
     )
@@ -102,6 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     show = acls_sub.add_parser("show", help="print what each role may do (no broker needed)")
     show.set_defaults(handler=_acls_show)
 
+
+def _register_up(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``up``: the whole local stack in one command."""
     up = sub.add_parser("up", help="run the local stack: broker, topics and services, until Ctrl-C")
     _broker_args(up, ports=True, data_dir_help="jobwheel data dir (default: $JOBWHEEL_DATA_DIR)")
     up.add_argument(

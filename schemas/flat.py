@@ -223,7 +223,13 @@ def _encoder_source(name: str, accessors: Sequence[str], kinds: Sequence[int]) -
 
 def _decoder_source(kinds: Sequence[int], symbols: Sequence[Any], body: bool = False) -> list[str]:
     """Python source of a reader. ``body``: a nested record's reader,
-    ``body(data, pos, size) -> (values, pos)``, leaving the errors and the end to its caller."""
+    ``body(data, pos, size) -> (values, pos)``, leaving the errors and the end to its caller.
+
+    Longer than a function should be, on purpose: it is a template of generated code, one
+    branch per field kind, each emitting the lines that read that kind inline (the reader is
+    straight-line code with a call only for a nested record or a long varint, which is what
+    makes it fast). Split into helpers that each append a few lines, the reader's shape could
+    no longer be read in one place."""
     if body:
         lines = ["def body(data, pos, size):", "    if True:"]
     else:

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import MISSING
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Body, FastAPI, Path, Query, Request
+from fastapi import APIRouter, Body, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -394,9 +394,30 @@ def create_app(
         app.add_middleware(BearerAuth, write=tokens.write, read=tokens.read)
     console.install(app, settings, store)
 
-    # --- commands ------------------------------------------------------------------------
+    app.include_router(jobs_router(settings, store, clients))
+    app.include_router(runs_router(store))
+    app.include_router(dead_letters_router(settings, store, clients))
+    app.include_router(sql_router(sql_runner))
+    app.include_router(ops_router(settings, store, sink))
+    return app
 
-    @app.post("/jobs", status_code=202, response_model=Accepted, tags=["commands"])
+
+def jobs_router(settings: Settings, store: StatusStore, clients: _Clients) -> APIRouter:
+    """Jobs: schedule one, control it, read its answers, runs and state, list and count them.
+
+    The order is the order of matching: ``/jobs/{id}/runs`` and ``/jobs/{id}/commands/...``
+    come before ``/jobs/{job_id:path}``, which would take them as a job id."""
+    router = APIRouter()
+    _job_commands(router, settings, clients)
+    _job_reads(router, store)
+    _job_lists(router, store)
+    return router
+
+
+def _job_commands(router: APIRouter, settings: Settings, clients: _Clients) -> None:
+    """``POST /jobs`` and its cancel, pause, resume and trigger: commands sent to Kafka."""
+
+    @router.post("/jobs", status_code=202, response_model=Accepted, tags=["commands"])
     def schedule_job(
         req: ScheduleRequest,
         require_worker: Annotated[
@@ -427,30 +448,6 @@ def create_app(
             warnings=problems,
         )
 
-    @app.get("/workers", response_model=WorkerList, tags=["status"])
-    def list_workers() -> Any:
-        """The workers as they announce themselves on the workers topic (its latest record
-        per worker: a worker that exited cleanly is gone, one killed stays, not live, until
-        the topic's retention drops it), and the tasks the live ones serve."""
-        from jobwheel.producers.workers import read_workers
-
-        found = read_workers(settings)
-        if found is None:
-            raise BrokerError(
-                f"the topic {settings.topics.workers} does not exist: run `jobwheel topics "
-                "ensure` (workers announce themselves there from this version on)",
-                code="UNKNOWN_TOPIC_OR_PART",
-            )
-        live = found.live
-        return {
-            "topic": found.topic,
-            "read_at_ms": found.read_at_ms,
-            "workers": [
-                {**w.as_dict(), "live": w.is_live(found.read_at_ms)} for w in found.workers
-            ],
-            "tasks": sorted({t for w in live for t in w.tasks}),
-        }
-
     def control(kind: str) -> Callable[..., Accepted]:
         def handler(
             job_id: Annotated[str, Path(description="the job id")],
@@ -477,16 +474,18 @@ def create_app(
         return handler
 
     for kind in ("cancel", "pause", "resume", "trigger"):
-        app.post(
+        router.post(
             f"/jobs/{{job_id:path}}/{kind}",
             status_code=202,
             response_model=Accepted,
             tags=["commands"],
         )(control(kind))
 
-    # --- reads ---------------------------------------------------------------------------
 
-    @app.get(
+def _job_reads(router: APIRouter, store: StatusStore) -> None:
+    """One job from the status store: a command's answer, its runs, its state and events."""
+
+    @router.get(
         "/jobs/{job_id:path}/commands/{command_id}", response_model=CommandVerdict, tags=["status"]
     )
     def get_command_verdict(job_id: str, command_id: str) -> Any:
@@ -506,7 +505,7 @@ def create_app(
             )
         return {"job_id": job_id, "command_id": command_id, **verdict}
 
-    @app.get("/jobs/{job_id:path}/runs", response_model=JobRuns, tags=["status"])
+    @router.get("/jobs/{job_id:path}/runs", response_model=JobRuns, tags=["status"])
     def get_job_runs(
         job_id: str, limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST_LIMIT)] = 100
     ) -> dict[str, Any]:
@@ -518,7 +517,7 @@ def create_app(
         job_id = job["job_id"]
         return {"job_id": job_id, "runs": queries.job_runs(store, job_id, limit=limit)}
 
-    @app.get("/jobs/{job_id:path}", response_model=JobDetail, tags=["status"])
+    @router.get("/jobs/{job_id:path}", response_model=JobDetail, tags=["status"])
     def get_job(job_id: str) -> dict[str, Any]:
         """Current state of a job, its runs, and its status events in lifecycle order. The id
         may be a unique prefix of one (4 characters or more; the answer names the whole id); a
@@ -533,7 +532,51 @@ def create_app(
             "events": queries.job_events(store, job_id),
         }
 
-    @app.get("/runs/{run_id:path}", response_model=RunDetail, tags=["status"])
+
+def _job_lists(router: APIRouter, store: StatusStore) -> None:
+    """Jobs listed and counted by state."""
+
+    @router.get("/jobs", response_model=JobList, tags=["status"])
+    def list_jobs(
+        state: Annotated[
+            str | None,
+            Query(description="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"),
+        ] = None,
+        task: Annotated[str | None, Query(description="task name")] = None,
+        since: Annotated[
+            str | None,
+            Query(description="updated at or after: epoch ms, ISO 8601, or an age like 1h"),
+        ] = None,
+        until: Annotated[str | None, Query(description="updated at or before (same forms)")] = None,
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST_LIMIT)] = 100,
+        offset: Annotated[int, Query(ge=0, le=queries.MAX_LIST_OFFSET)] = 0,
+    ) -> dict[str, Any]:
+        """Jobs, most recently updated first, filtered and paged; ``total`` counts all matches."""
+        now = queries.now_ms()
+        flt = queries.JobFilter(
+            state=queries.parse_state(state) if state else None,
+            task=task or None,
+            since_ms=queries.parse_time(since, "since", now=now) if since else None,
+            until_ms=queries.parse_time(until, "until", now=now) if until else None,
+            limit=limit,
+            offset=offset,
+        )
+        page = queries.list_jobs(store, flt)
+        return {"jobs": page.jobs, "total": page.total, "limit": page.limit, "offset": page.offset}
+
+    @router.get("/stats/states", response_model=StateCounts, tags=["status"])
+    def stats_states() -> StateCounts:
+        """Jobs per state (SCHEDULED, PAUSED, COMPLETED, DEAD, CANCELLED; only those that
+        occur)."""
+        counts = queries.state_counts(store)
+        return StateCounts(states=counts, total=sum(counts.values()))
+
+
+def runs_router(store: StatusStore) -> APIRouter:
+    """Runs: one run and its status events."""
+    router = APIRouter()
+
+    @router.get("/runs/{run_id:path}", response_model=RunDetail, tags=["status"])
     def get_run(run_id: str) -> Any:
         """One run: its state, timing, worker, result (a SUCCEEDED run's return value) or
         error, and its status events."""
@@ -545,7 +588,14 @@ def create_app(
             )
         return {"run": run, "events": queries.run_events(store, run_id)}
 
-    @app.get("/dead-letters", response_model=DeadLetters, tags=["dead letters"])
+    return router
+
+
+def dead_letters_router(settings: Settings, store: StatusStore, clients: _Clients) -> APIRouter:
+    """Dead letters: read them from the dead-letter topic and replay them."""
+    router = APIRouter()
+
+    @router.get("/dead-letters", response_model=DeadLetters, tags=["dead letters"])
     def list_dead_letters(
         since: Annotated[str | None, Query(description="an age (2h), ISO 8601, epoch ms")] = None,
         task: str | None = None,
@@ -562,7 +612,7 @@ def create_app(
         marks = replay_marks(letters, lambda d: queries.replayed_already(store, d))
         return {"dead_letters": [{**d.as_dict(), "replayed": marks.get(d.ref)} for d in letters]}
 
-    @app.post("/dead-letters/replay", response_model=Replays, tags=["dead letters"])
+    @router.post("/dead-letters/replay", response_model=Replays, tags=["dead letters"])
     def replay_dead_letters(req: ReplayRequest) -> dict[str, Any]:
         """Put dead runs and rejected commands back after a fix (what `jobwheel dlq replay`
         does: a dead run is dispatched again as the same run, a rejected command is produced
@@ -591,42 +641,14 @@ def create_app(
         )
         return {"replays": [o.as_dict() for o in outcomes]}
 
-    @app.get("/jobs", response_model=JobList, tags=["status"])
-    def list_jobs(
-        state: Annotated[
-            str | None,
-            Query(description="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"),
-        ] = None,
-        task: Annotated[str | None, Query(description="task name")] = None,
-        since: Annotated[
-            str | None,
-            Query(description="updated at or after: epoch ms, ISO 8601, or an age like 1h"),
-        ] = None,
-        until: Annotated[str | None, Query(description="updated at or before (same forms)")] = None,
-        limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST_LIMIT)] = 100,
-        offset: Annotated[int, Query(ge=0, le=queries.MAX_LIST_OFFSET)] = 0,
-    ) -> dict[str, Any]:
-        """Jobs, most recently updated first, filtered and paged; ``total`` counts all matches."""
-        now = queries.now_ms()
-        flt = queries.JobFilter(
-            state=queries.parse_state(state) if state else None,
-            task=task or None,
-            since_ms=queries.parse_time(since, "since", now=now) if since else None,
-            until_ms=queries.parse_time(until, "until", now=now) if until else None,
-            limit=limit,
-            offset=offset,
-        )
-        page = queries.list_jobs(store, flt)
-        return {"jobs": page.jobs, "total": page.total, "limit": page.limit, "offset": page.offset}
+    return router
 
-    @app.get("/stats/states", response_model=StateCounts, tags=["status"])
-    def stats_states() -> StateCounts:
-        """Jobs per state (SCHEDULED, PAUSED, COMPLETED, DEAD, CANCELLED; only those that
-        occur)."""
-        counts = queries.state_counts(store)
-        return StateCounts(states=counts, total=sum(counts.values()))
 
-    @app.post("/sql", response_model=SqlResponse, tags=["status"])
+def sql_router(sql_runner: SqlRunner) -> APIRouter:
+    """Read-only SQL against the status store."""
+    router = APIRouter()
+
+    @router.post("/sql", response_model=SqlResponse, tags=["status"])
     def sql(req: SqlRequest) -> dict[str, Any]:
         """Run one read-only statement against the status store (no INTO OUTFILE, no table
         functions that reach files or the network, no SETTINGS; 30 s and 10,000 rows at most).
@@ -643,7 +665,38 @@ def create_app(
             }
         )
 
-    @app.get("/health", response_model=Health, tags=["status"])
+    return router
+
+
+def ops_router(settings: Settings, store: StatusStore, sink: StatusSink | None) -> APIRouter:
+    """Operations: the workers' announcements and the API's health."""
+    router = APIRouter()
+
+    @router.get("/workers", response_model=WorkerList, tags=["status"])
+    def list_workers() -> Any:
+        """The workers as they announce themselves on the workers topic (its latest record
+        per worker: a worker that exited cleanly is gone, one killed stays, not live, until
+        the topic's retention drops it), and the tasks the live ones serve."""
+        from jobwheel.producers.workers import read_workers
+
+        found = read_workers(settings)
+        if found is None:
+            raise BrokerError(
+                f"the topic {settings.topics.workers} does not exist: run `jobwheel topics "
+                "ensure` (workers announce themselves there from this version on)",
+                code="UNKNOWN_TOPIC_OR_PART",
+            )
+        live = found.live
+        return {
+            "topic": found.topic,
+            "read_at_ms": found.read_at_ms,
+            "workers": [
+                {**w.as_dict(), "live": w.is_live(found.read_at_ms)} for w in found.workers
+            ],
+            "tasks": sorted({t for w in live for t in w.tasks}),
+        }
+
+    @router.get("/health", response_model=Health, tags=["status"])
     def health() -> JSONResponse:
         """200 when the store answers (and the in-process sink, if any, is running)."""
         store_ok = store.ping()
@@ -656,7 +709,7 @@ def create_app(
         )
         return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
 
-    return app
+    return router
 
 
 def _dead_letter_filter(

@@ -47,6 +47,14 @@ _JOB_ID_HELP = "the job's id, or its start (4 characters or more) if no other id
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add subcommands; each sets ``handler=`` to a function of the parsed args."""
+    _register_services(sub)
+    _register_jobs(sub)
+    _register_dlq(sub)
+    _register_health(sub)
+
+
+def _register_services(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``serve`` and ``sink``: the processes that run until stopped."""
     p = sub.add_parser(
         "serve",
         help="run the status API (and, with the embedded store, the status sink)",
@@ -80,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.set_defaults(handler=sink)
 
+
+def _register_jobs(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``status``, the control commands, ``list`` and ``sql``: what asks the status API."""
     p = sub.add_parser("status", help="a job's state and its runs")
     p.add_argument("job_id", metavar="JOB_ID", help=_JOB_ID_HELP)
     p.add_argument("--json", action="store_true", help="print the API's JSON")
@@ -130,8 +141,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the API's JSON")
     p.set_defaults(handler=sql)
 
-    _register_dlq(sub)
 
+def _register_health(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``health``: every part of the pipeline checked at once."""
     p = sub.add_parser(
         "health",
         help="check broker, schedulers, workers and the status service; exit 0 if all answer",

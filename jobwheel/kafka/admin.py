@@ -392,32 +392,7 @@ def scheduler_progress(
         committed = {(tp.topic, tp.partition): tp for tp in consumer.committed(tps, left())}
         marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, left()) for tp in tps}
         now = time.time_ns() // 1_000_000
-        out: dict[int, InputProgress] = {}
-        starts: dict[tuple[str, int], int] = {}  # suspects: the first unread offset
-        for p in range(t.partitions):
-            notes: list[progress.Progress] = []
-            unread = 0
-            waiting: dict[tuple[str, int], int] = {}
-            for topic in topics:
-                low, end = marks[(topic, p)]
-                tp = committed.get((topic, p))
-                if tp is not None and tp.offset >= 0:
-                    unread_here, start = max(0, end - tp.offset), tp.offset
-                    note = progress.decode(tp.metadata)
-                    if note is not None:
-                        notes.append(note)
-                elif topic == t.requests:  # never committed: all of it is unread
-                    unread_here, start = max(0, end - low), low
-                else:
-                    continue
-                unread += unread_here
-                if unread_here:
-                    waiting[(topic, p)] = start
-            latest = max(notes, key=lambda n: n.committed_at_ms, default=None)
-            silent = None if latest is None else now - latest.committed_at_ms
-            if waiting and (silent is None or silent >= settings.health_stuck_after_ms):
-                starts.update(waiting)
-            out[p] = InputProgress(latest, unread)
+        out, starts = _partition_progress(settings, committed, marks, now)
         oldest = _oldest_timestamps(consumer, starts, left)
     except KafkaException as exc:
         raise broker_error(exc, "reading the scheduler group's offsets") from exc
@@ -428,6 +403,47 @@ def scheduler_progress(
         since = ts if found.waiting_since_ms is None else min(ts, found.waiting_since_ms)
         out[p] = InputProgress(found.note, found.unread, since)
     return out
+
+
+def _partition_progress(
+    settings: Settings,
+    committed: dict[tuple[str, int], Any],
+    marks: dict[tuple[str, int], tuple[int, int]],
+    now: int,
+) -> tuple[dict[int, InputProgress], dict[tuple[str, int], int]]:
+    """Each partition's latest progress note and unread input, from the group's committed
+    offsets and the end offsets; and, where input waits with no commit for the stuck
+    threshold, the first unread offset of each input (whose oldest record times the stall).
+    Kept apart from the reading in :func:`scheduler_progress`: no Kafka call in here."""
+    t = settings.topics
+    topics = (t.requests, t.acks)
+    out: dict[int, InputProgress] = {}
+    starts: dict[tuple[str, int], int] = {}  # suspects: the first unread offset
+    for p in range(t.partitions):
+        notes: list[progress.Progress] = []
+        unread = 0
+        waiting: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            low, end = marks[(topic, p)]
+            tp = committed.get((topic, p))
+            if tp is not None and tp.offset >= 0:
+                unread_here, start = max(0, end - tp.offset), tp.offset
+                note = progress.decode(tp.metadata)
+                if note is not None:
+                    notes.append(note)
+            elif topic == t.requests:  # never committed: all of it is unread
+                unread_here, start = max(0, end - low), low
+            else:
+                continue
+            unread += unread_here
+            if unread_here:
+                waiting[(topic, p)] = start
+        latest = max(notes, key=lambda n: n.committed_at_ms, default=None)
+        silent = None if latest is None else now - latest.committed_at_ms
+        if waiting and (silent is None or silent >= settings.health_stuck_after_ms):
+            starts.update(waiting)
+        out[p] = InputProgress(latest, unread)
+    return out, starts
 
 
 def _oldest_timestamps(  # type: ignore[no-untyped-def]

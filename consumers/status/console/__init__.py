@@ -19,11 +19,12 @@ the API's middleware accepts that cookie as it accepts the bearer header.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from jobwheel.consumers.status import queries
@@ -32,7 +33,7 @@ from jobwheel.errors import JobwheelError, ValidationError
 
 if TYPE_CHECKING:
     from jobwheel.consumers.status.store import StatusStore
-    from jobwheel.settings import Settings
+    from jobwheel.settings import ApiTokens, Settings
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,17 @@ HTML_HEADERS = {
     "frame-ancestors 'none'; form-action 'self'",
     "x-content-type-options": "nosniff",
 }
+#: How a page learns its root path, the user's grant and the time (made per request).
+PageFor = Callable[[Request], pages.Page]
 
 
 def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
     """Add the console's routes to the API ``app``."""
+    app.include_router(console_router(settings, store))
+
+
+def console_router(settings: Settings, store: StatusStore) -> APIRouter:
+    """The console's pages, registered one page (or one form) at a time."""
     tokens = settings.api_tokens()
 
     def page_for(request: Request) -> pages.Page:
@@ -59,10 +67,28 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             now_ms=queries.now_ms(),
         )
 
-    def html(text: str, status_code: int = 200) -> HTMLResponse:
-        return HTMLResponse(text, status_code=status_code, headers=HTML_HEADERS)
+    router = APIRouter()
+    _overview_page(router, settings, store, page_for)
+    _job_pages(router, store, page_for)
+    _cluster_page(router, settings, store, page_for)
+    _dead_letters_page(router, settings, page_for)
+    _login_pages(router, tokens, page_for)
+    _static_files(router)
+    return router
 
-    @app.get("/", include_in_schema=False)
+
+def html(text: str, status_code: int = 200) -> HTMLResponse:
+    """A page with the console's headers (no caching, this origin's scripts only)."""
+    return HTMLResponse(text, status_code=status_code, headers=HTML_HEADERS)
+
+
+def _overview_page(
+    router: APIRouter, settings: Settings, store: StatusStore, page_for: PageFor
+) -> None:
+    """``/``: jobs by state, runs and lateness over a range, the pipeline's groups; ``/console``
+    leads there."""
+
+    @router.get("/", include_in_schema=False)
     def overview(request: Request, range: str = "1h") -> HTMLResponse:
         page = page_for(request)
         key = range if range in pages.RANGES else "1h"
@@ -88,12 +114,16 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             )
         )
 
-    @app.get("/console", include_in_schema=False)
-    @app.get("/console/", include_in_schema=False)
+    @router.get("/console", include_in_schema=False)
+    @router.get("/console/", include_in_schema=False)
     def console_root(request: Request) -> RedirectResponse:
         return RedirectResponse(page_for(request).url("/"), status_code=303)
 
-    @app.get("/console/jobs", include_in_schema=False)
+
+def _job_pages(router: APIRouter, store: StatusStore, page_for: PageFor) -> None:
+    """``/console/jobs`` and one job's page."""
+
+    @router.get("/console/jobs", include_in_schema=False)
     def jobs(
         request: Request,
         state: str | None = None,
@@ -131,7 +161,7 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             )
         )
 
-    @app.get("/console/jobs/{job_id:path}", include_in_schema=False)
+    @router.get("/console/jobs/{job_id:path}", include_in_schema=False)
     def job(request: Request, job_id: str) -> HTMLResponse:
         page = page_for(request)
         found = queries.get_job(store, job_id)
@@ -156,7 +186,13 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             )
         )
 
-    @app.get("/console/cluster", include_in_schema=False)
+
+def _cluster_page(
+    router: APIRouter, settings: Settings, store: StatusStore, page_for: PageFor
+) -> None:
+    """``/console/cluster``: schedulers and workers, their partitions and announcements."""
+
+    @router.get("/console/cluster", include_in_schema=False)
     def cluster_page(request: Request) -> HTMLResponse:
         from jobwheel.consumers.status import cluster
         from jobwheel.producers.workers import read_workers
@@ -190,7 +226,11 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             )
         )
 
-    @app.get("/console/dead-letters", include_in_schema=False)
+
+def _dead_letters_page(router: APIRouter, settings: Settings, page_for: PageFor) -> None:
+    """``/console/dead-letters``, read from Kafka."""
+
+    @router.get("/console/dead-letters", include_in_schema=False)
     def dead_letters(
         request: Request,
         since: str = "7d",
@@ -226,7 +266,11 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             )
         )
 
-    @app.get("/console/login", include_in_schema=False)
+
+def _login_pages(router: APIRouter, tokens: ApiTokens, page_for: PageFor) -> None:
+    """The login form, login and logout (:mod:`.session`)."""
+
+    @router.get("/console/login", include_in_schema=False)
     def login_form(request: Request, next: str = "/") -> HTMLResponse:
         return html(
             pages.login(
@@ -234,7 +278,7 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
             )
         )
 
-    @app.post("/console/login", include_in_schema=False)
+    @router.post("/console/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         # The form is parsed here (urlencoded, small): no multipart parser is needed for it.
         raw = await request.body()
@@ -267,13 +311,17 @@ def install(app: FastAPI, settings: Settings, store: StatusStore) -> None:
         log.info("console login", extra={"grant": grant, "client": _client(request)})
         return response
 
-    @app.post("/console/logout", include_in_schema=False)
+    @router.post("/console/logout", include_in_schema=False)
     def logout(request: Request) -> Response:
         response = RedirectResponse(page_for(request).url("/console/login"), status_code=303)
         response.delete_cookie(session.COOKIE, path="/")
         return response
 
-    @app.get("/console/static/{name}", include_in_schema=False)
+
+def _static_files(router: APIRouter) -> None:
+    """The console's stylesheet and script, and nothing else from ``static/``."""
+
+    @router.get("/console/static/{name}", include_in_schema=False)
     def static(name: str) -> Response:
         if name not in STATIC_FILES:
             return Response(status_code=404)

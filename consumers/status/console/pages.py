@@ -452,29 +452,47 @@ def cluster(
 ) -> str:
     """``roster``: the workers topic as read (:class:`jobwheel.producers.workers.Roster`), or
     ``roster_error`` saying why it could not be."""
+    progress_table = _progress_table(page, progress, progress_error)
+    activity_rows = _activity_rows(page, activity)
+    tasks_table = _tasks_table(roster, roster_error)
+    body = f"""<h1>Workers &amp; schedulers</h1>
+<section id="schedulers"><h2>Schedulers</h2>{members(schedulers, "requests")}
+<h3>Partitions (progress notes in the group's committed offsets)</h3>{progress_table}</section>
+<section id="workers"><h2>Workers</h2>{members(workers, "runs")}
+<h3>Tasks they serve (their announcements on the workers topic)</h3>{tasks_table}
+<h3>Activity in the last hour (status events)</h3>
+{table(["worker", "last event", "runs started", "succeeded", "failed", "running"], activity_rows, empty="no worker events in the last hour", cls="activity")}</section>"""
+    return page.frame("Workers & schedulers", "cluster", body)
 
-    def members(group: Any, what: str) -> str:
-        if group.error:
-            return f'<p class="warn">cannot describe group {escape(group.name)}: {escape(group.error)}</p>'
-        rows = [
-            [
-                f"<code>{escape(m.client_id)}</code>",
-                escape(m.host),
-                escape(", ".join(str(p) for p in m.partitions) or "none"),
-            ]
-            for m in group.members
-        ]
+
+def members(group: Any, what: str) -> str:
+    """A consumer group's members and their partitions of ``what``, or why it was not read."""
+    if group.error:
         return (
-            f"<p>group <code>{escape(group.name)}</code>: {escape(group.state)}, "
-            f"{len(group.members)} member(s)</p>"
-            + table(
-                ["member (client id)", "host", f"{what} partitions"],
-                rows,
-                empty="no members: is one running?",
-                cls="members",
-            )
+            f'<p class="warn">cannot describe group {escape(group.name)}: {escape(group.error)}</p>'
         )
+    rows = [
+        [
+            f"<code>{escape(m.client_id)}</code>",
+            escape(m.host),
+            escape(", ".join(str(p) for p in m.partitions) or "none"),
+        ]
+        for m in group.members
+    ]
+    return (
+        f"<p>group <code>{escape(group.name)}</code>: {escape(group.state)}, "
+        f"{len(group.members)} member(s)</p>"
+        + table(
+            ["member (client id)", "host", f"{what} partitions"],
+            rows,
+            empty="no members: is one running?",
+            cls="members",
+        )
+    )
 
+
+def _progress_table(page: Page, progress: list[Any], progress_error: str | None) -> str:
+    """Each requests partition: who committed last, when, its next timer, what is unread."""
     progress_rows = [
         [
             str(p.partition),
@@ -503,6 +521,11 @@ def cluster(
             cls="progress",
         )
     )
+    return progress_table
+
+
+def _activity_rows(page: Page, activity: list[dict[str, Any]]) -> list[list[str]]:
+    """Each worker's runs in the last hour, from its status events."""
     activity_rows = [
         [
             f"<code>{escape(a['worker'])}</code>",
@@ -514,6 +537,11 @@ def cluster(
         ]
         for a in activity
     ]
+    return activity_rows
+
+
+def _tasks_table(roster: Any, roster_error: str | None) -> str:
+    """The workers' announcements: the tasks each serves and whether it is live."""
     if roster_error or roster is None:
         tasks_table = f'<p class="warn">{escape(roster_error or "not read")}</p>'
     else:
@@ -536,14 +564,7 @@ def cluster(
             empty="no worker has announced itself: is one running?",
             cls="worker-tasks",
         )
-    body = f"""<h1>Workers &amp; schedulers</h1>
-<section id="schedulers"><h2>Schedulers</h2>{members(schedulers, "requests")}
-<h3>Partitions (progress notes in the group's committed offsets)</h3>{progress_table}</section>
-<section id="workers"><h2>Workers</h2>{members(workers, "runs")}
-<h3>Tasks they serve (their announcements on the workers topic)</h3>{tasks_table}
-<h3>Activity in the last hour (status events)</h3>
-{table(["worker", "last event", "runs started", "succeeded", "failed", "running"], activity_rows, empty="no worker events in the last hour", cls="activity")}</section>"""
-    return page.frame("Workers & schedulers", "cluster", body)
+    return tasks_table
 
 
 # --- dead letters ---------------------------------------------------------------------------
