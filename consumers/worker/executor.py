@@ -301,8 +301,9 @@ class Executor:
                 State.FAILED,
                 _elapsed_ms(started),
                 error=format_error(exc),
-                reason=f"unknown task {run.task!r}: not registered in this worker "
-                f"(queue {run.queue!r}); not retried",
+                # Short: the error says what is missing and how to start the worker, and the
+                # scheduler's DEAD reason adds "not retried" (this said each twice).
+                reason=f"unknown task {run.task!r} on queue {run.queue!r}",
             )
         try:
             args, kwargs = self._arguments(spec, run)

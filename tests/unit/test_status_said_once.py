@@ -13,9 +13,7 @@ ERROR = (
     "TaskError: unknown task 'demo.ecko': not registered in this worker; start the worker "
     f"with --tasks naming the module that defines it (registered: {REGISTERED})"
 )
-WORKER_REASON = (
-    "unknown task 'demo.ecko': not registered in this worker (queue 'default'); not retried"
-)
+WORKER_REASON = "unknown task 'demo.ecko' on queue 'default'"
 RUN_DEAD = f"attempt 1 failed and is not retried ({WORKER_REASON}): {ERROR}"
 JOB_DEAD = f"its last run ended DEAD: {RUN_DEAD}"
 

@@ -235,7 +235,7 @@ def test_unknown_task_fails_without_retry(threads: ThreadPoolExecutor) -> None:
     assert out.state is State.FAILED
     assert out.retry_delay_ms is None
     assert "unknown task 'nope'" in out.reason
-    assert "(queue 'reports')" in out.reason  # which pool lacks it
+    assert "on queue 'reports'" in out.reason  # which pool lacks it
     assert out.error.startswith("TaskError: ")
 
 
