@@ -35,6 +35,9 @@ from tests.support import (
     scaled,
 )
 
+# The status store's fixtures (engine_dsn, store) live with their builders.
+pytest_plugins = ["tests.status_support"]
+
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 # No property test asserts on wall-clock time: Hypothesis' default 200 ms deadline per example

@@ -73,11 +73,18 @@ class Stack:
 
 
 def api_up(url: str) -> bool:
+    """Does the status API at ``url`` answer ``/health`` with 200 (not serving yet: False)?"""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
             return resp.status == 200
     except OSError:
         return False
+
+
+def wait_for_api(url: str, log_path: Path, timeout_s: float = 90) -> None:
+    """Wait until the status API at ``url`` is up; if it never is, the failure shows the tail
+    of its process's log (``log_path``), where the reason is."""
+    wait_until(lambda: api_up(url), timeout_s, message=f"API not up:\n{log_tail(log_path)}")
 
 
 def start_stack(
@@ -99,7 +106,6 @@ def start_stack(
     procs.spawn(WORKER, data("worker", worker_env), tmp_path / "worker.log")
     serve_log = tmp_path / "serve.log"
     procs.spawn(["jobwheel", "serve"], data("serve", secret), serve_log)
-    url = settings.status_api_url
-    wait_until(lambda: api_up(url), 90, message=f"API not up:\n{log_tail(serve_log)}")
+    wait_for_api(settings.status_api_url, serve_log)
     wait_for_group(settings, settings.worker_group, settings.topics.runs)
     return Stack(settings, data("cli", secret), tmp_path, token)

@@ -1,30 +1,29 @@
-"""Builders for the status store tests, and the generators behind their fixtures.
+"""Builders for the status store tests, and their two fixtures.
 
 chdb hosts one engine directory per process, so the whole pytest session shares one embedded
-engine and each test gets its own database in it: isolation without re-opening the engine.
-A test module wraps the generators in two fixtures:
-
-    @pytest.fixture(scope="session")
-    def engine_dsn(tmp_path_factory):
-        yield from status_support.engine(tmp_path_factory)
-
-    @pytest.fixture
-    def store(engine_dsn):
-        yield from status_support.fresh_store(engine_dsn)
+engine (``engine_dsn``) and each test gets its own database in it (``store``): isolation
+without re-opening the engine. ``tests/conftest.py`` registers this module as a plugin, so every
+test module can ask for ``store`` (or ``engine_dsn``) without defining or importing them.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from jobwheel.consumers.status.store import StatusStore
+from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import key_for
+from jobwheel.settings import Settings
+from tests.support import HarnessError, kafka_call
 
 _ids = itertools.count(1)
 
@@ -45,6 +44,16 @@ def fresh_store(dsn: str) -> Iterator[StatusStore]:
     yield store
     store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
     store.close()
+
+
+@pytest.fixture(scope="session")
+def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from engine(tmp_path_factory)
+
+
+@pytest.fixture
+def store(engine_dsn: str) -> Iterator[StatusStore]:
+    yield from fresh_store(engine_dsn)
 
 
 def now_ms() -> int:
@@ -119,3 +128,56 @@ def lifecycle(job_id: str, t0: int, *, task: str = "demo.echo") -> list[StatusEv
         ),
         event(job_id, State.COMPLETED, seq=3, t=t0 + 1111),
     ]
+
+
+def produce(settings: Settings, events: Sequence[StatusEvent | bytes]) -> None:
+    """Key by job id like the real producers, each event on the topic its source writes
+    (scheduler: status, worker: acks); raw bytes go out as they are (garbage)."""
+    codec = default_codec()
+    producer = Producer(settings.librdkafka(**{"partitioner": "murmur2_random"}))
+    t = settings.topics
+    for item in events:
+        if isinstance(item, bytes):
+            producer.produce(t.status, item, b"garbage")
+        else:
+            topic = t.acks if item.source == "worker" else t.status
+            producer.produce(topic, codec.encode(item), key_for(item.job_id))
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def committed(settings: Settings) -> int:
+    """Sum of the status group's committed offsets on both topics (records it has finished
+    with). A broker error is the test harness's failure, never "0 committed"; only the
+    transient answers right after the topics were made are asked again (kafka_call)."""
+    return sum(committed_offsets(settings).values())
+
+
+def committed_offsets(settings: Settings) -> dict[tuple[str, int], int]:
+    """(source, partition) -> the status group's committed offset (0: none yet), ``source``
+    being the column value the sink gives each topic's rows (scheduler: status, worker:
+    acks)."""
+    source = {settings.topics.status: "scheduler", settings.topics.acks: "worker"}
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
+    try:
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (settings.topics.status, settings.topics.acks)
+            for p in range(settings.partitions)
+        ]
+        answer = kafka_call(
+            lambda: consumer.committed(tps, timeout=10), "reading the status group's offsets"
+        )
+    finally:
+        consumer.close()
+    errors = [tp.error for tp in answer if tp.error is not None]
+    if errors:
+        raise HarnessError(f"committed offsets of the status group: {errors}")
+    return {(source[tp.topic], tp.partition): max(tp.offset, 0) for tp in answer}
+
+
+def docs_assets(html: str) -> list[str]:
+    """Every URL the docs page makes a browser load: scripts, styles, icons, the schema."""
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
+    urls += re.findall(r"""url: ?["']([^"']+)["']""", html)
+    return urls

@@ -1,4 +1,8 @@
-"""Helpers for tests that run real scheduler processes against the session broker."""
+"""Helpers for the pipeline tests against the session broker: real scheduler processes, runs
+written to the runs topic as the scheduler writes them (for the worker tests, which run no
+scheduler), the worker group's offsets, and the readers of the topics with their fixtures
+(``topic_tail``: runs, status, acks and dead letters; ``status_tail``: the acks topic). A test
+module takes a fixture under the name its tests use: ``from ... import topic_tail as tail``."""
 
 from __future__ import annotations
 
@@ -8,19 +12,26 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
-from collections.abc import Callable
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
 from jobwheel.errors import SchemaDecodeError
-from jobwheel.schemas.codec import default_codec
+from jobwheel.kafka.producer import producer_config
+from jobwheel.schemas.codec import Codec, default_codec
 from jobwheel.schemas.models import Run, State, StatusEvent
+from jobwheel.schemas.partitioning import key_for, partition_for
 from jobwheel.settings import Settings
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
-from tests.support import HarnessError, Procs, Tail, log_tail, scaled, wait_until
+from tests.support import HarnessError, Procs, Tail, kafka_call, log_tail, scaled, wait_until
 
 T = TypeVar("T")
+CODEC = Codec()
 
 
 class TopicTail:
@@ -162,6 +173,152 @@ class TopicTail:
 
     def wait(self, predicate: Callable[[], Any], timeout_s: float, message: str = "") -> Any:
         return wait_until(predicate, timeout_s, 0.1, message)
+
+
+@pytest.fixture
+def topic_tail(settings: Settings) -> Iterator[TopicTail]:
+    t = TopicTail(settings)
+    yield t
+    t.close()
+
+
+def make_run(
+    settings: Any,
+    task: str,
+    args: Any = None,
+    *,
+    job_id: str | None = None,
+    run_id: str | None = None,
+    attempt: int = 1,
+    max_attempts: int = 3,
+    visibility_timeout_ms: int = 30_000,
+    fencing_token: int = 1,
+    timeout_ms: int | None = None,
+) -> Run:
+    job_id = job_id or f"job-{uuid.uuid4().hex[:8]}"
+    now = int(time.time() * 1000)
+    return Run(
+        run_id=run_id or f"{job_id}@{now}",
+        job_id=job_id,
+        task=task,
+        args_json=json.dumps(args if args is not None else {}),
+        seq=7,
+        scheduled_time_ms=now,
+        dispatched_at_ms=now,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        timeout_ms=timeout_ms,
+        visibility_timeout_ms=visibility_timeout_ms,
+        deadline_ms=now + visibility_timeout_ms,
+        partition=partition_for(job_id, settings.partitions),
+        fencing_token=fencing_token,
+    )
+
+
+def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw") -> None:
+    """One committed transaction, as the scheduler's dispatch producer writes runs."""
+    producer = Producer(
+        producer_config(settings, **{"transactional.id": f"test-dispatch-{uuid.uuid4().hex}"})
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for record in records:
+        if isinstance(record, Run):
+            producer.produce(
+                settings.topics.runs, key=key_for(record.job_id), value=CODEC.encode(record)
+            )
+        else:
+            producer.produce(settings.topics.runs, key=key.encode(), value=record)
+    producer.commit_transaction(30)
+
+
+class StatusTail:
+    """Reads the whole acks topic as it grows (no group), decoding every event: a
+    :class:`tests.support.Tail`, so a consumer error raises instead of reading as "nothing"."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.reader = Tail(settings, [settings.topics.acks])
+        self.events: list[StatusEvent] = []
+        self.partitions: dict[str, set[int]] = defaultdict(set)  # job id -> partitions seen
+        self.keys: dict[str, set[bytes]] = defaultdict(set)
+
+    def _keep(self, msg: Any) -> None:
+        event = CODEC.decode(msg.value())
+        assert isinstance(event, StatusEvent)
+        self.events.append(event)
+        self.partitions[event.job_id].add(msg.partition())
+        self.keys[event.job_id].add(msg.key())
+
+    def poll(self) -> None:
+        for msg in self.reader.poll():
+            self._keep(msg)
+
+    def poll_to_end(self, timeout_s: float = 30.0) -> None:
+        """Read every event on the topic up to each partition's end offset as of this call,
+        so an assertion that something is *not* there looks at everything that is. Call it
+        after waiting for a fact the test knows is there (a positive)."""
+        self.reader.read_to_end(self._keep, timeout_s)
+
+    def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
+        return [
+            e for e in self.events if e.run_id == run_id and (state is None or e.state is state)
+        ]
+
+    def wait_for(
+        self, run_id: str, state: State, count: int = 1, timeout_s: float = 30.0
+    ) -> list[StatusEvent]:
+        def found() -> list[StatusEvent]:
+            self.poll()
+            events = self.of(run_id, state)
+            return events if len(events) >= count else []
+
+        return wait_until(found, timeout_s, interval_s=0.0, message=f"no {state} for {run_id}")
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+@pytest.fixture
+def status_tail(settings: Settings) -> Iterator[StatusTail]:
+    t = StatusTail(settings)
+    yield t
+    t.close()
+
+
+def committed_offsets(settings: Any) -> dict[int, int]:
+    """The worker group's committed offsets on the runs topic (partitions without one left
+    out)."""
+    consumer = Consumer(settings.librdkafka(**{"group.id": settings.worker_group}))
+    try:
+        tps = kafka_call(
+            lambda: consumer.committed(
+                [TopicPartition(settings.topics.runs, p) for p in range(settings.partitions)],
+                timeout=10,
+            ),
+            "reading the worker group's committed offsets",
+        )
+    finally:
+        consumer.close()
+    errors = [tp.error for tp in tps if tp.error is not None]
+    if errors:
+        raise HarnessError(f"committed offsets of the worker group: {errors}")
+    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
+
+
+def end_offsets(settings: Any) -> dict[int, int]:
+    consumer = Consumer(settings.librdkafka(**{"group.id": f"test-{uuid.uuid4().hex[:8]}"}))
+    topic = settings.topics.runs
+    try:
+        return {
+            p: kafka_call(
+                lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1],
+                f"reading the end offset of {topic}[{p}]",
+            )
+            for p in range(settings.partitions)
+        }
+    finally:
+        consumer.close()
 
 
 def scheduler_env(base_env: dict[str, str], data_dir: Path) -> dict[str, str]:

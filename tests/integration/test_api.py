@@ -29,20 +29,8 @@ from jobwheel.schemas.models import (
 )
 from jobwheel.schemas.partitioning import key_for
 from jobwheel.settings import Settings
-from tests import status_support
-from tests.integration.test_status_sink import produce
-from tests.status_support import event, now_ms
+from tests.status_support import event, now_ms, produce
 from tests.support import consume, wait_until
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 @pytest.fixture

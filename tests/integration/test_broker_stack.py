@@ -183,7 +183,7 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     stack used to give any service), the worker hands the run back, and the run's next attempt
     is the only execution after it: attempt 1 is never delivered again next to attempt 2."""
     from jobwheel.producers.client import JobClient
-    from tests.integration.test_worker import StatusTail
+    from tests.integration.scheduler_support import StatusTail
     from tests.support import wait_for_group, wait_for_log
 
     env = {

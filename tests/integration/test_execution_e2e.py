@@ -14,20 +14,13 @@ import os
 import signal
 from datetime import timedelta
 
-import pytest
-
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State
-from tests.integration.scheduler_support import TopicTail, start_scheduler
+from tests.integration.scheduler_support import start_scheduler, topic_tail
 from tests.support import file_lines, log_tail, scaled, wait_for_group, wait_until
 
-
-@pytest.fixture
-def tail(settings):
-    t = TopicTail(settings)
-    yield t
-    t.close()
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 
 def start_worker(procs, env, tmp_path, name: str, concurrency: int = 4):

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.stack_support import api_up
-from tests.support import Procs, jobwheel_argv, log_tail, scaled, wait_for_group, wait_until
+from tests.stack_support import wait_for_api
+from tests.support import Procs, jobwheel_argv, scaled, wait_for_group, wait_until
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
@@ -130,9 +130,7 @@ def walk(settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Pa
     procs.spawn(WORKER, env("worker"), tmp_path / "worker.log")
     serve_log = tmp_path / "serve.log"
     procs.spawn(["jobwheel", "serve"], env("serve"), serve_log)
-    wait_until(
-        lambda: api_up(settings.status_api_url), 90, message=f"API not up:\n{log_tail(serve_log)}"
-    )
+    wait_for_api(settings.status_api_url, serve_log)
     wait_for_group(settings, settings.worker_group, settings.topics.runs)
     return Walk(settings, {**jobwheel_env, "JOBWHEEL_DATA_DIR": str(tmp_path / "cli")}, tmp_path)
 

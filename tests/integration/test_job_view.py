@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.stack_support import api_up, start_stack
-from tests.support import Procs, log_tail, scaled, stop, wait_until
+from tests.stack_support import start_stack, wait_for_api
+from tests.support import Procs, scaled, stop, wait_until
 
 # Merging is what made the views forget: OPTIMIZE ... FINAL does every merge at once. The
 # embedded store opens in one process only, so it runs in its own while `jobwheel serve` is
@@ -77,7 +77,7 @@ def test_a_job_scheduled_again_with_another_task_shows_it_everywhere_after_the_m
     assert merged.stdout.strip() == "[('job_state', 1), ('run_state', 1)]", merged.stdout
     serve_log = tmp_path / "serve-again.log"
     procs.spawn(["jobwheel", "serve"], serve_env, serve_log)
-    wait_until(lambda: api_up(stack.url), 90, message=f"API not up:\n{log_tail(serve_log)}")
+    wait_for_api(stack.url, serve_log)
 
     # The API: the job, its run, the list by task.
     detail = stack.get(f"/jobs/{job_id}")

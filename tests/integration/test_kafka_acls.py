@@ -279,7 +279,7 @@ def test_the_api_role_reads_dead_letters_describes_the_groups_and_waits_for_resu
     from jobwheel.producers.deadletters import Filter, read_dead_letters
     from jobwheel.schemas.models import StatusEvent
     from jobwheel.schemas.topics import DEAD_RUN_KIND, ERROR_HEADER, KIND_HEADER
-    from tests.integration.test_worker import make_run
+    from tests.integration.scheduler_support import make_run
     from tests.status_support import now_ms
 
     api, scheduler, worker = (_role(secure, r) for r in ("api", "scheduler", "worker"))
@@ -381,7 +381,7 @@ def test_worker_and_serve_processes_run_with_their_roles(
     """A real `jobwheel worker` whose only Kafka rights are the worker role's reads a run
     (written here as the scheduler) and reports on acks, which the sink's principal reads; a
     real `jobwheel serve` as the api role runs its embedded sink on them."""
-    from tests.integration.test_worker import make_run
+    from tests.integration.scheduler_support import make_run
     from tests.support import consume, log_tail
 
     scheduler, sink = _role(secure, "scheduler"), _role(secure, "sink")
@@ -476,7 +476,7 @@ def test_a_worker_without_dead_letter_rights_still_answers_an_undecodable_run(
 
     from jobwheel.kafka.producer import producer_config
     from jobwheel.schemas.topics import RUN_HEADER, run_header
-    from tests.integration.test_worker import make_run
+    from tests.integration.scheduler_support import make_run
     from tests.support import consume, log_tail
 
     scheduler, sink = _role(secure, "scheduler"), _role(secure, "sink")

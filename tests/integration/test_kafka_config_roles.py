@@ -11,19 +11,14 @@ import pytest
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import (
-    TopicTail,
     log_events,
     start_scheduler,
     start_worker,
+    topic_tail,
 )
 from tests.support import wait_for_group
 
-
-@pytest.fixture
-def tail(settings):
-    t = TopicTail(settings)
-    yield t
-    t.close()
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 
 @pytest.mark.timeout(300)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack_support import api_up
+from tests.stack_support import wait_for_api
 from tests.support import Procs, log_tail, scaled, stop, wait_for_group, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,11 +151,7 @@ def test_the_readme_examples_run_as_written_from_a_scratch_folder(
         "jobwheel worker --tasks jobwheel.consumers.demo", tmp_path / "w.log", procs
     )
     user.spawn("jobwheel serve", tmp_path / "serve.log", procs)
-    wait_until(
-        lambda: api_up(settings.status_api_url),
-        90,
-        message=f"API not up:\n{log_tail(tmp_path / 'serve.log')}",
-    )
+    wait_for_api(settings.status_api_url, tmp_path / "serve.log")
     wait_for_group(settings, settings.worker_group, settings.topics.runs)
 
     # --- "Try it" ---------------------------------------------------------------------------

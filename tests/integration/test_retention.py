@@ -42,7 +42,6 @@ from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for
 from jobwheel.settings import Settings
-from tests import status_support
 from tests.conftest import settings_env, settings_on
 from tests.integration.scheduler_support import TopicTail, start_scheduler
 from tests.status_support import event, lifecycle, now_ms
@@ -82,16 +81,6 @@ def retention_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield broker.bootstrap
     finally:
         broker.stop()
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 def alter_topic(settings: Settings, topic: str, config: dict[str, str]) -> None:

@@ -4,26 +4,19 @@ so a ``--now`` job from a client an hour fast runs now, not in an hour."""
 
 from __future__ import annotations
 
-import pytest
-
 from jobwheel.clock import ManualClock
 from jobwheel.producers.client import JobClient
 from tests.integration.scheduler_support import (
-    TopicTail,
     log_events,
     now_ms,
     start_scheduler,
+    topic_tail,
 )
 from tests.support import scaled
 
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
+
 HOUR = 3_600_000
-
-
-@pytest.fixture
-def tail(settings):
-    t = TopicTail(settings)
-    yield t
-    t.close()
 
 
 def test_a_now_job_from_a_client_an_hour_fast_runs_now(

@@ -18,25 +18,20 @@ from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import (
-    TopicTail,
     log_events,
     now_ms,
     ready_partitions,
     start_scheduler,
+    topic_tail,
     wait_owns_all,
 )
 from tests.support import log_tail, metric, scaled, stop, wait_until
 
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
+
 #: Long enough that no run is re-dispatched by its visibility timeout during a test (there are
 #: no workers): every second dispatch seen is then a duplicate, not a retry.
 NO_REDELIVERY = timedelta(minutes=10)
-
-
-@pytest.fixture
-def tail(settings):
-    t = TopicTail(settings)
-    yield t
-    t.close()
 
 
 def at_jobs(prefix: str, first_ms: int, count: int, spread_ms: int) -> list[JobSpec]:

@@ -23,23 +23,18 @@ from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for
 from jobwheel.schemas.topics import DISPATCHED_HEADER, STATE_HEADER
 from tests.integration.scheduler_support import (
-    TopicTail,
     log_events,
     now_ms,
     start_scheduler,
     start_worker,
+    topic_tail,
     wait_owns_all,
 )
 from tests.support import scaled, wait_for_group, wait_until
 
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
+
 CODEC = default_codec()
-
-
-@pytest.fixture
-def tail(settings):
-    t = TopicTail(settings)
-    yield t
-    t.close()
 
 
 @pytest.mark.timeout(420)

@@ -22,20 +22,15 @@ from jobwheel.streams.state.directory import StateDirectory
 from jobwheel.streams.state.partition import RocksDBBackend
 from jobwheel.streams.state.rocksdb import RocksDBLimits
 from tests.integration.scheduler_support import (
-    TopicTail,
     log_events,
     now_ms,
     start_scheduler,
+    topic_tail,
     wait_owns_all,
 )
 from tests.support import HarnessError, log_tail, stop, wait_until
 
-
-@pytest.fixture
-def tail(settings):
-    t = TopicTail(settings)
-    yield t
-    t.close()
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 
 def neighbour_of(job_id: str, settings: Settings, name: str) -> str:

@@ -16,8 +16,7 @@ from jobwheel.kafka.admin import ensure_topics
 from jobwheel.settings import Settings
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
 from tests.conftest import settings_env
-from tests.integration.test_status_sink import committed, produce
-from tests.status_support import lifecycle, now_ms
+from tests.status_support import committed, lifecycle, now_ms, produce
 from tests.support import Procs, log_tail, scaled, wait_until
 
 

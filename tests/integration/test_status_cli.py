@@ -14,9 +14,8 @@ import pytest
 
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests.integration.test_status_sink import produce
-from tests.stack_support import api_up
-from tests.status_support import event, lifecycle, now_ms
+from tests.stack_support import wait_for_api
+from tests.status_support import event, lifecycle, now_ms, produce
 from tests.support import Procs, jobwheel_argv, log_tail, wait_until
 
 
@@ -74,7 +73,7 @@ def served(
     log = tmp_path / "serve.log"
     env = {**jobwheel_env, "JOBWHEEL_API_TOKEN": API_TOKEN}
     procs.spawn(["jobwheel", "serve"], env, log)
-    wait_until(lambda: api_up(settings.status_api_url), 60, message=log_tail(log))
+    wait_for_api(settings.status_api_url, log, 60)
     wait_until(
         lambda: '"total": 3' in jobwheel(env, "list", "--json").stdout,
         30,
@@ -184,7 +183,7 @@ def _token_required(served: dict[str, str]) -> None:
 def _docs_pages_work_offline_and_without_the_token(served: dict[str, str]) -> None:
     """The real `jobwheel serve` (token set): the docs page and every asset it loads come from
     it, with no token; the API calls the page makes still need one."""
-    from tests.unit.test_status_api import docs_assets
+    from tests.status_support import docs_assets
 
     base = f"http://127.0.0.1:{served['JOBWHEEL_API_PORT']}"
     with urllib.request.urlopen(f"{base}/docs", timeout=10) as resp:

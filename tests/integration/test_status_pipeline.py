@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from jobwheel.producers.client import JobClient
-from tests.stack_support import api_up
-from tests.support import Procs, file_lines, log_tail, stop, wait_for_group, wait_until
+from tests.stack_support import wait_for_api
+from tests.support import Procs, file_lines, stop, wait_for_group, wait_until
 
 WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 
@@ -67,9 +67,7 @@ def pipeline(
     )
     serve_log = tmp_path / "serve.log"
     serve = procs.spawn(["jobwheel", "serve"], _env(jobwheel_env, tmp_path, "status"), serve_log)
-    wait_until(
-        lambda: api_up(settings.status_api_url), 90, message=f"API not up:\n{log_tail(serve_log)}"
-    )
+    wait_for_api(settings.status_api_url, serve_log)
     return {"scheduler": scheduler, "serve": serve}
 
 

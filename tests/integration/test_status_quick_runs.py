@@ -4,29 +4,14 @@ show the run's STARTED (events, ``runs.started_ms``), as if the worker had sent 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-
-import pytest
 
 from jobwheel.consumers.status import queries
 from jobwheel.consumers.status.sink import StatusSink
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests import status_support
-from tests.integration.test_status_sink import committed, produce
-from tests.status_support import event, now_ms
+from tests.status_support import committed, event, now_ms, produce
 from tests.support import wait_until
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 def test_a_verdict_with_started_ms_shows_the_run_started(

@@ -12,91 +12,29 @@ import json
 import random
 import threading
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
 
 from jobwheel.consumers.status import queries
 from jobwheel.consumers.status.metrics import SinkCollector
 from jobwheel.consumers.status.sink import StatusSink
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.deploy.broker import free_port
-from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State, StatusEvent
-from jobwheel.schemas.partitioning import key_for
 from jobwheel.settings import Settings
-from tests import status_support
-from tests.stack_support import api_up
-from tests.status_support import event, lifecycle, now_ms
+from tests.stack_support import wait_for_api
+from tests.status_support import committed, committed_offsets, event, lifecycle, now_ms, produce
 from tests.support import (
-    HarnessError,
     Procs,
     Tail,
-    kafka_call,
     log_tail,
     metric,
     stop,
     wait_until,
 )
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
-
-
-def produce(settings: Settings, events: Sequence[StatusEvent | bytes]) -> None:
-    """Key by job id like the real producers, each event on the topic its source writes
-    (scheduler: status, worker: acks); raw bytes go out as they are (garbage)."""
-    codec = default_codec()
-    producer = Producer(settings.librdkafka(**{"partitioner": "murmur2_random"}))
-    t = settings.topics
-    for item in events:
-        if isinstance(item, bytes):
-            producer.produce(t.status, item, b"garbage")
-        else:
-            topic = t.acks if item.source == "worker" else t.status
-            producer.produce(topic, codec.encode(item), key_for(item.job_id))
-        producer.poll(0)
-    assert producer.flush(30) == 0
-
-
-def committed(settings: Settings) -> int:
-    """Sum of the status group's committed offsets on both topics (records it has finished
-    with). A broker error is the test harness's failure, never "0 committed"; only the
-    transient answers right after the topics were made are asked again (kafka_call)."""
-    return sum(committed_offsets(settings).values())
-
-
-def committed_offsets(settings: Settings) -> dict[tuple[str, int], int]:
-    """(source, partition) -> the status group's committed offset (0: none yet), ``source``
-    being the column value the sink gives each topic's rows (scheduler: status, worker:
-    acks)."""
-    source = {settings.topics.status: "scheduler", settings.topics.acks: "worker"}
-    consumer = Consumer(settings.librdkafka(**{"group.id": settings.status_group}))
-    try:
-        tps = [
-            TopicPartition(topic, p)
-            for topic in (settings.topics.status, settings.topics.acks)
-            for p in range(settings.partitions)
-        ]
-        answer = kafka_call(
-            lambda: consumer.committed(tps, timeout=10), "reading the status group's offsets"
-        )
-    finally:
-        consumer.close()
-    errors = [tp.error for tp in answer if tp.error is not None]
-    if errors:
-        raise HarnessError(f"committed offsets of the status group: {errors}")
-    return {(source[tp.topic], tp.partition): max(tp.offset, 0) for tp in answer}
 
 
 @pytest.fixture
@@ -239,9 +177,7 @@ def test_sink_sigkilled_mid_stream_loses_and_doubles_nothing(
         {**env, "JOBWHEEL_METRICS_PORT": str(metrics_port)},
         tmp_path / "serve.log",
     )
-    wait_until(
-        lambda: api_up(settings.status_api_url), 60, message=log_tail(tmp_path / "serve.log")
-    )
+    wait_for_api(settings.status_api_url, tmp_path / "serve.log", 60)
     total = len(first) + len(second)
     wait_until(
         lambda: _api_sql(settings, "SELECT count() FROM status_events FINAL") == [[total]],

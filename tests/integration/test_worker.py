@@ -13,24 +13,27 @@ import os
 import signal
 import time
 import uuid
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from jobwheel.kafka.producer import producer_config
-from jobwheel.schemas.codec import Codec
-from jobwheel.schemas.models import Run, State, StatusEvent
-from jobwheel.schemas.partitioning import key_for, partition_for
+from jobwheel.schemas.models import State, StatusEvent
+from jobwheel.schemas.partitioning import partition_for
 from jobwheel.schemas.validation import MAX_DURATION_MS
+from tests.integration.scheduler_support import (
+    StatusTail,
+    committed_offsets,
+    end_offsets,
+    make_run,
+    produce_runs,
+    status_tail,
+)
 from tests.support import (
     HarnessError,
-    Tail,
     file_lines,
-    kafka_call,
     log_tail,
     scaled,
     stop,
@@ -38,112 +41,9 @@ from tests.support import (
     wait_until,
 )
 
-CODEC = Codec()
+tail = status_tail  # the fixture these tests ask for: the acks topic
+
 WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
-
-
-def make_run(
-    settings: Any,
-    task: str,
-    args: Any = None,
-    *,
-    job_id: str | None = None,
-    run_id: str | None = None,
-    attempt: int = 1,
-    max_attempts: int = 3,
-    visibility_timeout_ms: int = 30_000,
-    fencing_token: int = 1,
-    timeout_ms: int | None = None,
-) -> Run:
-    job_id = job_id or f"job-{uuid.uuid4().hex[:8]}"
-    now = int(time.time() * 1000)
-    return Run(
-        run_id=run_id or f"{job_id}@{now}",
-        job_id=job_id,
-        task=task,
-        args_json=json.dumps(args if args is not None else {}),
-        seq=7,
-        scheduled_time_ms=now,
-        dispatched_at_ms=now,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        timeout_ms=timeout_ms,
-        visibility_timeout_ms=visibility_timeout_ms,
-        deadline_ms=now + visibility_timeout_ms,
-        partition=partition_for(job_id, settings.partitions),
-        fencing_token=fencing_token,
-    )
-
-
-def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw") -> None:
-    """One committed transaction, as the scheduler's dispatch producer writes runs."""
-    producer = Producer(
-        producer_config(settings, **{"transactional.id": f"test-dispatch-{uuid.uuid4().hex}"})
-    )
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    for record in records:
-        if isinstance(record, Run):
-            producer.produce(
-                settings.topics.runs, key=key_for(record.job_id), value=CODEC.encode(record)
-            )
-        else:
-            producer.produce(settings.topics.runs, key=key.encode(), value=record)
-    producer.commit_transaction(30)
-
-
-class StatusTail:
-    """Reads the whole acks topic as it grows (no group), decoding every event: a
-    :class:`tests.support.Tail`, so a consumer error raises instead of reading as "nothing"."""
-
-    def __init__(self, settings: Any) -> None:
-        self.settings = settings
-        self.reader = Tail(settings, [settings.topics.acks])
-        self.events: list[StatusEvent] = []
-        self.partitions: dict[str, set[int]] = defaultdict(set)  # job id -> partitions seen
-        self.keys: dict[str, set[bytes]] = defaultdict(set)
-
-    def _keep(self, msg: Any) -> None:
-        event = CODEC.decode(msg.value())
-        assert isinstance(event, StatusEvent)
-        self.events.append(event)
-        self.partitions[event.job_id].add(msg.partition())
-        self.keys[event.job_id].add(msg.key())
-
-    def poll(self) -> None:
-        for msg in self.reader.poll():
-            self._keep(msg)
-
-    def poll_to_end(self, timeout_s: float = 30.0) -> None:
-        """Read every event on the topic up to each partition's end offset as of this call,
-        so an assertion that something is *not* there looks at everything that is. Call it
-        after waiting for a fact the test knows is there (a positive)."""
-        self.reader.read_to_end(self._keep, timeout_s)
-
-    def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
-        return [
-            e for e in self.events if e.run_id == run_id and (state is None or e.state is state)
-        ]
-
-    def wait_for(
-        self, run_id: str, state: State, count: int = 1, timeout_s: float = 30.0
-    ) -> list[StatusEvent]:
-        def found() -> list[StatusEvent]:
-            self.poll()
-            events = self.of(run_id, state)
-            return events if len(events) >= count else []
-
-        return wait_until(found, timeout_s, interval_s=0.0, message=f"no {state} for {run_id}")
-
-    def close(self) -> None:
-        self.reader.close()
-
-
-@pytest.fixture
-def tail(settings: Any) -> Any:
-    t = StatusTail(settings)
-    yield t
-    t.close()
 
 
 def start_worker(
@@ -151,41 +51,6 @@ def start_worker(
 ) -> Any:
     env = {**env, **{f"JOBWHEEL_{k.upper()}": v for k, v in env_overrides.items()}}
     return procs.spawn([*WORKER, *extra], env, log_path)
-
-
-def committed_offsets(settings: Any) -> dict[int, int]:
-    """The worker group's committed offsets on the runs topic (partitions without one left
-    out)."""
-    consumer = Consumer(settings.librdkafka(**{"group.id": settings.worker_group}))
-    try:
-        tps = kafka_call(
-            lambda: consumer.committed(
-                [TopicPartition(settings.topics.runs, p) for p in range(settings.partitions)],
-                timeout=10,
-            ),
-            "reading the worker group's committed offsets",
-        )
-    finally:
-        consumer.close()
-    errors = [tp.error for tp in tps if tp.error is not None]
-    if errors:
-        raise HarnessError(f"committed offsets of the worker group: {errors}")
-    return {tp.partition: tp.offset for tp in tps if tp.offset >= 0}
-
-
-def end_offsets(settings: Any) -> dict[int, int]:
-    consumer = Consumer(settings.librdkafka(**{"group.id": f"test-{uuid.uuid4().hex[:8]}"}))
-    topic = settings.topics.runs
-    try:
-        return {
-            p: kafka_call(
-                lambda p=p: consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1],
-                f"reading the end offset of {topic}[{p}]",
-            )
-            for p in range(settings.partitions)
-        }
-    finally:
-        consumer.close()
 
 
 def test_outcomes_become_status_events_in_the_jobs_partition(

@@ -25,14 +25,14 @@ import pytest
 from jobwheel.deploy.broker import LocalBroker
 from jobwheel.schemas.models import Run, State
 from jobwheel.schemas.partitioning import partition_for
-from tests.integration.scheduler_support import log_events
-from tests.integration.test_worker import (
+from tests.integration.scheduler_support import (
     StatusTail,
     committed_offsets,
+    log_events,
     make_run,
     produce_runs,
-    start_worker,
 )
+from tests.integration.test_worker import start_worker
 from tests.support import file_lines, log_tail, scaled, wait_for_log, wait_until
 
 GRACE_MS = 2_000

@@ -13,12 +13,8 @@ from typing import Any
 
 from jobwheel.consumers.worker.cli import EXIT_BOUND_S
 from jobwheel.schemas.models import State
-from tests.integration.test_worker import (
-    StatusTail,
-    make_run,
-    produce_runs,
-    start_worker,
-)
+from tests.integration.scheduler_support import StatusTail, make_run, produce_runs
+from tests.integration.test_worker import start_worker
 from tests.support import log_tail, scaled, wait_until
 
 GRACE_MS = 1000

@@ -10,32 +10,26 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from confluent_kafka.admin import AdminClient
 
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
-from tests.integration.test_worker import (
+from tests.integration.scheduler_support import (
     StatusTail,
     committed_offsets,
     end_offsets,
     make_run,
     produce_runs,
-    start_worker,
+    status_tail,
 )
+from tests.integration.test_worker import start_worker
 from tests.support import log_tail, scaled, wait_until
 
-
-@pytest.fixture
-def tail(settings: Any) -> Iterator[StatusTail]:
-    t = StatusTail(settings)
-    yield t
-    t.close()
+tail = status_tail  # the fixture these tests ask for: the acks topic
 
 
 def same_partition_jobs(settings: Any, count: int, partition: int | None = None) -> list[str]:

@@ -13,7 +13,7 @@ import signal
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,19 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.models import Run, State
 from jobwheel.schemas.partitioning import key_for
-from tests.integration.test_worker import (
+from tests.integration.scheduler_support import (
     CODEC,
     StatusTail,
     committed_offsets,
     end_offsets,
     make_run,
     produce_runs,
-    start_worker,
+    status_tail,
 )
+from tests.integration.test_worker import start_worker
 from tests.support import file_lines, log_tail, scaled, stop, wait_until
+
+tail = status_tail  # the fixture these tests ask for: the acks topic
 
 CONCURRENCY = "64"
 
@@ -111,13 +114,6 @@ def _scenario(
 
 def _assigned(log_path: Path) -> bool:
     return log_path.exists() and "partitions assigned" in log_path.read_text()
-
-
-@pytest.fixture
-def tail(settings: Any) -> Iterator[StatusTail]:
-    t = StatusTail(settings)
-    yield t
-    t.close()
 
 
 @pytest.mark.timeout(600)

@@ -14,9 +14,8 @@ from typing import Any
 from jobwheel.producers.workers import read_workers
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import JobCommand, ScheduleJob, State
-from tests.integration.test_worker import StatusTail, make_run, produce_runs
-from tests.integration.test_worker import tail as tail  # the acks reader fixture
-from tests.stack_support import api_up
+from tests.integration.scheduler_support import StatusTail, make_run, produce_runs, status_tail
+from tests.stack_support import wait_for_api
 from tests.support import (
     Procs,
     file_lines,
@@ -27,6 +26,8 @@ from tests.support import (
     stop,
     wait_until,
 )
+
+tail = status_tail  # the fixture these tests ask for: the acks topic
 
 CODEC = Codec()
 DEMO_WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"]
@@ -129,7 +130,7 @@ def test_get_workers_lists_live_workers_and_drops_one_that_exited(
     stays = procs.spawn(DEMO_WORKER, jobwheel_env, logs[0])
     leaves = procs.spawn(["jobwheel", "worker", "--tasks", "tests.tasks"], jobwheel_env, logs[1])
     url = settings.status_api_url
-    wait_until(lambda: api_up(url), scaled(90), message=f"API not up:\n{log_tail(serve_log)}")
+    wait_for_api(url, serve_log)
 
     def workers() -> dict[int, dict[str, Any]]:
         with urllib.request.urlopen(f"{url}/workers", timeout=scaled(30)) as resp:

@@ -41,22 +41,17 @@ from jobwheel.schemas.topics import (
     read_run_header,
     run_header,
 )
-from tests.integration.scheduler_support import TopicTail, start_scheduler
-from tests.integration.test_worker import StatusTail, make_run, start_worker
+from tests.integration.scheduler_support import StatusTail, make_run, start_scheduler, topic_tail
+from tests.integration.test_worker import start_worker
 from tests.support import Tail, file_lines, log_tail, metric, wait_for_group, wait_until
+
+tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 #: Single-object encoding's marker; the 8 bytes after it are the writer schema's fingerprint.
 MARKER = b"\xc3\x01"
 UNKNOWN_FINGERPRINT = bytes.fromhex("0123456789abcdef")
 GARBAGE = b"\x00not a run, and no headers either"
-
-
-@pytest.fixture
-def tail(settings: Any) -> Any:
-    t = TopicTail(settings)
-    yield t
-    t.close()
 
 
 def produce_as_scheduler(

@@ -22,19 +22,8 @@ from hypothesis import strategies as st
 from jobwheel.consumers.status.api import create_app
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.settings import Settings
-from tests import status_support
 from tests.status_support import lifecycle, now_ms
 from tests.support import jobwheel_argv, wait_until
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 def _no_kafka() -> Any:

@@ -18,22 +18,11 @@ from jobwheel.consumers.status.console import charts, session
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests import status_support
 from tests.status_support import event, lifecycle, now_ms
 
 TOKEN = "console-write-token-0123456789"
 READ_TOKEN = "console-read-token-0123456789"
 NO_KAFKA = "127.0.0.1:1"
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 def _no_kafka() -> Any:

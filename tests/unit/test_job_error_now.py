@@ -4,25 +4,10 @@ embedded engine, read after the parts merged (a merge must not bring an old erro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from jobwheel.consumers.status import queries
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.schemas.models import State
-from tests import status_support
 from tests.status_support import event, now_ms
-
-
-@pytest.fixture(scope="module")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 def _merged_job(store: StatusStore, job_id: str) -> dict[str, object]:

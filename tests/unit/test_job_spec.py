@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 
-import pytest
 from fastavro import schemaless_writer
 
 from jobwheel.consumers.status import queries
@@ -33,16 +31,6 @@ def _next_january_15() -> int:
 
 
 T0 = _next_january_15()
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
 
 
 def scheduled(job_id: str, body: ScheduleJob) -> StatusEvent:

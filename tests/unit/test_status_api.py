@@ -7,7 +7,6 @@ factory that fails the test if called makes sure of.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,18 +18,7 @@ from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import StoreError
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests import status_support
-from tests.status_support import event, lifecycle, now_ms
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
+from tests.status_support import docs_assets, event, lifecycle, now_ms
 
 
 def _no_kafka() -> Any:
@@ -284,13 +272,6 @@ def test_openapi_docs_are_served(api: TestClient) -> None:
     assert api.get("/docs").status_code == 200
     paths = api.get("/openapi.json").json()["paths"]
     assert {"/jobs", "/jobs/{job_id}", "/sql", "/health", "/stats/states"} <= set(paths)
-
-
-def docs_assets(html: str) -> list[str]:
-    """Every URL the docs page makes a browser load: scripts, styles, icons, the schema."""
-    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html)
-    urls += re.findall(r"""url: ?["']([^"']+)["']""", html)
-    return urls
 
 
 def test_the_docs_page_loads_everything_from_this_server(api: TestClient) -> None:

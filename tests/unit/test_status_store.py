@@ -6,7 +6,6 @@ import random
 import re
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,7 @@ from jobwheel.consumers.status.store import (
 )
 from jobwheel.errors import ConfigError, QueryError, ValidationError
 from jobwheel.schemas.models import State, StatusEvent
-from tests import status_support
 from tests.status_support import event, lifecycle, now_ms
-
-
-@pytest.fixture(scope="session")
-def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from status_support.engine(tmp_path_factory)
-
-
-@pytest.fixture
-def store(engine_dsn: str) -> Iterator[StatusStore]:
-    yield from status_support.fresh_store(engine_dsn)
-
 
 # --- migrations -----------------------------------------------------------------------------
 
