@@ -41,9 +41,12 @@ $(VENV)/.jdk: | $(VENV)/.installed
 	fi
 	touch $@
 
+# Maven prints bare colour codes (ESC[0m) even under -B -q, which no option of its turns off:
+# they are stripped, its exit status kept (pipefail), its errors still shown.
 $(LIB)/.fetched: deploy/pom.xml | $(VENV)/.jdk
 	mkdir -p $(LIB)
-	flock $(LIB)/.lock bash -c 'rm -f $(LIB)/*.jar && $(MVN_FETCH)'
+	flock $(LIB)/.lock bash -c 'set -o pipefail; rm -f $(LIB)/*.jar && \
+	  $(MVN_FETCH) 2>&1 | sed "s/\x1b\[[0-9;]*m//g"'
 	sha256sum deploy/pom.xml | cut -d' ' -f1 > $@
 
 # A Compose validator for tests/unit/test_compose.py: the docker compose plugin if present,
