@@ -215,6 +215,15 @@ def make_run(
     )
 
 
+def gated_run(settings: Any, folder: Path) -> tuple[Run, Path, Path, Path]:
+    """A ``test.gate`` run (tests/tasks.py) and its files in ``folder``: ``started`` and
+    ``finished`` get a line per execution, and the run blocks until ``gate`` exists, so a
+    test decides when it finishes (not a sleep's length)."""
+    started, finished, gate = folder / "started", folder / "finished", folder / "gate"
+    args = {"gate": str(gate), "started": str(started), "finished": str(finished)}
+    return make_run(settings, "test.gate", args), started, finished, gate
+
+
 def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw") -> None:
     """One committed transaction, as the scheduler's dispatch producer writes runs."""
     producer = Producer(

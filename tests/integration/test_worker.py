@@ -27,6 +27,7 @@ from tests.integration.scheduler_support import (
     StatusTail,
     committed_offsets,
     end_offsets,
+    gated_run,
     make_run,
     produce_runs,
     status_tail,
@@ -429,9 +430,7 @@ def test_offsets_wait_for_the_brokers_acknowledgement_of_the_final_event(
     scheduler learns the outcome only from that event; committing before it could lose the
     run for good.) The broker is made to refuse acks with a tiny max.message.bytes while offset
     commits keep working."""
-    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
-    args = {"gate": str(gate), "started": str(started), "finished": str(finished)}
-    run = make_run(settings, "test.gate", args)
+    run, started, finished, gate = gated_run(settings, tmp_path)
     partition = partition_for(run.job_id, settings.partitions)
     run_offset = end_offsets(settings)[partition]
     produce_runs(settings, [run])

@@ -28,6 +28,7 @@ from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import (
     StatusTail,
     committed_offsets,
+    gated_run,
     log_events,
     make_run,
     produce_runs,
@@ -79,13 +80,8 @@ def test_sigterm_while_the_broker_is_down_exits_and_the_unacknowledged_run_runs_
     procs: Any,
     tmp_path: Path,
 ) -> None:
-    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
+    held, started, finished, gate = gated_run(settings, tmp_path)
     quick = make_run(settings, "demo.echo", {"n": 1})
-    held = make_run(
-        settings,
-        "test.gate",
-        {"gate": str(gate), "started": str(started), "finished": str(finished)},
-    )
     produce_runs(settings, [quick, held])
     # JSON lines (the one line is read as an event). Static membership, as a StatefulSet runs
     # workers: the session outlasts the test's outage, so the worker still owns its partitions
@@ -178,12 +174,7 @@ def test_a_run_finished_while_the_broker_is_frozen_runs_once_when_its_partition_
     run is fetched again. Its offsets could not say it was done (the verdict came after the
     ownership that ran it was gone), and it ran a second time, with the same attempt: seen on
     the cluster with two of three brokers down (3 runs executed twice, no process died)."""
-    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
-    held = make_run(
-        settings,
-        "test.gate",
-        {"gate": str(gate), "started": str(started), "finished": str(finished)},
-    )
+    held, started, finished, gate = gated_run(settings, tmp_path)
     produce_runs(settings, [held])
     partition = partition_for(held.job_id, settings.partitions)
     # The verdict's request stays in flight through the freeze (no client-side timeout cuts it
