@@ -333,6 +333,7 @@ class SchedulerEngine:
                     "instance": self._instance,
                     "group": self.settings.scheduler_app_id,
                     "protocol": self.settings.scheduler_group_protocol,
+                    "static_member": self.input is not None and self.input.static,
                     "state_dir": str(self.directory.root),
                 },
             )

@@ -6,8 +6,9 @@ Four clients per scheduler process, all driven from the engine's one thread:
 
 - :class:`InputConsumer`: the consumer group member. It subscribes to the requests topic; the
   group (cooperative: KIP-848's ``consumer`` protocol by default, or classic
-  ``cooperative-sticky``) decides which partitions this process owns. New partitions arrive
-  *paused*: the engine resumes them once their state is restored.
+  ``cooperative-sticky``; eager ``range`` for static members) decides which partitions this
+  process owns. New partitions arrive *paused*: the engine resumes them once their state is
+  restored.
 - :class:`AcksConsumer`: reads the acks partitions of the partitions this process owns
   (assigned by hand, mirroring the group's assignment, so acks partition ``p`` always goes with
   requests partition ``p`` whatever the group protocol's assignor does). Its offsets are
@@ -49,7 +50,7 @@ from confluent_kafka import (
 )
 
 from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
-from jobwheel.kafka.consumer import Record, records
+from jobwheel.kafka.consumer import STATIC_ASSIGNOR, Record, records
 from jobwheel.kafka.errors import kafka_error, with_client_logging
 from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
@@ -166,11 +167,18 @@ class InputConsumer(_TopicReader):
         self.topic = settings.topics.requests
         self._watchdog = watchdog or scheduler_watchdog(settings)
         protocol = settings.scheduler_group_protocol
+        static = settings.scheduler_static_membership and protocol == "classic"
+        #: Eager (``assign``) rather than incremental assignment: a static member of a classic
+        #: group (see jobwheel.kafka.consumer.with_static_assignor for why it is not
+        #: cooperative).
+        self._eager = self.static = static
         timing: dict[str, Any] = (
             {}  # KIP-848: assignment, session and heartbeat are the group's (broker-side) config
             if protocol == "consumer"
             else {
-                "partition.assignment.strategy": "cooperative-sticky",
+                "partition.assignment.strategy": (
+                    STATIC_ASSIGNOR if static else "cooperative-sticky"
+                ),
                 "session.timeout.ms": settings.scheduler_session_timeout_ms,
                 "heartbeat.interval.ms": settings.scheduler_heartbeat_interval_ms,
             }
@@ -187,7 +195,7 @@ class InputConsumer(_TopicReader):
                 "isolation.level": "read_committed",
             },
         )
-        if settings.scheduler_static_membership and protocol == "classic":
+        if static:
             config["group.instance.id"] = client_id
         self._consumer = _client(Consumer, config, "scheduler consumer")
 
@@ -200,7 +208,10 @@ class InputConsumer(_TopicReader):
         """Join the group. Assigned partitions start paused (see the module doc)."""
 
         def assigned(consumer: Any, tps: list[TopicPartition]) -> None:
-            consumer.incremental_assign(tps)
+            if self._eager:
+                consumer.assign(tps)  # the whole assignment, after the whole was revoked
+            else:
+                consumer.incremental_assign(tps)
             if tps:
                 consumer.pause(tps)
             on_assign([tp.partition for tp in tps])

@@ -111,16 +111,17 @@ def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     pass-through; the session timeout is only a default (10 s instead of librdkafka's 45 s, so
     the partitions of a crashed sink move to a live one quickly; heartbeats come from
     librdkafka's own thread, so a slow insert does not expire the session), and so is the
-    fetch queue's size, a share of ``JOBWHEEL_STATUS_MEMORY_MIB`` (see memory.py).
+    fetch queue's size, a share of ``JOBWHEEL_STATUS_MEMORY_MIB`` (see memory.py), and the
+    cooperative assignor (a static member assigns eagerly instead: with_static_assignor).
     """
     defaults = {
         "session.timeout.ms": 10_000,
         "heartbeat.interval.ms": 2_000,
         "queued.max.messages.kbytes": StatusMemory.from_settings(settings).fetch_queue_kib,
+        "partition.assignment.strategy": "cooperative-sticky",
     }
     forced = {
         "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
         "enable.partition.eof": False,
     }
     return committing_consumer_config(

@@ -98,7 +98,62 @@ def committing_consumer_config(
         "enable.auto.offset.store": False,
         "isolation.level": "read_committed",
     }
-    return {**defaults, **settings.librdkafka("consumer", service, **required, **overrides)}
+    passed = settings.librdkafka("consumer", service)
+    config = {**defaults, **settings.librdkafka("consumer", service, **required, **overrides)}
+    if str(config.get("group.protocol", "classic")) == "consumer":
+        # KIP-848: the broker owns assignment and session timing; librdkafka refuses a
+        # consumer given these keys, so the classic defaults go (an operator's stay, and
+        # librdkafka's refusal names them).
+        for key in CLASSIC_ONLY_KEYS - passed.keys():
+            config.pop(key, None)
+    chosen = "partition.assignment.strategy" in passed
+    return with_static_assignor(config, chosen=chosen)
+
+
+#: Consumer keys of the classic group protocol that librdkafka refuses with ``consumer``.
+CLASSIC_ONLY_KEYS = frozenset(
+    {"partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms"}
+)
+
+
+#: The assignor of a static member (``group.instance.id``) of a classic group.
+STATIC_ASSIGNOR = "range"
+
+
+def with_static_assignor(config: dict[str, Any], *, chosen: bool) -> dict[str, Any]:
+    """A static member of a classic group assigns eagerly (``range``), not cooperatively.
+
+    Why: under cooperative-sticky a partition that moves is first revoked by its owner and only
+    handed on in a second rebalance, which that owner starts once it has revoked it. A static
+    member killed while revoking (our worker waits for its runs to finish there) comes back
+    under the same ``group.instance.id`` and the coordinator hands the new process the dead
+    one's stored assignment without a rebalance: the partitions being moved belong to no one,
+    and stay so while the group is stable (seen: a restarted worker got partitions 2 and 3,
+    0 and 1 had no owner for minutes, their runs never ran). An eager assignment covers every
+    partition in each generation, so a replaced static member never leaves one out; static
+    members rebalance rarely (a restart is no rebalance), so eager's pause is rare too.
+    ``chosen``: the operator set the strategy in a pass-through config; then it stands, with a
+    warning if it is the cooperative one."""
+    static = bool(config.get("group.instance.id"))
+    classic = str(config.get("group.protocol", "classic")) == "classic"
+    if not (static and classic):
+        return config
+    strategy = str(config.get("partition.assignment.strategy", ""))
+    if not chosen:
+        return {**config, "partition.assignment.strategy": STATIC_ASSIGNOR}
+    if "cooperative" in strategy:
+        log.warning(
+            "static membership with a cooperative assignor can leave partitions unowned",
+            extra={
+                "group_instance_id": config["group.instance.id"],
+                "partition.assignment.strategy": strategy,
+                "why": "a static member killed while revoking comes back with its old "
+                "assignment and no rebalance hands on what it was revoking",
+                "fix": f"drop partition.assignment.strategy from the Kafka consumer config "
+                f"(static members then use {STATIC_ASSIGNOR}), or drop group.instance.id",
+            },
+        )
+    return config
 
 
 Pairs = list[tuple[str, int]]

@@ -158,8 +158,9 @@ def owned(log_path: Path) -> set[int]:
         ("consumer", True, signal.SIGTERM),
         ("consumer", False, signal.SIGTERM),
         ("classic", True, signal.SIGKILL),
+        ("classic-static", True, signal.SIGKILL),
     ],
-    ids=["standby", "no-standby", "classic-sigkill"],
+    ids=["standby", "no-standby", "classic-sigkill", "classic-static-sigkill"],
 )
 def test_a_takeover_restores_only_the_tail_from_a_standby_copy(
     settings, jobwheel_env, procs, tmp_path, tail, protocol, standby, sig
@@ -176,12 +177,17 @@ def test_a_takeover_restores_only_the_tail_from_a_standby_copy(
 
     The classic group protocol (JOBWHEEL_SCHEDULER_GROUP_PROTOCOL=classic, cooperative-sticky)
     is run here once, with a SIGKILL: the takeover after a session timeout, on the standby
-    copies, each job once. It is the one failover test on classic: the crash-loop (40 s) and
+    copies, each job once; and once more with static members, which assign eagerly
+    (``range``: every partition revoked and assigned again in each rebalance). The only
+    failover tests on classic: the crash-loop (40 s) and
     the SIGSTOPped-owner (60 s) tests twice over would add about 100 s to a suite held to
     30 minutes and at 25.5; this one adds about 20."""
+    static = protocol == "classic-static"
+    protocol = "classic" if static else protocol
     extra = {
         "JOBWHEEL_SCHEDULER_STANDBY": "true" if standby else "false",
         "JOBWHEEL_SCHEDULER_GROUP_PROTOCOL": protocol,
+        "JOBWHEEL_SCHEDULER_STATIC_MEMBERSHIP": "true" if static else "false",
     }
     # Started side by side (each start costs seconds of imports); both own partitions once
     # the group has settled with the two of them.
@@ -200,7 +206,8 @@ def test_a_takeover_restores_only_the_tail_from_a_standby_copy(
     )
     # After the handover (a SIGKILL's waits out the session timeout), on the time scale.
     due = now_ms() + int(scaled(5_000 if sig == signal.SIGTERM else 12_000))
-    assert [e["protocol"] for e in log_events(b.log_path, "scheduler started")] == [protocol]
+    started = log_events(b.log_path, "scheduler started")
+    assert [(e["protocol"], e["static_member"]) for e in started] == [(protocol, static)]
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("standby", due, 40, 1000))
     tail.wait(

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.models import Run, State
-from jobwheel.schemas.partitioning import key_for
+from jobwheel.schemas.partitioning import key_for, partition_for
 from tests.integration.scheduler_support import (
     CODEC,
     StatusTail,
@@ -33,7 +33,7 @@ from tests.integration.scheduler_support import (
     status_tail,
 )
 from tests.integration.test_worker import start_worker
-from tests.support import file_lines, log_tail, scaled, stop, wait_until
+from tests.support import file_lines, log_tail, scaled, stop, wait_for_log, wait_until
 
 tail = status_tail  # the fixture these tests ask for: the acks topic
 
@@ -198,3 +198,57 @@ def test_a_run_repeated_after_a_crash_says_so_in_its_started_event(
     # A run the dead worker never started is not called a repeat.
     assert all(e.reason is None for e in tail.of(fresh.run_id, State.STARTED))
     assert file_lines(started) == [f"{run.run_id}:1", f"{run.run_id}:1"]
+
+
+def _one_per_partition(settings: Any, prefix: str, task: str, args: Any) -> list[Run]:
+    """A run of ``task`` on each partition of the runs topic (job ids picked to land there)."""
+    runs = []
+    for p in range(settings.partitions):
+        job_id = next(
+            j
+            for j in (f"{prefix}-{p}-{i}" for i in range(10_000))
+            if partition_for(j, settings.partitions) == p
+        )
+        runs.append(make_run(settings, task, args, job_id=job_id))
+    return runs
+
+
+@pytest.mark.timeout(300)
+def test_a_static_worker_killed_while_handing_partitions_over_leaves_none_unowned(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+) -> None:
+    """Static members (``group.instance.id``, the deployment tip): the first worker owns every
+    partition, a second joins, and the first is SIGKILLed while it waits for its runs on the
+    partitions it is handing over; it comes back under the same instance id. Every partition
+    must have an owner again: a run on each of them, old and new, succeeds.
+
+    On cooperative-sticky the coordinator gave the returning process the dead one's stored
+    assignment without a rebalance, and the partitions being handed over stayed ownerless for
+    good (the chaos test's "jobs never SUCCEEDED"); static members now assign eagerly."""
+    gate, started = tmp_path / "gate", tmp_path / "started.txt"
+    # A run blocked on its gate on every partition: whichever partitions the group moves, the
+    # first worker is still waiting for one of their runs when it is killed.
+    gated = _one_per_partition(
+        settings, "held", "test.gate", {"gate": str(gate), "started": str(started)}
+    )
+    produce_runs(settings, gated)
+
+    def static(slot: int) -> dict[str, str]:
+        return {
+            **jobwheel_env,
+            "JOBWHEEL_KAFKA_CONFIG": json.dumps({"group.instance.id": f"worker-{slot}"}),
+        }
+
+    first_log = tmp_path / "first.log"
+    first = start_worker(procs, static(0), first_log, "--concurrency", "8")
+    for run in gated:
+        tail.wait_for(run.run_id, State.STARTED, timeout_s=scaled(60))
+    start_worker(procs, static(1), tmp_path / "second.log", "--concurrency", "8")
+    wait_for_log(first_log, "partitions revoked: waiting for their runs to finish", scaled(60))
+    stop(first, signal.SIGKILL)
+    gate.touch()
+    start_worker(procs, static(0), tmp_path / "again.log", "--concurrency", "8")
+    fresh = _one_per_partition(settings, "fresh", "demo.echo", {"n": 1})
+    produce_runs(settings, fresh)
+    for run in fresh + gated:
+        tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=scaled(90))

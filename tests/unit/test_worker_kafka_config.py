@@ -33,3 +33,29 @@ def test_defaults_without_pass_through() -> None:
     config = consumer_config(Settings(_env_file=None, kafka_config={}))  # type: ignore[call-arg]
     assert config["auto.offset.reset"] == "earliest"
     assert config["partition.assignment.strategy"] == "cooperative-sticky"
+
+
+def test_static_members_assign_eagerly_unless_the_operator_chose_an_assignor(caplog) -> None:
+    """A static member on cooperative-sticky, killed while revoking, comes back with its old
+    assignment and the revoked partitions stay ownerless (test_worker_rebalance): static
+    members of a classic group get ``range``; dynamic ones, and the KIP-848 protocol, keep
+    theirs; an operator's explicit choice stands, with a warning if it is cooperative."""
+
+    def built(**config: object) -> dict[str, object]:
+        return consumer_config(Settings(_env_file=None, kafka_config=config))  # type: ignore[call-arg]
+
+    assert built(**{"group.instance.id": "w-0"})["partition.assignment.strategy"] == "range"
+    assert built()["partition.assignment.strategy"] == "cooperative-sticky"
+    # KIP-848: the broker assigns; librdkafka refuses the classic keys, so none is sent.
+    kip848 = built(**{"group.instance.id": "w-0", "group.protocol": "consumer"})
+    assert not {"partition.assignment.strategy", "session.timeout.ms"} & kip848.keys()
+    assert not caplog.records
+    chosen = built(
+        **{"group.instance.id": "w-0", "partition.assignment.strategy": "cooperative-sticky"}
+    )
+    assert chosen["partition.assignment.strategy"] == "cooperative-sticky"
+    assert "can leave partitions unowned" in caplog.text
+    roundrobin = built(
+        **{"group.instance.id": "w-0", "partition.assignment.strategy": "roundrobin"}
+    )
+    assert roundrobin["partition.assignment.strategy"] == "roundrobin"
