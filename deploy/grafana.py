@@ -224,6 +224,45 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         ),
     ),
     (
+        "Pools (queues)",
+        (
+            Panel(
+                "Pool backlog by queue",
+                "Runs each pool has not finished, split into waiting for a slot and "
+                "executing (the status service's reading of the pool's group lag and its "
+                "workers' announcements). Waiting that grows: add workers to that pool.",
+                (
+                    ("max by (queue) (jobwheel_queue_waiting_runs)", "{{queue}} waiting"),
+                    ("max by (queue) (jobwheel_queue_inflight_runs)", "{{queue}} running"),
+                ),
+            ),
+            Panel(
+                "Oldest unfinished run by queue",
+                "How long the oldest run a pool has not finished has waited since dispatch: "
+                "how far behind the pool is, whatever its tasks' length.",
+                (
+                    (
+                        "max by (queue) (jobwheel_queue_oldest_unfinished_age_seconds)",
+                        "{{queue}}",
+                    ),
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Pool throughput and workers",
+                "Runs finished per second and live workers, by pool (from the workers' "
+                "announcements).",
+                (
+                    (
+                        "max by (queue) (jobwheel_queue_finished_runs_per_second)",
+                        "{{queue}} finished/s",
+                    ),
+                    ("max by (queue) (jobwheel_queue_workers)", "{{queue}} workers"),
+                ),
+            ),
+        ),
+    ),
+    (
         "Status sink",
         (
             Panel(

@@ -260,6 +260,8 @@ class StatusEvent:
     #: status_event.v3: on a SCHEDULED event, the job's definition as JSON (the console shows
     #: it and its next fires); see :func:`jobwheel.schemas.models.spec_document`
     spec_json: str | None = None
+    #: status_event.v4: the queue (worker pool) of the job or run (None from older writers)
+    queue: str | None = None
 
 
 def spec_document(spec: ScheduleJob) -> dict[str, object]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,13 @@ class WorkerRecord:
     announced_ms: int
     #: How often the worker announces itself: readers judge its record's age by it.
     interval_ms: int
+    #: Load at ``announced_ms`` (absent from records of older workers: read as 0): runs
+    #: executing, runs that may execute at once, and runs finished per second over the last
+    #: interval. Summed over a pool's live workers they are its scaling signals
+    #: (consumers/status/pools.py), which the group's offsets alone cannot give.
+    inflight: int = 0
+    concurrency: int = 0
+    finished_per_s: float = 0.0
 
     def age_ms(self, now_ms: int) -> int:
         return max(0, now_ms - self.announced_ms)
@@ -61,6 +69,9 @@ class WorkerRecord:
             "started_ms": self.started_ms,
             "announced_ms": self.announced_ms,
             "interval_ms": self.interval_ms,
+            "inflight": self.inflight,
+            "concurrency": self.concurrency,
+            "finished_per_s": self.finished_per_s,
         }
 
 
@@ -82,9 +93,18 @@ def decode(worker_id: str, value: bytes) -> WorkerRecord | None:
             started_ms=int(body["started_ms"]),
             announced_ms=int(body["announced_ms"]),
             interval_ms=max(1, int(body["interval_ms"])),
+            inflight=max(0, int(body.get("inflight", 0))),
+            concurrency=max(0, int(body.get("concurrency", 0))),
+            finished_per_s=_rate(body.get("finished_per_s", 0.0)),
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _rate(value: object) -> float:
+    """A rate as announced; a negative or non-finite one (JSON admits NaN) reads as 0."""
+    rate = float(value)  # type: ignore[arg-type]
+    return rate if math.isfinite(rate) and rate > 0 else 0.0
 
 
 def latest(records: Mapping[bytes, bytes]) -> list[WorkerRecord]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from jobwheel.consumers.status.store import StatusStore
+from jobwheel.consumers.status.store import StatusStore, load_migrations
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for
@@ -54,6 +54,16 @@ def engine_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def store(engine_dsn: str) -> Iterator[StatusStore]:
     yield from fresh_store(engine_dsn)
+
+
+def todays_event_columns(store: StatusStore) -> None:
+    """Give a store migrated to an older version the ``status_events`` columns today's sink
+    writes (each added by a later migration with ``ADD COLUMN IF NOT EXISTS``, so that
+    migration still runs): a test of an old migration inserts events as the sink does now."""
+    for migration in load_migrations():
+        for statement in migration.statements(ttl_days=30):
+            if statement.startswith("ALTER TABLE status_events ADD COLUMN"):
+                store.client.command(statement)
 
 
 def now_ms() -> int:

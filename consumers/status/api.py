@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from jobwheel.consumers.status import console, queries
 from jobwheel.consumers.status.console import session
+from jobwheel.consumers.status.pools import PoolCollector, PoolReader
 from jobwheel.consumers.status.sql import SqlRunner
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import (
@@ -141,7 +142,29 @@ class WorkerView(BaseModel):
     started_ms: int
     announced_ms: int = Field(description="its latest announcement")
     interval_ms: int = Field(description="how often it announces itself")
+    inflight: int = Field(0, description="runs executing at its latest announcement")
+    concurrency: int = Field(0, description="runs it may execute at once")
+    finished_per_s: float = Field(0.0, description="runs finished per second, last interval")
     live: bool = Field(description="announced within its last 3 intervals")
+
+
+class QueueView(BaseModel):
+    queue: str
+    group: str = Field(description="the pool's consumer group")
+    topic: str = Field(description="the pool's runs topic")
+    unfinished: int | None = Field(description="runs past the group's committed offsets")
+    waiting: int | None = Field(description="unfinished runs no worker executes yet")
+    inflight: int = Field(description="runs executing on the live workers")
+    oldest_unfinished_age_s: float | None = Field(description="0 when none is unfinished")
+    finished_per_s: float = Field(description="runs finished per second, last interval")
+    workers: int = Field(description="live workers in the pool")
+    concurrency: int = Field(description="runs the live workers may execute at once")
+    read_at_ms: int
+    error: str | None = Field(None, description="why Kafka's counts are missing")
+
+
+class QueueList(BaseModel):
+    queues: list[QueueView]
 
 
 class WorkerList(BaseModel):
@@ -154,6 +177,7 @@ class WorkerList(BaseModel):
 class JobView(BaseModel):
     job_id: str
     task: str | None
+    queue: str = Field(description="the queue (worker pool) its latest definition names")
     state: str
     state_time_ms: int
     last_run_id: str | None
@@ -170,6 +194,8 @@ class RunView(BaseModel):
     job_id: str
     run_id: str
     task: str | None
+    queue: str | None = Field(description="the queue it was sent to; null: dispatched by an "
+                              "older scheduler, not known")  # fmt: skip
     state: str
     scheduled_time_ms: int | None
     dispatched_ms: int | None
@@ -359,13 +385,16 @@ def create_app(
     clients = _Clients(job_client_factory or default_factory)
     sql_runner = SqlRunner.for_store(settings, store)
     tokens = settings.api_tokens()
+    pools = PoolReader(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         thread = sink.start_thread() if sink is not None else None
+        uninstall = PoolCollector(pools).install()  # the pools' jobwheel_queue_* metrics
         try:
             yield
         finally:
+            uninstall()
             if sink is not None and thread is not None:
                 sink.stop()
                 thread.join(timeout=30)
@@ -388,6 +417,7 @@ def create_app(
         _declare_bearer(app)
     app.state.store = store
     app.state.sink = sink
+    app.state.pools = pools  # the console's cluster page reads the same signals
     app.state.sql_runner = sql_runner
     _install_error_handlers(app)
     if tokens.enabled:
@@ -398,7 +428,7 @@ def create_app(
     app.include_router(runs_router(store))
     app.include_router(dead_letters_router(settings, store, clients))
     app.include_router(sql_router(sql_runner))
-    app.include_router(ops_router(settings, store, sink))
+    app.include_router(ops_router(settings, store, sink, pools))
     return app
 
 
@@ -543,6 +573,7 @@ def _job_lists(router: APIRouter, store: StatusStore) -> None:
             Query(description="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"),
         ] = None,
         task: Annotated[str | None, Query(description="task name")] = None,
+        queue: Annotated[str | None, Query(description="queue (worker pool)")] = None,
         since: Annotated[
             str | None,
             Query(description="updated at or after: epoch ms, ISO 8601, or an age like 1h"),
@@ -556,6 +587,7 @@ def _job_lists(router: APIRouter, store: StatusStore) -> None:
         flt = queries.JobFilter(
             state=queries.parse_state(state) if state else None,
             task=task or None,
+            queue=queue or None,
             since_ms=queries.parse_time(since, "since", now=now) if since else None,
             until_ms=queries.parse_time(until, "until", now=now) if until else None,
             limit=limit,
@@ -668,9 +700,19 @@ def sql_router(sql_runner: SqlRunner) -> APIRouter:
     return router
 
 
-def ops_router(settings: Settings, store: StatusStore, sink: StatusSink | None) -> APIRouter:
-    """Operations: the workers' announcements and the API's health."""
+def ops_router(
+    settings: Settings, store: StatusStore, sink: StatusSink | None, pools: PoolReader
+) -> APIRouter:
+    """Operations: the workers' announcements, the pools' signals and the API's health."""
     router = APIRouter()
+
+    @router.get("/queues", response_model=QueueList, tags=["status"])
+    def list_queues() -> Any:
+        """Each declared queue's worker pool, to scale it on (consumers/status/pools.py):
+        runs not finished (the group's lag), running, waiting for a slot, the oldest one's
+        age, runs finished per second and the live workers. Read from Kafka at most every
+        few seconds; a pool Kafka did not answer for has null counts and an ``error``."""
+        return {"queues": [p.as_dict() for p in pools.pools()]}
 
     @router.get("/workers", response_model=WorkerList, tags=["status"])
     def list_workers() -> Any:

@@ -120,11 +120,12 @@ def _register_jobs(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         c.set_defaults(handler=control, control=name)
         one_line_errors(c, name)
 
-    p = sub.add_parser("list", help="jobs by state, task, last update")
+    p = sub.add_parser("list", help="jobs by state, task, queue, last update")
     p.add_argument(
         "--state", help="the job's state: SCHEDULED, PAUSED, COMPLETED, DEAD or CANCELLED"
     )
     p.add_argument("--task", help="task name")
+    p.add_argument("--queue", help="queue (worker pool) the job's runs go to")
     p.add_argument("--since", help="updated within this age (1h, 30m) or since a time")
     p.add_argument("--until", help="updated before this time (or age)")
     p.add_argument("--limit", type=int, default=100)
@@ -443,6 +444,7 @@ def job_line(job: dict[str, Any], once: Callable[[str], str] = _plain) -> str:
         f"job {job['job_id']}",
         job["state"].upper(),
         f"task={job.get('task') or '-'}",
+        *([f"queue={job['queue']}"] if job.get("queue") not in (None, "default") else []),
         f"attempts={job.get('attempts', 0)}",
         f"next_fire={_time(job.get('next_fire_ms'))}",
         f"updated={_time(job.get('updated_ms'))}",
@@ -520,6 +522,7 @@ def list_jobs(args: argparse.Namespace) -> int:
         for k, v in {
             "state": args.state,
             "task": args.task,
+            "queue": args.queue,
             "since": args.since,
             "until": args.until,
             "limit": args.limit,
@@ -809,6 +812,7 @@ def health(args: argparse.Namespace) -> int:
         else:
             print(f"FAIL  {'broker':<10}  {detail}")
         return 1
+    pools = functools.cache(lambda: _pool_signals(settings, args.timeout))
     checks: list[tuple[str, Any]] = [
         ("broker", lambda: _check_broker(settings, args.timeout)),
         ("replication", lambda: check_replication(settings, args.timeout)),
@@ -821,9 +825,7 @@ def health(args: argparse.Namespace) -> int:
         *(
             (
                 "workers" if queue == "default" else f"workers:{queue}",
-                functools.partial(
-                    _check_group, settings, settings.worker_group_for(queue), args.timeout
-                ),
+                functools.partial(_check_pool, settings, queue, pools, args.timeout),
             )
             for queue in settings.queue_names
         ),
@@ -920,6 +922,29 @@ def _check_group(settings: Settings, group: str, timeout_s: float) -> tuple[bool
     if not members:
         return False, f"group {group}: no members (state {state}); is it running?"
     return True, f"group {group}: {len(members)} member(s), {state}"
+
+
+def _pool_signals(settings: Settings, timeout_s: float) -> dict[str, Any]:
+    from jobwheel.consumers.status.pools import read_pools
+
+    return {p.queue: p for p in read_pools(settings, timeout_s)}
+
+
+def _check_pool(
+    settings: Settings, queue: str, pools: Callable[[], dict[str, Any]], timeout_s: float
+) -> tuple[bool, str]:
+    """The pool's group has members; and what it has not finished, to scale it on (the
+    same signals as GET /queues; informational: a backlog is no failure)."""
+    ok, detail = _check_group(settings, settings.worker_group_for(queue), timeout_s)
+    found = pools().get(queue)
+    if found is None or found.unfinished is None:
+        why = found.error if found is not None else "not read"
+        return ok, f"{detail}; backlog unknown: {why}"
+    return ok, (
+        f"{detail}; {found.unfinished} unfinished ({found.inflight} running, "
+        f"{found.waiting} waiting), oldest {found.oldest_unfinished_age_s:.0f} s, "
+        f"{found.finished_per_s:g} finished/s"
+    )
 
 
 def _check_scheduler_partitions(settings: Settings, timeout_s: float) -> tuple[bool, str]:

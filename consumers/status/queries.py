@@ -19,7 +19,7 @@ from typing import Any
 from jobwheel.consumers.status.sql import SQL_MAX_ROWS, SqlResult, SqlRunner
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.errors import ValidationError, clip
-from jobwheel.schemas import timetext
+from jobwheel.schemas import timetext, validation
 from jobwheel.schemas.models import State
 
 #: How state ties are broken inside one (seq, source): the order a run or job goes through.
@@ -46,6 +46,7 @@ STATE_ORDER: tuple[State, ...] = (
 JOB_COLUMNS = (
     "job_id",
     "task",
+    "queue",
     "state",
     "state_time_ms",
     "last_run_id",
@@ -61,6 +62,7 @@ RUN_COLUMNS = (
     "job_id",
     "run_id",
     "task",
+    "queue",
     "state",
     "scheduled_time_ms",
     "dispatched_ms",
@@ -380,12 +382,16 @@ class JobFilter:
 
     state: State | None = None
     task: str | None = None
+    #: The job's queue (worker pool), as its latest definition names it.
+    queue: str | None = None
     since_ms: int | None = None
     until_ms: int | None = None
     limit: int = 100
     offset: int = 0
 
     def __post_init__(self) -> None:
+        if self.queue is not None:
+            validation.queue(self.queue)  # the one rule: a name no job can have is an error
         if not 1 <= self.limit <= MAX_LIST_LIMIT:
             raise ValidationError("limit", f"must be between 1 and {MAX_LIST_LIMIT}")
         if not 0 <= self.offset <= MAX_LIST_OFFSET:
@@ -416,6 +422,9 @@ def list_jobs(store: StatusStore, flt: JobFilter) -> JobPage:
     if flt.task is not None:
         where.append("task = {task:String}")
         params["task"] = flt.task
+    if flt.queue is not None:
+        where.append("queue = {queue:String}")
+        params["queue"] = flt.queue
     if flt.since_ms is not None:
         where.append("updated_ms >= {since:Int64}")
         params["since"] = flt.since_ms
@@ -569,6 +578,23 @@ ORDER BY next_fire_ms
 LIMIT 100""",
     ),
     Panel(
+        "runs_by_queue",
+        "Runs finished per minute by queue",
+        "timeseries",
+        "Verdicts (SUCCEEDED, FAILED) the workers of each pool sent, per minute: each pool's "
+        "throughput. Runs finished by workers older than status_event.v4 name no queue.",
+        """SELECT
+    toStartOfMinute(event_time) AS time,
+    ifNull(queue, '(not named)') AS pool,
+    count() AS runs
+FROM status_events FINAL
+WHERE $__timeFilter_ms(event_time)
+  AND source = 'worker'
+  AND state IN ('SUCCEEDED', 'FAILED')
+GROUP BY time, pool
+ORDER BY time, pool""",
+    ),
+    Panel(
         "jobs_by_state",
         "Jobs by current state",
         "piechart",
@@ -616,6 +642,7 @@ _GRID = {
     "jobs_by_state": (16, 9, 8, 8),
     "stuck_runs": (0, 17, 24, 8),
     "upcoming_fires": (0, 25, 24, 8),
+    "runs_by_queue": (0, 33, 24, 8),
 }
 
 

@@ -153,6 +153,7 @@ _SOURCE = EVENT_COLUMNS.index("source")
 _STATE = EVENT_COLUMNS.index("state")
 _SEQ = EVENT_COLUMNS.index("seq")
 _JOB_ID = EVENT_COLUMNS.index("job_id")
+_QUEUE = EVENT_COLUMNS.index("queue")
 _VERDICTS = frozenset({State.SUCCEEDED.value, State.FAILED.value})
 
 
@@ -272,6 +273,7 @@ def _started_row(verdict: list[Any], started_ms: int) -> list[Any]:
         None,
         None,
         None,
+        verdict[_QUEUE],
         verdict[-2],
         verdict[-1],
     ]

@@ -63,6 +63,7 @@ EVENT_COLUMNS: tuple[str, ...] = (
     "deadline_ms",
     "retry_delay_ms",
     "spec_json",
+    "queue",
     "kafka_partition",
     "kafka_offset",
 )
@@ -134,7 +135,16 @@ _COLUMN_RULES: dict[str, tuple[bool, type, int, int]] = {
     **{c: (False, str, 0, 0) for c in ("event_id", "job_id", "state", "source")},
     **{
         c: (True, str, 0, 0)
-        for c in ("run_id", "task", "worker", "error", "reason", "result_json", "spec_json")
+        for c in (
+            "run_id",
+            "task",
+            "worker",
+            "error",
+            "reason",
+            "result_json",
+            "spec_json",
+            "queue",
+        )
     },
     **{c: (False, int, -(2**31), 2**31 - 1) for c in ("attempt", "kafka_partition")},
     **{c: (False, int, -(2**63), 2**63 - 1) for c in ("seq", "event_time_ms", "kafka_offset")},
@@ -195,6 +205,7 @@ def event_row(
         event.deadline_ms,
         event.retry_delay_ms,
         event.spec_json,
+        event.queue,
         partition,
         offset,
     ]

@@ -56,6 +56,7 @@ PREFIX = "jobwheel_worker_"
 #: Run durations in milliseconds (exposed in seconds): from quick tasks to long batch jobs.
 DURATION_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000)
 MS = 0.001
+FINISHED = frozenset({"SUCCEEDED", "FAILED"})
 
 
 @dataclass
@@ -70,8 +71,12 @@ class WorkerMeters:
     #: Runs records that did not decode (dead-lettered).
     undecodable: int = 0
     tasks: LabelLimiter = field(default_factory=LabelLimiter)
+    #: Runs executed to a verdict (SUCCEEDED or FAILED): the announced finishing rate.
+    finished: int = 0
 
     def verdict(self, task: str, state: str, duration_ms: int | None = None) -> None:
+        if state in FINISHED:
+            self.finished += 1
         name = self.tasks(task)
         key = (name, state)
         self.runs[key] = self.runs.get(key, 0) + 1

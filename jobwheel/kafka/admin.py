@@ -357,36 +357,12 @@ def scheduler_progress(
     librdkafka's coordinator-request path, which has aborted processes polling it through
     broker restarts (librdkafka issues 3663 and 4605), and their handle was destroyed with a
     request still pending whenever an answer timed out. Raises :class:`BrokerError`."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-    from jobwheel.kafka.errors import with_client_logging
+    from confluent_kafka import KafkaException, TopicPartition
 
     t = settings.topics
     topics = (t.requests, t.acks)
-    deadline = time.monotonic() + timeout_s
-
-    def left() -> float:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise BrokerConnectionError(
-                f"reading the scheduler group's offsets took over {timeout_s:g}s",
-                code="_TIMED_OUT",
-            )
-        return remaining
-
-    config = settings.librdkafka(
-        "consumer",
-        **{
-            "group.id": settings.scheduler_app_id,  # whose committed offsets; never joins
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-        },
-    )
-    config.pop("group.instance.id", None)  # never a member, so never a static one
-    consumer = Consumer(with_client_logging(config, package))
+    left = _time_left(timeout_s, "reading the scheduler group's offsets")
+    consumer = _offsets_reader(settings, settings.scheduler_app_id, package)
     try:
         tps = [TopicPartition(topic, p) for topic in topics for p in range(t.partitions)]
         committed = {(tp.topic, tp.partition): tp for tp in consumer.committed(tps, left())}
@@ -403,6 +379,121 @@ def scheduler_progress(
         since = ts if found.waiting_since_ms is None else min(ts, found.waiting_since_ms)
         out[p] = InputProgress(found.note, found.unread, since)
     return out
+
+
+def _time_left(timeout_s: float, what: str) -> Any:
+    """A callable giving the seconds left of ``timeout_s`` from now; raises
+    :class:`BrokerConnectionError` naming ``what`` once none are."""
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BrokerConnectionError(f"{what} took over {timeout_s:g}s", code="_TIMED_OUT")
+        return remaining
+
+    return left
+
+
+def _offsets_reader(settings: Settings, group: str, package: str, *, eof: bool = False) -> Any:
+    """A consumer that reads ``group``'s committed offsets and never joins it (so it never
+    takes a partition from a member); ``eof``: it says when a partition has no more records."""
+    from confluent_kafka import Consumer
+
+    from jobwheel.kafka.errors import with_client_logging
+
+    config = settings.librdkafka(
+        "consumer",
+        **{
+            "group.id": group,  # whose committed offsets; never joins
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": eof,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        },
+    )
+    config.pop("group.instance.id", None)  # never a member, so never a static one
+    return Consumer(with_client_logging(config, package))
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """One partition of a worker pool's runs topic as its group's committed offsets tell it:
+    the runs past the committed offset (waiting, or running: a worker commits a partition up
+    to its oldest unfinished run) and the broker timestamp of the first of them (None when
+    none is past it, or it was not read in time)."""
+
+    unfinished: int
+    oldest_ms: int | None = None
+
+
+def group_backlog(
+    settings: Settings, group: str, topic: str, timeout_s: float, package: str = "jobwheel.kafka"
+) -> dict[int, Backlog]:
+    """Per partition of ``topic``: what ``group`` has not committed past (a partition it never
+    committed counts whole, as its members start from the earliest offset) and when the oldest
+    of it was written. Read like :func:`scheduler_progress`, by a consumer that never joins.
+
+    Offsets count transaction markers too (the scheduler writes runs in transactions, and a
+    worker commits past the last run it fetched, not past the marker after it): a partition
+    whose offsets past the commit hold no record is read to its end and counts 0; elsewhere
+    the count is an upper bound by the markers in between (one per scheduler transaction that
+    wrote to the partition). Raises :class:`BrokerError`."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    left = _time_left(timeout_s, f"reading the offsets of the group {group}")
+    consumer = _offsets_reader(settings, group, package, eof=True)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, left())}
+        starts: dict[tuple[str, int], int] = {}
+        unfinished: dict[int, int] = {}
+        for tp in tps:
+            low, end = consumer.get_watermark_offsets(tp, left())
+            start = committed.get(tp.partition, -1)
+            start = start if start >= 0 else low
+            unfinished[tp.partition] = max(0, end - start)
+            if end > start:
+                starts[(topic, tp.partition)] = start
+        oldest, empty = _first_records(consumer, starts, left)
+    except KafkaException as exc:
+        raise broker_error(exc, f"reading the offsets of the group {group}") from exc
+    finally:
+        consumer.close()
+    return {
+        p: Backlog(0 if (topic, p) in empty else n, oldest.get((topic, p)))
+        for p, n in unfinished.items()
+    }
+
+
+def _first_records(  # type: ignore[no-untyped-def]
+    consumer, starts: dict[tuple[str, int], int], left
+) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:
+    """From each start offset: the timestamp of the first record, or the partition's end
+    reached with none (only transaction markers); as many as arrive before the deadline.
+    ``consumer`` has ``enable.partition.eof`` on."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if not starts:
+        return {}, set()
+    consumer.assign([TopicPartition(t, p, o) for (t, p), o in starts.items()])
+    found: dict[tuple[str, int], int] = {}
+    empty: set[tuple[str, int]] = set()
+    try:
+        while len(found) + len(empty) < len(starts):
+            for msg in consumer.consume(len(starts), min(0.5, left())):
+                key = (msg.topic(), msg.partition())
+                if key not in starts or key in found or key in empty:
+                    continue
+                error = msg.error()
+                if error is None:
+                    found[key] = msg.timestamp()[1]
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    empty.add(key)
+    except BrokerConnectionError:
+        pass  # out of time: what was not read stays unknown
+    return found, empty
 
 
 def _partition_progress(

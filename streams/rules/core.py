@@ -190,6 +190,7 @@ class ProcessorCore:
             source=SOURCE,
             seq=seq,
             task=job.spec.task if job else None,
+            queue=job.spec.queue if job else None,
             # a paused or finished job has no next fire, whatever its record keeps for resume
             next_fire_ms=job.next_fire_ms if job and job.status is JobStatus.ACTIVE else None,
             **values,  # type: ignore[arg-type]

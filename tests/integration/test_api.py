@@ -98,7 +98,15 @@ def test_status_events_flow_through_the_in_process_sink(
     produce(
         settings,
         [
-            event("flow", State.SCHEDULED, seq=1, t=t0, task="demo.echo", next_fire_ms=t0),
+            event(
+                "flow",
+                State.SCHEDULED,
+                seq=1,
+                t=t0,
+                task="demo.echo",
+                next_fire_ms=t0,
+                queue="reports",
+            ),  # fmt: skip
             event(
                 "flow",
                 State.DISPATCHED,
@@ -108,8 +116,19 @@ def test_status_events_flow_through_the_in_process_sink(
                 attempt=1,
                 scheduled_time_ms=t0,
                 task="demo.echo",
+                queue="reports",
             ),
-            event("flow", State.STARTED, seq=2, t=t0 + 4, run_id=run, attempt=1, worker="w"),
+            event(
+                "flow",
+                State.STARTED,
+                seq=2,
+                t=t0 + 4,
+                run_id=run,
+                attempt=1,
+                worker="w",
+                queue="reports",
+            ),  # fmt: skip
+            event("other", State.SCHEDULED, seq=1, t=t0, task="demo.echo", queue="default"),
         ],
     )
     body = wait_until(
@@ -123,8 +142,18 @@ def test_status_events_flow_through_the_in_process_sink(
     )
     assert body["job"]["state"] == "SCHEDULED"  # the job's own state; STARTED is its run's
     assert body["runs"][0]["lateness_ms"] == 3
+    # by queue (status_event.v4): the job and its run name their pool, and the list filters
+    assert (body["job"]["queue"], body["runs"][0]["queue"]) == ("reports", "reports")
+    listed = api.get("/jobs", params={"queue": "reports"}).json()
+    assert [j["job_id"] for j in listed["jobs"]] == ["flow"] and listed["total"] == 1
+    wait_until(
+        lambda: [j["job_id"] for j in api.get("/jobs?queue=default").json()["jobs"]] == ["other"],
+        30,
+        message="the job on the default queue was never listed under it",
+    )
+    assert api.get("/jobs?queue=bad%20name").status_code == 422
     health = wait_until(
-        lambda: (h := api.get("/health").json())["sink"]["inserted"] == 3 and h,
+        lambda: (h := api.get("/health").json())["sink"]["inserted"] == 4 and h,
         10,
         message="the sink's counters never showed the insert",
     )

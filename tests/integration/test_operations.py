@@ -230,6 +230,19 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     assert value(a, "jobwheel_sink_undecodable_total") == 0
     assert value(a, "jobwheel_sink_partitions") == 8  # status and acks, 4 each
 
+    # The pool's signals (status service): the worker has committed past every run, and the
+    # transaction markers behind the last ones are no backlog; its announcement is counted.
+    def pool_idle() -> Samples | None:
+        p = scrape(api)
+        idle = polled(p, "jobwheel_queue_unfinished_runs", queue="default") == 0
+        return p if idle and polled(p, "jobwheel_queue_workers", queue="default") == 1 else None
+
+    p = wait_until(pool_idle, 30, 0.5, "the default pool never read idle with its one worker")
+    assert value(p, "jobwheel_queue_waiting_runs", queue="default") == 0
+    assert value(p, "jobwheel_queue_inflight_runs", queue="default") == 0
+    assert value(p, "jobwheel_queue_oldest_unfinished_age_seconds", queue="default") == 0
+    assert value(p, "jobwheel_queue_concurrency", queue="default") == settings.worker_concurrency
+
     for base in (scheduler, worker, api):
         code, report = health(base)
         assert code == 200 and report["ok"], report

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from jobwheel.consumers.status.pools import read_pools
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
@@ -123,6 +124,11 @@ def test_two_pools_run_each_job_once_on_a_worker_of_its_queue(
     assert tail.runs_on[topics.runs] == []
     assert {r.queue for r in tail.runs_on[topics.runs_for("beta")]} == {"beta"}
     assert tail.events(state=State.FAILED) == []  # no unknown-task failure, none at all
+    # Every status event names its pool (status_event.v4), the scheduler's and the workers':
+    # the status store lists jobs and runs by queue from them.
+    named = Counter((e.job_id[:2], e.source, e.queue) for e in tail.events() if e.job_id[1] == "-")
+    assert set(named) == {("a-", "scheduler", "alpha"), ("a-", "worker", "alpha"),
+                          ("b-", "scheduler", "beta"), ("b-", "worker", "beta")}, named  # fmt: skip
     # The unknown queue: REJECTED, naming it and how to declare it; nothing dispatched.
     [rejected] = tail.events(stray, State.REJECTED)
     assert "unknown queue 'gamma'" in (rejected.reason or "")
@@ -189,6 +195,17 @@ def test_a_pool_without_workers_gets_no_copies_from_the_other_pools_acks(
     tail.wait(acked_past, scaled(90), f"pool A did not ack on every partition:\n"
               f"{log_tail(worker_a.log_path)}")  # fmt: skip
     assert file_lines(log_b) == []  # nobody served B meanwhile
+    # The signals to scale on (GET /queues, jobwheel_queue_*): B's backlog is every one of its
+    # runs, all waiting, as old as its dispatches; A has its worker, finishing runs.
+    down = {p.queue: p for p in read_pools(pools)}
+    beta, alpha = down["beta"], down["alpha"]
+    waited_s = (time.time_ns() // 1_000_000 - last_dispatch) / 1000
+    assert beta.error is None and beta.unfinished is not None and beta.unfinished >= m, beta
+    assert (beta.waiting, beta.inflight, beta.workers) == (beta.unfinished, 0, 0), beta
+    assert beta.oldest_unfinished_age_s is not None
+    assert beta.oldest_unfinished_age_s >= waited_s - 1, (beta, waited_s)
+    assert (alpha.workers, alpha.concurrency) == (1, pools.worker_concurrency), alpha
+    assert alpha.finished_per_s > 0, alpha
     b_started_ms = time.time_ns() // 1_000_000
     worker_b = start_pool_worker(procs, env, tmp_path, "tests.pool_tasks_b")
     wait_until(
@@ -208,6 +225,21 @@ def test_a_pool_without_workers_gets_no_copies_from_the_other_pools_acks(
         }
 
     tail.settled(lambda: len(b_finished()) >= m or None, "every B job finished", timeout_s=60)
+
+    # ... and B's backlog falls to nothing once its worker has committed past its runs.
+    def beta_now() -> Any:
+        return next(p for p in read_pools(pools) if p.queue == "beta")
+
+    after = wait_until(
+        lambda: (b := beta_now()).unfinished == 0 and b.workers == 1 and b,
+        scaled(30),
+        0.5,
+        "B's backlog never fell to 0",
+    )
+    figure(
+        f"pools: B's signals with no worker: {beta.unfinished} unfinished, oldest "
+        f"{beta.oldest_unfinished_age_s:.1f} s; after its worker: {after.unfinished}"
+    )
     attempts = Counter((r.job_id, r.attempt) for r in tail.runs_on[beta_topic])
     copies = sum(n for (_, attempt), n in attempts.items() if attempt > 1)
     down_s = (b_started_ms - last_dispatch) / 1000

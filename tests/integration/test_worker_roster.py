@@ -145,9 +145,22 @@ def test_get_workers_lists_live_workers_and_drops_one_that_exited(
     )
     assert both[stays.pid]["live"] and "demo.echo" in both[stays.pid]["tasks"]
     assert both[leaves.pid]["live"] and "test.gate" in both[leaves.pid]["tasks"]
-    # The console's Workers page lists each worker with the tasks it serves.
+
+    # The pool's signals count both announcements; nothing was dispatched, so no backlog.
+    def pool() -> dict[str, Any]:
+        with urllib.request.urlopen(f"{url}/queues", timeout=scaled(30)) as resp:
+            return next(q for q in json.loads(resp.read())["queues"] if q["queue"] == "default")
+
+    default = wait_until(
+        lambda: (q := pool())["workers"] == 2 and q, scaled(30), 0.5, "GET /queues missed a worker"
+    )
+    assert (default["error"], default["unfinished"], default["waiting"]) == (None, 0, 0), default
+    assert default["group"] == settings.worker_group and default["concurrency"] >= 2, default
+    # The console's Workers page lists each worker with the tasks it serves, and the pools.
     with urllib.request.urlopen(f"{url}/console/cluster", timeout=scaled(30)) as resp:
         page = resp.read().decode()
+    pool_row = next((r for r in page.split("<tr") if "<code>default</code>" in r), "")
+    assert f"<code>{settings.worker_group}</code>" in pool_row and "2 (" in pool_row, page
     for pid, task in ((stays.pid, "demo.echo"), (leaves.pid, "test.gate")):
         row = next((r for r in page.split("<tr") if f":{pid}</code>" in r), "")
         assert f"<code>{task}</code>" in row, page

@@ -10,6 +10,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from jobwheel.consumers.status.metrics import SinkCollector
+from jobwheel.consumers.status.pools import PoolCollector, signals
 from jobwheel.consumers.status.sink import StatusSink
 from jobwheel.consumers.worker.metrics import WorkerCollector
 from jobwheel.consumers.worker.pool import WorkerPool
@@ -25,6 +26,13 @@ RUNBOOK = REPO / "docs" / "operations.md"
 BUILTIN = {"up", "process_cpu_seconds_total", "process_resident_memory_bytes"}
 
 
+class _OnePool:
+    """A reader of one idle pool: the gauges' names without a broker."""
+
+    def pools(self) -> list:
+        return [signals("default", "g", "t", {}, [], 0)]
+
+
 def exported(tmp_path: Path) -> set[str]:
     """The families the three components' collectors export (names without _total)."""
     settings = Settings(_env_file=None, topic_prefix="p", data_dir=tmp_path)  # type: ignore[call-arg]
@@ -34,6 +42,7 @@ def exported(tmp_path: Path) -> set[str]:
             SchedulerCollector(SchedulerEngine(settings)),
             WorkerCollector(pool),
             SinkCollector(StatusSink(settings, store=None)),  # type: ignore[arg-type]
+            PoolCollector(_OnePool()),  # type: ignore[arg-type]
         ]
         return {family.name for c in collectors for family in c.collect()}
     finally:
@@ -70,7 +79,8 @@ def test_every_metric_a_panel_queries_is_exported(tmp_path: Path):
                  "jobwheel_scheduler_job_events", "jobwheel_scheduler_transactions",
                  "jobwheel_scheduler_last_commit_timestamp_seconds",
                  "jobwheel_scheduler_partition_phase", "jobwheel_scheduler_restored_records",
-                 "jobwheel_worker_handed_back", "jobwheel_worker_partitions"}  # fmt: skip
+                 "jobwheel_worker_handed_back", "jobwheel_worker_partitions",
+                 "jobwheel_queue_unfinished_runs", "jobwheel_queue_concurrency"}  # fmt: skip
     shown = {re.sub(r"_(total|bucket|count|sum)$", "", n) for n in named}
     assert families - shown == not_shown
 

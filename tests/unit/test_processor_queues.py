@@ -24,12 +24,22 @@ def proc() -> SchedulerProcessor:
     return SchedulerProcessor(0, PartitionState(MemoryBackend()), 1, queues=("default", "b"))
 
 
-def test_runs_carry_the_queue_of_their_job() -> None:
+def test_runs_and_status_events_carry_the_queue_of_their_job() -> None:
     p = proc()
-    p.on_command(cmd("ja", "default"), T0)
-    p.on_command(cmd("jb", "b"), T0)
-    runs = p.punctuate(T0, 100)[0].runs
-    assert sorted((r.job_id, r.queue) for r in runs) == [("ja", "default"), ("jb", "b")]
+    scheduled = (
+        p.on_command(cmd("ja", "default"), T0).status + p.on_command(cmd("jb", "b"), T0).status
+    )
+    out = p.punctuate(T0, 100)[0]
+    assert sorted((r.job_id, r.queue) for r in out.runs) == [("ja", "default"), ("jb", "b")]
+    # the status store shows jobs and runs by queue (status_event.v4): each event names it
+    events = scheduled + out.status
+    assert {e.state for e in events} == {State.SCHEDULED, State.DISPATCHED}
+    assert sorted((e.job_id, e.state.value, e.queue) for e in events) == [
+        ("ja", "DISPATCHED", "default"),
+        ("ja", "SCHEDULED", "default"),
+        ("jb", "DISPATCHED", "b"),
+        ("jb", "SCHEDULED", "b"),
+    ]
 
 
 def test_a_job_naming_an_unknown_queue_is_rejected_naming_it_and_how_to_declare_it() -> None:

@@ -124,6 +124,7 @@ def test_a_valid_event_becomes_its_row_and_a_quick_verdict_its_started_row(
         worker="w:1",
         duration_ms=3,
         started_ms=started,
+        queue="reports",
     )
     sink = new_sink()
     sink.handle(topic, 2, 17, CODEC.encode(event))
@@ -136,6 +137,7 @@ def test_a_valid_event_becomes_its_row_and_a_quick_verdict_its_started_row(
         assert as_dict["event_id"] == f"r@1:{attempt}:STARTED"
         assert (as_dict["state"], as_dict["event_time_ms"]) == ("STARTED", started)
         assert (as_dict["run_id"], as_dict["attempt"], as_dict["worker"]) == ("r@1", attempt, "w:1")
+        assert as_dict["queue"] == "reports"  # the verdict's pool, for the runs by queue
     else:
         assert more == []
 

@@ -128,6 +128,7 @@ def _job_pages(router: APIRouter, store: StatusStore, page_for: PageFor) -> None
         request: Request,
         state: str | None = None,
         task: str | None = None,
+        queue: str | None = None,
         since: str | None = None,
         offset: int = 0,
     ) -> HTMLResponse:
@@ -138,6 +139,7 @@ def _job_pages(router: APIRouter, store: StatusStore, page_for: PageFor) -> None
             flt = queries.JobFilter(
                 state=queries.parse_state(state) if state else None,
                 task=task or None,
+                queue=queue or None,
                 since_ms=queries.parse_time(since, "since", now=page.now_ms) if since else None,
                 limit=limit,
                 offset=max(0, offset),
@@ -154,6 +156,7 @@ def _job_pages(router: APIRouter, store: StatusStore, page_for: PageFor) -> None
                 counts=queries.state_counts(store),
                 state=state.upper() if state else None,
                 task=task,
+                queue=queue,
                 since=since,
                 limit=limit,
                 offset=max(0, offset),
@@ -223,8 +226,18 @@ def _cluster_page(
                 activity=queries.worker_activity(store, page.now_ms - 3_600_000),
                 roster=roster,
                 roster_error=roster_error,
+                pools=_pools(request, settings),
             )
         )
+
+
+def _pools(request: Request, settings: Settings) -> list[Any]:
+    """The pools' signals: the app's reader (shared with GET /queues and the metrics), or a
+    read of its own where the console runs in an app without one."""
+    from jobwheel.consumers.status.pools import read_pools
+
+    reader = getattr(request.app.state, "pools", None)
+    return reader.pools() if reader is not None else read_pools(settings, 5.0)
 
 
 def _dead_letters_page(router: APIRouter, settings: Settings, page_for: PageFor) -> None:

@@ -270,23 +270,25 @@ def jobs(
     task: str | None,
     since: str | None,
     limit: int,
+    queue: str | None = None,
     offset: int,
     error: str | None = None,
 ) -> str:
     tabs = [
-        f'<a href="{escape(page.url("/console/jobs", task=task, since=since))}"'
+        f'<a href="{escape(page.url("/console/jobs", task=task, queue=queue, since=since))}"'
         f"{' aria-current=true' if state is None else ''}>all "
         f"<small>{sum(counts.values())}</small></a>"
     ]
     for s in JOB_STATES:
         tabs.append(
-            f'<a href="{escape(page.url("/console/jobs", state=s, task=task, since=since))}" '
+            f'<a href="{escape(page.url("/console/jobs", state=s, task=task, queue=queue, since=since))}" '
             f'id="tab-{s.lower()}"{" aria-current=true" if state == s else ""}>{s} '
             f"<small>{counts.get(s, 0)}</small></a>"
         )
     form = f"""<form class="filters" method="get" action="{escape(page.url("/console/jobs"))}">
 <input type="hidden" name="state" value="{escape(state or "")}">
 <label>Task <input name="task" value="{escape(task or "")}" placeholder="demo.echo"></label>
+<label>Queue <input name="queue" value="{escape(queue or "")}" placeholder="default"></label>
 <label>Updated since <input name="since" value="{escape(since or "")}" placeholder="1h, 2026-01-31T12:00Z"></label>
 <button type="submit">Filter</button></form>"""
     rows = [
@@ -294,6 +296,7 @@ def jobs(
             page.job_link(j["job_id"]),
             badge(j["state"]),
             escape(j.get("task") or "-"),
+            escape(j.get("queue") or "-"),
             f'<span title="{escape(when(j.get("next_fire_ms")))}">'
             f"{ago(j.get('next_fire_ms'), page.now_ms)}</span>",
             str(j.get("attempts", 0)),
@@ -303,7 +306,16 @@ def jobs(
         for j in jobs
     ]
     shown = table(
-        ["job", "state", "task", "next fire", "attempts", "updated", "last error / reason"],
+        [
+            "job",
+            "state",
+            "task",
+            "queue",
+            "next fire",
+            "attempts",
+            "updated",
+            "last error / reason",
+        ],  # fmt: skip
         rows,
         empty="no jobs match",
         cls="jobs",
@@ -312,12 +324,12 @@ def jobs(
     if offset > 0:
         back = max(0, offset - limit)
         nav.append(
-            f'<a href="{escape(page.url("/console/jobs", state=state, task=task, since=since, offset=back))}">'
+            f'<a href="{escape(page.url("/console/jobs", state=state, task=task, queue=queue, since=since, offset=back))}">'
             "&larr; newer</a>"
         )
     if offset + len(jobs) < total:
         nav.append(
-            f'<a href="{escape(page.url("/console/jobs", state=state, task=task, since=since, offset=offset + limit))}">'
+            f'<a href="{escape(page.url("/console/jobs", state=state, task=task, queue=queue, since=since, offset=offset + limit))}">'
             "older &rarr;</a>"
         )
     problem = f'<p class="warn">{escape(error)}</p>' if error else ""
@@ -363,6 +375,7 @@ def job(
     facts = [
         ("state", f"{badge(job['state'])} since {escape(when_in(job['state_time_ms'], tz))}"),
         ("task", f"<code>{escape(job.get('task') or '-')}</code>"),
+        ("queue", f"<code>{escape(job.get('queue') or '-')}</code>"),
         ("next fire", escape(when_in(job.get("next_fire_ms"), tz))),
         ("created", escape(when_in(job["created_ms"], tz))),
         ("updated", escape(when_in(job["updated_ms"], tz))),
@@ -449,9 +462,11 @@ def cluster(
     activity: list[dict[str, Any]],
     roster: Any = None,
     roster_error: str | None = None,
+    pools: list[Any] | None = None,
 ) -> str:
     """``roster``: the workers topic as read (:class:`jobwheel.producers.workers.Roster`), or
-    ``roster_error`` saying why it could not be."""
+    ``roster_error`` saying why it could not be; ``pools``: each queue's signals
+    (:class:`jobwheel.consumers.status.pools.PoolSignals`)."""
     progress_table = _progress_table(page, progress, progress_error)
     activity_rows = _activity_rows(page, activity)
     tasks_table = _tasks_table(roster, roster_error)
@@ -459,10 +474,40 @@ def cluster(
 <section id="schedulers"><h2>Schedulers</h2>{members(schedulers, "requests")}
 <h3>Partitions (progress notes in the group's committed offsets)</h3>{progress_table}</section>
 <section id="workers"><h2>Workers</h2>{members(workers, "runs")}
+<h3>Pools (queues): what each has not finished</h3>{_pools_table(pools or [])}
 <h3>Tasks they serve (their announcements on the workers topic)</h3>{tasks_table}
 <h3>Activity in the last hour (status events)</h3>
 {table(["worker", "last event", "runs started", "succeeded", "failed", "running"], activity_rows, empty="no worker events in the last hour", cls="activity")}</section>"""
     return page.frame("Workers & schedulers", "cluster", body)
+
+
+def _pools_table(pools: list[Any]) -> str:
+    """Each queue's pool: its workers and the runs it has not finished (to scale it on)."""
+
+    def count(value: int | None) -> str:
+        return "?" if value is None else str(value)
+
+    rows = [
+        [
+            f"<code>{escape(p.queue)}</code>",
+            f"<code>{escape(p.group)}</code>",
+            f"{p.workers} ({p.concurrency} slots)",
+            str(p.inflight),
+            count(p.waiting),
+            count(p.unfinished),
+            "?" if p.oldest_unfinished_age_s is None else f"{p.oldest_unfinished_age_s:.0f} s",
+            f"{p.finished_per_s:g}",
+            f'<span class="warn">{escape(p.error)}</span>' if p.error else "ok",
+        ]
+        for p in pools
+    ]
+    return table(
+        ["queue", "group", "live workers", "running", "waiting", "unfinished", "oldest",
+         "finished/s", "read"],
+        rows,
+        empty="no queues declared",
+        cls="pools",
+    )  # fmt: skip
 
 
 def members(group: Any, what: str) -> str:

@@ -185,6 +185,8 @@ class PoolCore:
         self._announcer: asyncio.Task[None] | None = None
         self._announce_failing = False  # said once until a record gets through again
         self.started_ms = 0
+        #: (monotonic s, runs finished) at the last announcement: the announced rate's start.
+        self._rate_mark: tuple[float, int] | None = None
         #: Task names this worker got runs of and does not serve: each said once.
         self.unknown_tasks_said: set[str] = set()
         self._rng = rng if rng is not None else random.Random()
@@ -508,7 +510,18 @@ class PoolCore:
             started_ms=self.started_ms,
             announced_ms=self._clock.now_ms(),
             interval_ms=int(self._announce_s * 1000),
+            inflight=self.inflight,
+            concurrency=self.concurrency,
+            finished_per_s=self._finished_rate(),
         )
+
+    def _finished_rate(self) -> float:
+        """Runs finished per second since the previous announcement (0 at the first)."""
+        now, finished = time.monotonic(), self.meters.finished
+        mark, self._rate_mark = self._rate_mark, (now, finished)
+        if mark is None or now <= mark[0]:
+            return 0.0
+        return round((finished - mark[1]) / (now - mark[0]), 3)
 
     async def _announce_loop(self) -> None:
         """Announce this worker's tasks now and every interval until the shutdown, so submit,

@@ -136,6 +136,7 @@ class Undecodable(PoolCore):
             task=ref.task,
             scheduled_time_ms=ref.scheduled_time_ms,
             worker=self.worker_id,
+            queue=self.queue,
             error=f"{UNDECODABLE_ERROR}: {reason}"[:_MAX_REASON],
             reason="the run record could not be decoded; dead-lettered, not executed",
             retry_delay_ms=delay,

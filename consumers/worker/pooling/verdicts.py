@@ -140,6 +140,7 @@ class Verdicts(PoolCore):
             task=run.task,
             scheduled_time_ms=run.scheduled_time_ms,
             worker=self.worker_id,
+            queue=self.queue,
             **fields,
         )
 
