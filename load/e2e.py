@@ -4,6 +4,7 @@
     python -m load.e2e --rate 500 --scan                        # double until it breaks
     python -m load.e2e --schedulers 2 --workers 2 --partitions 8
     python -m load.e2e --cluster                                # on a local 3-node cluster
+    python -m load.e2e --queues 2 --workers 2                   # two pools, a worker each
 
 Starts its own Kafka broker on free ports (``--cluster N``: a local KRaft cluster of N nodes,
 whose topics ``topics ensure`` makes with replication factor min(3, N) and min ISR 2 from 3
@@ -21,7 +22,9 @@ start minus the scheduled time); lost jobs (no start at the end: must be 0); dup
 executions (starts beyond the first of a run id); CPU seconds per job of each kind of process
 (scheduler, worker, sink, broker: every node of a cluster summed; from /proc, counted until
 the sink has stored every
-status event, and how long after the last start that was) and peak RSS. It writes
+status event, and how long after the last start that was) and peak RSS. ``--queues N`` spreads
+the jobs over N worker pools (the queues ``default``, ``q2`` .. ``qN``, each its runs topic and
+group; worker ``i`` serves queue ``i mod N``), to measure what pools cost per job. It writes
 ``result.json`` and, with matplotlib installed (``pip install -e '.[bench]'``),
 ``result.png`` (lateness and throughput over time) to ``--out``. ``--scan`` doubles the rate
 until p99 start lateness passes 2 s or a job is lost, and reports the highest passing rate.
@@ -286,6 +289,7 @@ def service_env(
         JOBWHEEL_SCHEDULER_APP_ID=settings.scheduler_app_id,
         JOBWHEEL_WORKER_GROUP=settings.worker_group,
         JOBWHEEL_STATUS_GROUP=settings.status_group,
+        JOBWHEEL_QUEUES=settings.queues,
         JOBWHEEL_DATA_DIR=str(data_dir),
         JOBWHEEL_LOG_LEVEL=log_level,
         JOBWHEEL_LOG_FORMAT="json",
@@ -336,6 +340,8 @@ class Config:
     lead_s: float = 5.0
     schedulers: int = 1
     workers: int = 1
+    #: worker pools: queue ``i mod queues`` gets job ``i`` and worker ``i``
+    queues: int = 1
     partitions: int = DEFAULT_PARTITIONS
     concurrency: int | None = None
     settle_s: float = 2.0
@@ -354,6 +360,14 @@ class Config:
     @property
     def jobs(self) -> int:
         return max(1, round(self.rate * self.window_s))
+
+    @property
+    def queue_names(self) -> list[str]:
+        """The pools' queues: ``default``, then ``q2`` .. ``qN``."""
+        return ["default", *(f"q{i}" for i in range(2, self.queues + 1))]
+
+    def queue_of(self, i: int) -> str:
+        return self.queue_names[i % self.queues]
 
 
 @dataclass
@@ -462,7 +476,8 @@ class RunsReader:
         )
         self._consumer.assign(
             [
-                TopicPartition(settings.topics.runs, p, OFFSET_BEGINNING)
+                TopicPartition(settings.topics.runs_for(queue), p, OFFSET_BEGINNING)
+                for queue in settings.queue_names
                 for p in range(settings.partitions)
             ]
         )
@@ -648,12 +663,15 @@ def wait_for_groups(settings: Settings, config: Config, services: Sequence[Servi
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(settings.librdkafka())
-    wait_for(
-        lambda a=admin: group_members(a, settings.worker_group) >= config.workers,
-        120,
-        "the workers to join their group",
-        services,
-    )
+    for q, queue in enumerate(config.queue_names):
+        pool = len(range(q, config.workers, config.queues))  # the workers serving it
+        group = settings.worker_group_for(queue)
+        wait_for(
+            lambda a=admin, g=group, n=pool: group_members(a, g) >= n,
+            120,
+            f"the workers of the queue {queue} to join their group",
+            services,
+        )
     wait_for(
         lambda a=admin: group_members(a, settings.scheduler_app_id) >= config.schedulers,
         120,
@@ -694,6 +712,7 @@ def start_pipeline(
         scheduler_app_id=f"{prefix}-scheduler",
         worker_group=f"{prefix}-workers",
         status_group=f"{prefix}-status",
+        queues=",".join(config.queue_names[1:]),
     )
     ensure_topics(settings)
     run_dir = out_dir / prefix
@@ -712,7 +731,8 @@ def start_pipeline(
         env = service_env(
             settings, run_dir / f"worker-{i}", config.log_level, config.service_settings
         )
-        services.append(spawn("worker", worker_args, env, run_dir / f"worker-{i}.log"))
+        args = [*worker_args, "--queue", config.queue_of(i)]
+        services.append(spawn("worker", args, env, run_dir / f"worker-{i}.log"))
     env = service_env(settings, run_dir / "sink", config.log_level, config.service_settings)
     services.append(spawn("sink", ["sink"], env, run_dir / "sink.log"))
     services += [Service("broker", pid) for pid in broker_pids]
@@ -731,12 +751,16 @@ def wait_ready(
 
     probe_dir.mkdir(parents=True, exist_ok=True)
     wait_for_groups(settings, config, services)
-    probes = jobs_per_partition(settings, "probe")
+    probes = {
+        job_id: queue
+        for queue in config.queue_names
+        for job_id in jobs_per_partition(settings, f"probe-{queue}")
+    }
     with JobClient(settings) as client:
         client.schedule_many(
             [
-                JobSpec(task="load.noop", job_id=j, args={"out": str(probe_dir)}, now=True)
-                for j in probes
+                JobSpec(task="load.noop", job_id=j, args={"out": str(probe_dir)}, now=True, queue=q)
+                for j, q in probes.items()
             ]
         )
     wait_for(
@@ -803,8 +827,9 @@ def _drive(
             args={"out": str(starts_dir)},
             at=datetime.fromtimestamp(due_ms / 1000, UTC),
             visibility_timeout=timedelta(seconds=30),
+            queue=config.queue_of(i),
         )
-        for job_id, due_ms in to_submit
+        for i, (job_id, due_ms) in enumerate(to_submit)
     ]
     submit_started = time.monotonic()
     with JobClient(settings) as client:
@@ -920,6 +945,7 @@ def warm_up(config: Config, settings: Settings, services: Sequence[Service], out
                 at=datetime.fromtimestamp(
                     (first_due_ms + int(i * 1000 / config.warmup_rate)) / 1000, UTC
                 ),
+                queue=config.queue_of(i),
             )
             for i in range(n)
         ]
@@ -1004,6 +1030,7 @@ def report(result: Result) -> str:
         f"e2e: {c['jobs']:,} jobs at {c['rate']:,.0f}/s over {c['window_s']:.0f}s "
         f"(lead {c['lead_s']:.0f}s), {c['schedulers']} scheduler(s), {c['workers']} worker(s), "
         f"{c['partitions']} partitions"
+        + (f", {c['queues']} queues (pools)" if c.get("queues", 1) > 1 else "")
         + (
             f"; {r['brokers']} broker(s), replication factor {r['replication_factor']}, "
             f"min ISR {r['min_insync_replicas']}, acks=all"
@@ -1138,6 +1165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedulers", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument(
+        "--queues",
+        type=int,
+        default=1,
+        help="worker pools the jobs are spread over (worker i serves queue i mod N; 1)",
+    )
+    parser.add_argument(
         "--partitions", type=int, default=DEFAULT_PARTITIONS, help="(the product's default)"
     )
     parser.add_argument("--concurrency", type=int, default=None, help="per worker (setting)")
@@ -1174,6 +1207,8 @@ def main(argv: list[str] | None = None) -> int:
         "(repeatable)",
     )
     args = parser.parse_args(argv)
+    if not 1 <= args.queues <= args.workers:
+        parser.error("--queues must be between 1 and --workers (each pool needs a worker)")
 
     out = args.out or Path(tempfile.mkdtemp(prefix="jobwheel-e2e-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -1183,6 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
         lead_s=args.lead,
         schedulers=args.schedulers,
         workers=args.workers,
+        queues=args.queues,
         partitions=args.partitions,
         concurrency=args.concurrency,
         timeout_s=args.timeout,

@@ -9,11 +9,13 @@ import pytest
 
 from jobwheel.settings import Settings
 from load.e2e import (
+    Config,
     Fire,
     Start,
     StartsTail,
     _service_settings,
     jit_cpu_s,
+    main,
     parse_starts,
     percentiles,
     read_starts,
@@ -104,3 +106,14 @@ def test_jit_cpu_counts_each_compiler_thread_so_one_that_ended_takes_nothing_bac
     assert jit_cpu_s(before, {}) == 0.0
     assert jit_cpu_s(None, after) is None
     assert jit_cpu_s(before, None) is None
+
+
+def test_pools_share_out_jobs_and_workers_and_every_pool_gets_a_worker() -> None:
+    """``--queues N``: job i and worker i go to queue i mod N (so the jobs split evenly and
+    each pool has a worker), and a pool without a worker is refused before anything starts."""
+    config = Config(queues=2, workers=3)
+    assert config.queue_names == ["default", "q2"]
+    assert [config.queue_of(i) for i in range(4)] == ["default", "q2", "default", "q2"]
+    assert Config().queue_names == ["default"]
+    with pytest.raises(SystemExit):
+        main(["--queues", "3", "--workers", "2"])
