@@ -8,11 +8,12 @@ test module can ask for ``store`` (or ``engine_dsn``) without defining or import
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -64,6 +65,26 @@ def todays_event_columns(store: StatusStore) -> None:
         for statement in migration.statements(ttl_days=30):
             if statement.startswith("ALTER TABLE status_events ADD COLUMN"):
                 store.client.command(statement)
+
+
+@contextlib.contextmanager
+def store_before(
+    engine_dsn: str, version: int
+) -> Iterator[tuple[StatusStore, Callable[[], list[int]]]]:
+    """A store in a database of its own, migrated up to migration ``version`` (not included)
+    and given today's event columns (:func:`todays_event_columns`); yields it and a function
+    that applies ``version`` (returning what it applied). The database is dropped after."""
+    migrations = load_migrations()
+    (index,) = [i for i, m in enumerate(migrations) if m.version == version]
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
+    try:
+        store.migrate(migrations[:index])
+        todays_event_columns(store)
+        yield store, lambda: store.migrate(migrations[: index + 1])
+    finally:
+        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        store.close()
 
 
 def now_ms() -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from jobwheel.consumers.status import queries
 from jobwheel.consumers.status.store import StatusStore
 from jobwheel.schemas.models import State
-from tests.status_support import event, now_ms, todays_event_columns
+from tests.status_support import event, now_ms, store_before
 
 
 def _merged_job(store: StatusStore, job_id: str) -> dict[str, object]:
@@ -64,17 +64,7 @@ def test_a_store_with_events_gets_the_job_notes_of_now_from_migration_0010(
     """Migration 0010 on a store that already holds a job that succeeded after a failure and
     was resumed after a refused pause, merged: both were kept before, cleared after, and
     events after it follow the new rule too."""
-    import uuid
-
-    from jobwheel.consumers.status.store import load_migrations
-
-    migrations = load_migrations()
-    (before,) = [i for i, m in enumerate(migrations) if m.version == 10]
-    database = f"t_{uuid.uuid4().hex[:12]}"
-    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
-    try:
-        store.migrate(migrations[:before])
-        todays_event_columns(store)
+    with store_before(engine_dsn, 10) as (store, migrate):
         t0 = now_ms()
         store.add_events(
             [
@@ -88,13 +78,10 @@ def test_a_store_with_events_gets_the_job_notes_of_now_from_migration_0010(
         )
         job = _merged_job(store, "j")
         assert (job["last_error"], job["last_reason"]) == ("E", "cannot pause")
-        assert store.migrate(migrations[: before + 1]) == [10]
+        assert migrate() == [10]
         job = _merged_job(store, "j")
         assert (job["last_error"], job["last_reason"]) == (None, None)
         store.add_events(
             [event("j", State.FAILED, seq=5, t=t0 + 6, run_id="j@2", attempt=1, error="E2")]
         )
         assert _merged_job(store, "j")["last_error"] == "E2"
-    finally:
-        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        store.close()

@@ -8,18 +8,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import uuid
 
 import pytest
 from fastavro import schemaless_writer
 
 from jobwheel.consumers.status import queries
-from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore, load_migrations
+from jobwheel.consumers.status.store import EVENT_COLUMNS, StatusStore
 from jobwheel.errors import ValidationError
 from jobwheel.schemas.catalogue import SchemaCatalogue
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import State, StatusEvent
-from tests.status_support import event, now_ms, todays_event_columns
+from tests.status_support import event, now_ms, store_before
 
 CATALOGUE = SchemaCatalogue.load()
 
@@ -95,13 +94,7 @@ def test_migration_0011_gives_the_jobs_a_store_holds_their_queues(engine_dsn: st
     """A store at 0010 holding a job scheduled on the queue ``reports`` (its definition says
     so) and a run: after 0011 the job lists under its queue, and events written after it
     (naming their queue) reach jobs and runs through the recreated views."""
-    migrations = load_migrations()
-    (before,) = [i for i, m in enumerate(migrations) if m.version == 11]
-    database = f"t_{uuid.uuid4().hex[:12]}"
-    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
-    try:
-        store.migrate(migrations[:before])
-        todays_event_columns(store)
+    with store_before(engine_dsn, 11) as (store, migrate):
         t0 = now_ms()
         store.add_events(
             [
@@ -109,7 +102,7 @@ def test_migration_0011_gives_the_jobs_a_store_holds_their_queues(engine_dsn: st
                 event("j", State.DISPATCHED, seq=2, t=t0 + 1, run_id="j@1"),
             ]
         )
-        assert store.migrate(migrations[: before + 1]) == [11]
+        assert migrate() == [11]
         _merged(store)
         [job] = queries.list_jobs(store, queries.JobFilter(queue="reports")).jobs
         assert (job["job_id"], job["state"], job["task"]) == ("j", "SCHEDULED", "t")
@@ -120,6 +113,3 @@ def test_migration_0011_gives_the_jobs_a_store_holds_their_queues(engine_dsn: st
         runs = {r["run_id"]: r["queue"] for r in queries.job_runs(store, "j")}
         assert runs == {"j@1": None, "j@2": "reports"}
         assert queries.list_jobs(store, queries.JobFilter(queue="default")).total == 0
-    finally:
-        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        store.close()

@@ -21,7 +21,13 @@ from jobwheel.consumers.status.store import (
 )
 from jobwheel.errors import ConfigError, QueryError, ValidationError
 from jobwheel.schemas.models import State, StatusEvent
-from tests.status_support import event, lifecycle, now_ms, todays_event_columns
+from tests.status_support import (
+    event,
+    lifecycle,
+    now_ms,
+    store_before,
+    todays_event_columns,
+)
 
 # --- migrations -----------------------------------------------------------------------------
 
@@ -896,12 +902,7 @@ def _task(store: StatusStore, view: str) -> str:
 def test_a_store_with_events_gets_each_latest_task_from_migration_0008(engine_dsn: str) -> None:
     """Migration 0008 on a store that already holds a job scheduled again with another task,
     merged: it read the oldest task before, the latest after, and events after it too."""
-    migrations = load_migrations()
-    database = f"t_{uuid.uuid4().hex[:12]}"
-    store = StatusStore.open(engine_dsn, database=database, ttl_days=30, migrate=False)
-    try:
-        store.migrate(migrations[:7])
-        todays_event_columns(store)
+    with store_before(engine_dsn, 8) as (store, migrate):
         t0 = now_ms()
         store.add_events([event("j", State.SCHEDULED, seq=1, t=t0, task="demo.ecko")])
         store.add_events(
@@ -912,15 +913,12 @@ def test_a_store_with_events_gets_each_latest_task_from_migration_0008(engine_ds
         )
         store.client.command("OPTIMIZE TABLE job_state FINAL")
         assert _task(store, "jobs") == "demo.ecko"
-        assert store.migrate(migrations[:8]) == [8]
+        assert migrate() == [8]
         assert _task(store, "jobs") == "demo.echo"
         assert [_task(store, "runs")] == ["demo.echo"]
         store.add_events([event("j", State.SCHEDULED, seq=4, t=t0 + 3, task="demo.sleep")])
         store.client.command("OPTIMIZE TABLE job_state FINAL")
         assert _task(store, "jobs") == "demo.sleep"
-    finally:
-        store.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-        store.close()
 
 
 def test_the_plain_state_tables_answer_as_the_aggregate_states_did(engine_dsn: str) -> None:
