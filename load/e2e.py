@@ -855,7 +855,17 @@ def _drive(
                 raise RuntimeError(f"{s.role} (pid {s.pid}) exited during the run; see {s.log}")
         time.sleep(0.2)
     watch_cpu_s = time.process_time() - watch_cpu_start
-    time.sleep(config.settle_s)  # late duplicates
+    if config.sabotage_duplicate:
+        # Duplicates made on purpose are known: wait for their executions (a fixed settle
+        # raced them: the re-dispatched attempt could start after it and go uncounted).
+        expected_runs = len(to_submit) + config.sabotage_duplicate
+        while (
+            sum(1 for s in tail.starts if s.job_id in expected) < expected_runs
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+            tail.read()
+    time.sleep(config.settle_s)  # late duplicates nobody made on purpose
     tail.read()
     starts = tail.starts
     # The status path is not on the firing path (the sink may run behind during a burst and

@@ -16,7 +16,7 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
         window_s=2,
         lead_s=2,
         partitions=2,
-        settle_s=3,
+        settle_s=0,
         timeout_s=60,
         sabotage_lose=1,  # e2e-0 is expected but never submitted
         sabotage_duplicate=1,  # the first run seen is dispatched again as attempt 2
