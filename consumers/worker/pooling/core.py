@@ -77,6 +77,9 @@ REPEAT_REASON = (
 )
 #: How often the consumer thread samples its partitions' lag for the metrics.
 LAG_SAMPLE_S = 0.5
+#: How often every watermark is committed again, moved or not (the periodic commits are
+#: asynchronous and their outcome is not checked: one the broker refused is sent again).
+COMMIT_REFRESH_S = 5.0
 _MAX_REDELIVERY_DELAY_S = 5.0
 
 #: An encoded record the pool sends (an event on the acks topic, a dead-letter copy): topic,
@@ -209,6 +212,7 @@ class PoolCore:
         self._paused_parts: set[int] = set()  # consumer thread: paused in the client now
         self._hurry_seen = False  # a second stop(), for the consumer thread
         self._last_commit = 0.0
+        self._last_refresh = 0.0  # consumer thread: the last commit of every watermark
         # Handed to the loop by other threads (deque appends and pops are atomic).
         self._acked: deque[_Execution] = deque()  # verdict delivered: reap (hooks, forget)
         self._completions: deque[tuple[_Execution, Outcome]] = deque()  # sync tasks returned

@@ -9,6 +9,7 @@ import time
 from jobwheel.consumers.worker.executor import Outcome
 from jobwheel.consumers.worker.kafka import COMMIT_TIMEOUT_S, Record
 from jobwheel.consumers.worker.pooling.core import (
+    COMMIT_REFRESH_S,
     FETCH_BATCH,
     FULL_WAIT_S,
     LAG_SAMPLE_S,
@@ -209,7 +210,14 @@ class Intake(PoolCore):
         now = time.monotonic()
         if now - self._last_commit >= self._commit_interval_s:
             self._last_commit = now
-            self._commit(asynchronous=True)
+            # Every COMMIT_REFRESH_S, every watermark again, moved or not: an asynchronous
+            # commit's outcome is never checked, so one the broker did not take (its
+            # coordinator not back yet after a freeze) was never sent again while its
+            # partition stayed idle, and the run was delivered again to the next owner.
+            refresh = now - self._last_refresh >= COMMIT_REFRESH_S
+            if refresh:
+                self._last_refresh = now
+            self._commit(asynchronous=True, final=refresh)
         if now - self._lag_at >= LAG_SAMPLE_S:
             self._lag_at = now
             self.lag = self._consumer.lag()
