@@ -11,7 +11,8 @@ when the run reached a terminal state **and its status event was acknowledged by
 marks the offset done right in the producer's delivery report, so that rule costs no round trip
 through the event loop. The watermark is the first offset still pending, so a long run holds back
 commits of its partition while shorter runs behind it finish. Watermarks that moved are committed
-every ``JOBWHEEL_WORKER_COMMIT_INTERVAL_MS`` (100 ms).
+every ``JOBWHEEL_WORKER_COMMIT_INTERVAL_MS`` (100 ms), asynchronously, and every watermark again
+every ``COMMIT_REFRESH_S`` (5 s), moved or not: a commit the broker did not take is sent again.
 
 Consequences:
 
