@@ -337,9 +337,6 @@ TRANSIENT_KAFKA_ERRORS = frozenset(
         "REQUEST_TIMED_OUT",
         "_TIMED_OUT",
         "_TRANSPORT",
-        # librdkafka's own metadata lacks the partition for a moment, e.g. after a frozen
-        # broker resumed (seen: the end offset of acks [0] asked right after a SIGCONT)
-        "_UNKNOWN_PARTITION",
     }
 )
 
