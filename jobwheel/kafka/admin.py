@@ -369,7 +369,7 @@ def scheduler_progress(
         marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, left()) for tp in tps}
         now = time.time_ns() // 1_000_000
         out, starts = _partition_progress(settings, committed, marks, now)
-        oldest = _oldest_timestamps(consumer, starts, left)
+        oldest, _ = _first_records(consumer, starts, left)
     except KafkaException as exc:
         raise broker_error(exc, "reading the scheduler group's offsets") from exc
     finally:
@@ -471,8 +471,8 @@ def _first_records(  # type: ignore[no-untyped-def]
     consumer, starts: dict[tuple[str, int], int], left
 ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:
     """From each start offset: the timestamp of the first record, or the partition's end
-    reached with none (only transaction markers); as many as arrive before the deadline.
-    ``consumer`` has ``enable.partition.eof`` on."""
+    reached with none (only transaction markers: told only by a ``consumer`` with
+    ``enable.partition.eof`` on); as many as arrive before the deadline."""
     from confluent_kafka import KafkaError, TopicPartition
 
     if not starts:
@@ -535,28 +535,6 @@ def _partition_progress(
             starts.update(waiting)
         out[p] = InputProgress(latest, unread)
     return out, starts
-
-
-def _oldest_timestamps(  # type: ignore[no-untyped-def]
-    consumer, starts: dict[tuple[str, int], int], left
-) -> dict[tuple[str, int], int]:
-    """The timestamp of the first record at or after each start offset, for as many as arrive
-    before the deadline (the others stay unknown)."""
-    from confluent_kafka import TopicPartition
-
-    if not starts:
-        return {}
-    consumer.assign([TopicPartition(t, p, o) for (t, p), o in starts.items()])
-    found: dict[tuple[str, int], int] = {}
-    try:
-        while len(found) < len(starts):
-            for msg in consumer.consume(len(starts), min(0.5, left())):
-                key = (msg.topic(), msg.partition())
-                if msg.error() is None and key in starts and key not in found:
-                    found[key] = msg.timestamp()[1]
-    except BrokerConnectionError:
-        pass  # out of time: what was not read stays unknown
-    return found
 
 
 # --- principals and ACLs (deploy/acls.py decides what each role may do) ----------------------
