@@ -18,6 +18,7 @@ from tests.support import (
     read_all,
     require_kafka_version,
     scaled,
+    wait_until,
 )
 
 
@@ -137,3 +138,40 @@ def test_the_container_runs_the_local_brokers_kraft_settings() -> None:
         env.items()
     )
     assert env["KAFKA_GROUP_CONSUMER_SESSION_TIMEOUT_MS"] == "10000"  # KIP-848 groups' settings
+
+
+def test_the_tail_reads_a_topic_deleted_and_created_again_from_its_new_beginning(
+    settings: Any,
+) -> None:
+    """A tail whose topic is deleted and created again reads the new topic from its first
+    record. Its read position is lost with the topic; a reset to the end (librdkafka's
+    default) would skip whatever was written before the reader found the new topic, and a
+    test waiting for those records would wait in vain."""
+    from confluent_kafka.admin import AdminClient
+
+    from jobwheel.kafka.admin import ensure_topics
+
+    topic = settings.topics.acks
+    tail = Tail(settings, [topic])
+    try:
+        tail.poll()
+        admin = AdminClient(settings.librdkafka())
+        for future in admin.delete_topics([topic], operation_timeout=30).values():
+            future.result(scaled(30))
+        # The reader looks for its partitions while the topic is gone.
+        for _ in range(10):
+            tail.poll(timeout_s=0.1)
+        ensure_topics(settings)
+        producer = Producer(settings.librdkafka())
+        for p in range(settings.partitions):
+            producer.produce(topic, value=f"after {p}".encode(), partition=p)
+        assert producer.flush(30) == 0
+        seen: list[bytes] = []
+        wait_until(
+            lambda: seen.extend(m.value() for m in tail.poll()) or len(seen) == settings.partitions,
+            30,
+            message="the tail did not read the records of the topic created again",
+        )
+        assert sorted(seen) == sorted(f"after {p}".encode() for p in range(settings.partitions))
+    finally:
+        tail.close()
