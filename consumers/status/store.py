@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import string
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -253,6 +254,10 @@ class StatusStore:
         self.database = database
         self.ttl_days = ttl_days
         self.dsn = dsn
+        #: The one insert context of ``status_events`` (see :meth:`insert_events`), made at the
+        #: first insert and again after a migration; the lock keeps it to one insert at a time.
+        self._events_context: Any = None
+        self._insert_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -359,6 +364,7 @@ class StatusStore:
             mid-migration and is broken (safe because every statement is IF NOT EXISTS).
         """
         migrations = load_migrations() if migrations is None else list(migrations)
+        self._events_context = None  # a migration may change the table's column types
         self._command(
             f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version UInt32, name String, "
             "checksum String, applied_ms Int64) ENGINE = ReplacingMergeTree ORDER BY version"
@@ -526,6 +532,14 @@ class StatusStore:
         ``parallel_view_processing`` runs the two materialized views side by side instead of
         one after the other; ``optimize_on_insert = 0`` skips collapsing duplicate keys inside
         the inserted block, which merges and every reader (FINAL, argMax) do anyway.
+
+        Every insert goes through one reused insert context. Why: the client's own context per
+        insert refers to itself (a bound method of it is one of its attributes) and keeps the
+        inserted columns after the insert, so each batch lived until Python's cycle collector
+        ran, and a service collects rarely (``jobwheel.cli._tune_gc``): measured, the sink grew
+        by 390 MiB a minute at 2,000 jobs/s, every decoded string of every batch still held. A
+        reused context holds at most the last batch, and the column types are looked up once
+        instead of at every insert.
         """
         if not rows:
             return 0
@@ -533,16 +547,18 @@ class StatusStore:
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
         columns = [list(column) for column in zip(*rows, strict=True)]
-        try:
-            self.client.insert(
-                "status_events",
-                columns,
-                column_names=list(EVENT_COLUMNS),
-                column_oriented=True,
-                settings=settings,
-            )
-        except Exception as exc:
-            raise StoreError(f"inserting {len(rows)} status events failed: {exc}") from exc
+        with self._insert_lock:
+            try:
+                if self._events_context is None:
+                    self._events_context = self.client.create_insert_context(
+                        "status_events", list(EVENT_COLUMNS), column_oriented=True
+                    )
+                context = self._events_context
+                context.settings = settings
+                self.client.insert(data=columns, context=context)
+            except Exception as exc:
+                self._events_context = None  # made again (types looked up) by the next insert
+                raise StoreError(f"inserting {len(rows)} status events failed: {exc}") from exc
         return len(rows)
 
     def release_engine_memory(self) -> None:

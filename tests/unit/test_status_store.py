@@ -426,6 +426,32 @@ def test_insert_dedup_token_drops_a_retried_identical_batch(store: StatusStore) 
     assert n == len(rows)
 
 
+def test_an_inserted_batch_is_let_go_once_the_next_one_is_in(store: StatusStore) -> None:
+    """The store keeps nothing of a batch once a later one is inserted, even with Python's
+    cycle collector off: a service collects cycles rarely (``jobwheel.cli._tune_gc``), and the
+    sink grew by hundreds of MiB a minute when each insert left its columns in a cycle."""
+    import gc
+    import sys
+
+    from jobwheel.consumers.status.store import EVENT_COLUMNS, event_row
+
+    t0 = now_ms()
+    first = [event_row(e) for e in lifecycle("job-g", t0)]
+    task = "".join(["task-", uuid.uuid4().hex])  # a string object only the first batch holds
+    for row in first:
+        row[EVENT_COLUMNS.index("task")] = task
+    held = sys.getrefcount(task)
+    gc.disable()
+    try:
+        store.insert_events(first, dedup_token="first")
+        store.insert_events([event_row(e) for e in lifecycle("job-h", t0)], dedup_token="second")
+        assert sys.getrefcount(task) == held
+    finally:
+        gc.enable()
+    stored = store.query("SELECT DISTINCT task FROM status_events WHERE job_id = 'job-g'")[2]
+    assert stored == [(task,)]
+
+
 # --- listing, counts, read-only SQL ---------------------------------------------------------
 
 
