@@ -1,7 +1,8 @@
 """Subcommands of the ``jobwheel`` CLI that belong to ``deploy``.
 
 ``jobwheel broker start|stop|status`` run the local no-Docker broker, ``jobwheel topics
-ensure`` provisions topics, ``jobwheel up`` runs the whole local stack (``make run``).
+ensure`` provisions topics, ``jobwheel queues add|list`` adds a queue (worker pool) at run time,
+``jobwheel up`` runs the whole local stack (``make run``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add this package's subcommands; each sets ``handler=`` to a function of the args."""
     _register_broker(sub)
     _register_topics(sub)
+    _register_queues(sub)
     _register_acls(sub)
     _register_up(sub)
 
@@ -82,6 +84,73 @@ def _register_topics(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         "ensure", help="create missing topics; fail if one has another partition count"
     )
     ensure.set_defaults(handler=_topics_ensure)
+
+
+def _register_queues(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``queues add|list``: queues (worker pools) at run time."""
+    queues = sub.add_parser("queues", help="queues (worker pools): add one at run time, list them")
+    queues_sub = queues.add_subparsers(dest="queues_command", required=True, metavar="ACTION")
+    add = queues_sub.add_parser(
+        "add",
+        help="create a queue's runs topic: schedulers, workers and clients take it without a "
+        "restart",
+        description="Create the runs topic of queue NAME (co-partitioned with the requests "
+        "topic). A queue is its runs topic: running schedulers accept jobs naming it within "
+        "about a second, `jobwheel worker --queue NAME` serves it, and the SDK, the API and "
+        "`jobwheel submit` stop refusing it, none of them restarted. Idempotent. On a cluster "
+        "with ACLs, also declare it in JOBWHEEL_QUEUES and run `jobwheel acls apply`: until "
+        "then the roles cannot see its topic and its jobs are refused.",
+    )
+    add.add_argument("names", nargs="+", metavar="NAME", help="the queue's name, e.g. reports")
+    add.set_defaults(handler=_queues_add)
+    listing = queues_sub.add_parser(
+        "list", help="the queues: declared (JOBWHEEL_QUEUES) and added, with topic and group"
+    )
+    listing.set_defaults(handler=_queues_list)
+
+
+def _queues_add(args: argparse.Namespace) -> int:
+    from jobwheel.kafka.admin import ensure_topics
+    from jobwheel.reach import require_reachable
+    from jobwheel.schemas.validation import queue
+
+    settings = get_settings()
+    names = list(dict.fromkeys(queue(name) for name in args.names))  # bad: exit 2, one line
+    require_reachable(settings.bootstrap_servers)
+    topics = settings.topics
+    # The requests topic too: a queue's runs topic must have its partition count, which
+    # ensure_topics checks against an existing requests topic (and refuses a mismatch).
+    specs = [s for s in topics.specs() if s.name == topics.requests]
+    specs += [topics.runs_spec(name) for name in names]
+    created = set(ensure_topics(settings, specs))
+    for name in names:
+        topic = topics.runs_for(name)
+        verb = "added" if topic in created else "already there:"
+        print(
+            f"{verb} queue {name}: runs topic {topic} ({settings.partitions} partitions), "
+            f"workers: jobwheel worker --queue {name} (group {settings.worker_group_for(name)})"
+        )
+    return 0
+
+
+def _queues_list(args: argparse.Namespace) -> int:
+    from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
+    from jobwheel.reach import require_reachable
+
+    settings = get_settings()
+    require_reachable(settings.bootstrap_servers)
+    directory = QueueDirectory(settings, admin_topic_lister(settings, "jobwheel.deploy"))
+    names = directory.names(refresh=True)
+    if directory.error is not None:
+        print(f"jobwheel queues list: cannot read the broker's topics: {directory.error}")
+        return 1
+    for name in names:
+        how = "declared (JOBWHEEL_QUEUES)" if name in directory.declared else "added"
+        print(
+            f"{name:<20} {how:<27} topic {settings.topics.runs_for(name)}  "
+            f"group {settings.worker_group_for(name)}"
+        )
+    return 0
 
 
 def _register_acls(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -217,9 +217,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 ),
             ),
             Panel(
-                "Runs not fetched by partition",
-                "Runs records no worker has fetched yet.",
-                (("max by (partition) (jobwheel_worker_lag_records)", "p{{partition}}"),),
+                "Runs not fetched by queue and partition",
+                "Runs records no worker of the queue has fetched yet.",
+                (
+                    (
+                        "max by (queue, partition) (jobwheel_worker_lag_records)",
+                        "{{queue}} p{{partition}}",
+                    ),
+                ),
             ),
         ),
     ),

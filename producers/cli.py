@@ -85,6 +85,7 @@ def submit(args: argparse.Namespace) -> int:
     import sys
 
     from jobwheel.clock import SystemClock
+    from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
     from jobwheel.producers.client import JobClient
     from jobwheel.producers.spec import build_schedule
     from jobwheel.settings import get_settings
@@ -95,7 +96,11 @@ def submit(args: argparse.Namespace) -> int:
         spec_from_args(args, settings.max_args_bytes),
         now_ms=SystemClock().now_ms(),
         max_args_bytes=settings.max_args_bytes,
-        queues=settings.queue_names,
+        # JOBWHEEL_QUEUES and the queues added at run time (the broker's runs topics): when
+        # the broker cannot be asked, the connection check below says so.
+        queues=QueueDirectory(
+            settings, admin_topic_lister(settings, "jobwheel.producers"), benefit_of_doubt=True
+        ),
     )
     check = "refuse" if args.require_worker else "warn"
     with JobClient(settings, task_check=check) as client:

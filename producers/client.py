@@ -43,6 +43,7 @@ from jobwheel.errors import (
     ValidationError,
 )
 from jobwheel.kafka.producer import Delivered, Producer, producer_config
+from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
 from jobwheel.producers.spec import JobSpec, build_schedule, spec_from_mapping
 from jobwheel.producers.workers import TaskCheck, TaskCheckMode
 from jobwheel.reach import require_reachable
@@ -108,6 +109,11 @@ class _Commands:
         self._producer_lock = threading.Lock()
         #: probe the bootstrap servers before the next send (the first, or after a failure)
         self._probe = True
+        #: JOBWHEEL_QUEUES and the queues added at run time: a job naming neither is refused
+        #: before it is sent (when the broker cannot be asked, the scheduler decides).
+        self.queues = QueueDirectory(
+            settings, admin_topic_lister(settings, "jobwheel.producers"), benefit_of_doubt=True
+        )
 
     @property
     def producer(self) -> Producer:
@@ -150,7 +156,7 @@ class _Commands:
             spec,
             now_ms=now_ms,
             max_args_bytes=self.settings.max_args_bytes,
-            queues=self.settings.queue_names,
+            queues=self.queues,
         )
         task = spec.task
         if self.known_tasks is not None and task not in self.known_tasks:
@@ -249,6 +255,11 @@ class _Client:
     @property
     def topic(self) -> str:
         return self._c.topic
+
+    @property
+    def queues(self) -> QueueDirectory:
+        """The queues a job may name: ``JOBWHEEL_QUEUES`` and those added at run time."""
+        return self._c.queues
 
 
 class JobClient(_Client):

@@ -106,7 +106,8 @@ class JobSpec:
     idempotency_key: str | None = _option(None, "apply commands with this key once", metavar="K")
     queue: str = _option(
         DEFAULT_QUEUE,
-        "the queue (worker pool) its runs go to, one of JOBWHEEL_QUEUES (default 'default')",
+        "the queue (worker pool) its runs go to: one of JOBWHEEL_QUEUES or added with "
+        "`jobwheel queues add` (default 'default')",
         metavar="NAME",
     )
 
@@ -179,16 +180,17 @@ def _new_id() -> str:
 
 
 def check_queue(queue: str, declared: Collection[str] | None) -> str:
-    """``queue`` by the contract's rule and, when the caller sees the declared queues (its
-    settings' ``JOBWHEEL_QUEUES``), one of them: the scheduler would answer any other
-    REJECTED, so it is refused before anything is sent."""
+    """``queue`` by the contract's rule and, when the caller sees the queues (a
+    :class:`~jobwheel.kafka.queues.QueueDirectory`, or its settings' ``JOBWHEEL_QUEUES``),
+    one of them: the scheduler would answer any other REJECTED, so it is refused before
+    anything is sent."""
     rules.queue(queue)
     if declared is not None and queue not in declared:
         raise ValidationError(
             "queue",
-            f"{clip(queue)} is not a declared queue ({', '.join(declared)}); declare it in "
-            "JOBWHEEL_QUEUES (here and on the schedulers) and run `jobwheel topics ensure`, or "
-            "name one of those",
+            f"{clip(queue)} is not a queue ({', '.join(declared)}); add it with `jobwheel queues "
+            "add NAME` (or declare it in JOBWHEEL_QUEUES, here and on the schedulers, and run "
+            "`jobwheel topics ensure`), or name one of those",
         )
     return queue
 

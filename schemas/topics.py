@@ -141,6 +141,24 @@ def runs_topic(prefix: str, queue: str) -> str:
     return f"{prefix}.runs.{queue}"
 
 
+def queue_of_topic(prefix: str, topic: str) -> str | None:
+    """The queue whose runs topic ``topic`` is (:func:`runs_topic`'s inverse), or None when it
+    is no runs topic of ``prefix``: how a queue added at run time (``jobwheel queues add``)
+    is found on the broker."""
+    if topic == f"{prefix}.runs":
+        return DEFAULT_QUEUE
+    head = f"{prefix}.runs."
+    if not topic.startswith(head):
+        return None
+    from jobwheel.schemas.validation import queue
+
+    name = topic[len(head) :]
+    try:
+        return queue(name)
+    except ValueError:  # ValidationError is one: a topic no queue could have made
+        return None
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     """What a topic must look like on the broker. ``replication_factor`` None: sized for the
@@ -209,6 +227,16 @@ class Topics:
         config = {"cleanup.policy": "compact", "segment.bytes": str(64 * 1024 * 1024)}
         return [TopicSpec(self.changelog(app_id), self.partitions, self.replication_factor, config)]
 
+    def runs_spec(self, queue: str) -> TopicSpec:
+        """The runs topic of ``queue``, co-partitioned with requests like the rest: declared
+        (``topics ensure``) or added at run time (``jobwheel queues add``), the same topic."""
+        return TopicSpec(
+            self.runs_for(queue),
+            self.partitions,
+            self.replication_factor,
+            {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)},
+        )
+
     def specs(self) -> list[TopicSpec]:
         def spec(name: str, **config: str) -> TopicSpec:
             return TopicSpec(name, self.partitions, self.replication_factor, dict(config))
@@ -224,13 +252,7 @@ class Topics:
                 },
             ),
             # One runs topic per declared queue, co-partitioned with requests like the rest.
-            *(
-                spec(
-                    self.runs_for(queue),
-                    **{"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)},
-                )
-                for queue in dict.fromkeys((DEFAULT_QUEUE, *self.queues))
-            ),
+            *(self.runs_spec(queue) for queue in dict.fromkeys((DEFAULT_QUEUE, *self.queues))),
             spec(
                 self.acks,
                 **{

@@ -68,6 +68,7 @@ from jobwheel.errors import (
     SchemaDecodeError,
     ValidationError,
 )
+from jobwheel.kafka.queues import QueueDirectory
 from jobwheel.retry import Backoff
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.deadletter import REPLAYED_FROM_HEADER, note_replay
@@ -263,7 +264,9 @@ class SchedulerEngine:
     ) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self._queues = frozenset(settings.queue_names)  # read per ack: not re-parsed each time
+        # JOBWHEEL_QUEUES and the queues added at run time (their runs topics, read through
+        # the input consumer when a record names a queue not known yet).
+        self.queues = QueueDirectory(settings, self._topic_names)
         # "Now" is the wall clock held within the tolerance of the broker's time as read
         # (see BrokerBoundClock): a step of this host's clock moves it that much at most.
         self.clock = BrokerBoundClock(
@@ -715,7 +718,7 @@ class SchedulerEngine:
                     task.reached_ms = reached
         # Per queue: one pool's acks say nothing about how far another pool has got. A queue
         # this scheduler does not know (a hostile header) is no queue of its runs.
-        if queue not in self._queues:
+        if queue not in self.queues:
             queue = DEFAULT_QUEUE
         seen = task.queue_seen.get(queue)
         if seen is None or record.timestamp_ms > seen:
@@ -796,6 +799,13 @@ class SchedulerEngine:
         now: a partition no worker answers on (none running, a run none can read) cannot
         hold a deadline, and its job, for ever."""
         return self._silence_bound(task, now, self._acks_watermark(task))
+
+    def _topic_names(self, timeout_s: float) -> list[str]:
+        """The broker's topics, for :attr:`queues` (asked on the loop's thread, which alone
+        uses the input consumer)."""
+        if self.input is None:
+            raise BrokerError("the scheduler's consumer is not running")
+        return self.input.topic_names(timeout_s)
 
     def _queue_watermark(self, task: PartitionTask, now: int, queue: str) -> int:
         """:meth:`_deadline_watermark` of one queue's runs: the acks its own workers wrote.
@@ -1299,7 +1309,7 @@ class SchedulerEngine:
             max_args_bytes=self.settings.max_args_bytes,
             max_active_runs=self.settings.scheduler_max_active_runs,
             max_record_bytes=self._record_limit,
-            queues=self.settings.queue_names,
+            queues=self.queues,
         )
         self.acks.assign(p, _start(task.acks_committed))
         self.input.resume(p)

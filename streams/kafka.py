@@ -265,6 +265,11 @@ class InputConsumer(_TopicReader):
                 )
         return {tp.partition: tp.offset for tp in found}
 
+    def topic_names(self, timeout_s: float) -> list[str]:
+        """The names of every topic on the broker (a metadata request for all of them: naming
+        one would let a broker that auto-creates topics create it)."""
+        return list(self._consumer.list_topics(timeout=timeout_s).topics)
+
     def group_metadata(self) -> Any:
         return self._consumer.consumer_group_metadata()
 

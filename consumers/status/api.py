@@ -346,10 +346,17 @@ def schedule_spec(req: BaseModel, max_args_bytes: int) -> Any:
 class _Clients:
     """The JobClient, made on first use so the read endpoints work while Kafka is down."""
 
-    def __init__(self, factory: Callable[[], JobClient]) -> None:
+    def __init__(self, factory: Callable[[], JobClient], settings: Settings) -> None:
+        from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
+
         self._factory = factory
         self._client: JobClient | None = None
         self._lock = threading.Lock()
+        #: JOBWHEEL_QUEUES and the queues added at run time: a job naming neither is refused
+        #: (422) before a producer exists; when the broker cannot be asked, the scheduler
+        #: decides.
+        lister = admin_topic_lister(settings, "jobwheel.consumers.status")
+        self.queues = QueueDirectory(settings, lister, benefit_of_doubt=True)
 
     def get(self) -> JobClient:
         with self._lock:
@@ -382,7 +389,7 @@ def create_app(
 
         return JobClient(settings, delivery_timeout_s=15.0)
 
-    clients = _Clients(job_client_factory or default_factory)
+    clients = _Clients(job_client_factory or default_factory, settings)
     sql_runner = SqlRunner.for_store(settings, store)
     tokens = settings.api_tokens()
     pools = PoolReader(settings)
@@ -468,7 +475,7 @@ def _job_commands(router: APIRouter, settings: Settings, clients: _Clients) -> N
             schedule_spec(req, settings.max_args_bytes),
             now_ms=queries.now_ms(),
             max_args_bytes=settings.max_args_bytes,
-            queues=settings.queue_names,
+            queues=clients.queues,
         )
         problems = clients.get().send_checked(command, require_worker=require_worker)
         return Accepted(

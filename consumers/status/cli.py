@@ -794,6 +794,7 @@ def _require_broker(settings: Settings) -> None:
 
 
 def health(args: argparse.Namespace) -> int:
+    from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
     from jobwheel.kafka.replication import check_replication
     from jobwheel.reach import unreachable
 
@@ -821,13 +822,15 @@ def health(args: argparse.Namespace) -> int:
             lambda: _check_group(settings, settings.scheduler_app_id, args.timeout),
         ),
         ("partitions", lambda: _check_scheduler_partitions(settings, args.timeout)),
-        # One pool per declared queue (JOBWHEEL_QUEUES), each its own group.
+        # One pool per queue (JOBWHEEL_QUEUES and those added at run time), each its own group.
         *(
             (
                 "workers" if queue == "default" else f"workers:{queue}",
                 functools.partial(_check_pool, settings, queue, pools, args.timeout),
             )
-            for queue in settings.queue_names
+            for queue in QueueDirectory(
+                settings, admin_topic_lister(settings, "jobwheel.consumers.status")
+            ).names(refresh=True)
         ),
         ("status", lambda: _check_api(settings, args.timeout)),
     ]

@@ -112,9 +112,10 @@ def signals(
 
 
 def read_pools(settings: Settings, timeout_s: float = 5.0) -> list[PoolSignals]:
-    """Every declared queue's signals, read from Kafka now (an error per pool as text)."""
+    """Every queue's signals, read from Kafka now (an error per pool as text)."""
     from jobwheel.kafka import admin
     from jobwheel.kafka.errors import error_text
+    from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
     from jobwheel.producers.workers import read_workers
 
     workers: tuple[WorkerRecord, ...] = ()
@@ -128,7 +129,9 @@ def read_pools(settings: Settings, timeout_s: float = 5.0) -> list[PoolSignals]:
     except Exception as exc:
         roster_error = f"reading the workers topic: {error_text(exc)}"
     out = []
-    for queue in settings.queue_names:
+    # JOBWHEEL_QUEUES and the queues added at run time (`jobwheel queues add`).
+    queues = QueueDirectory(settings, admin_topic_lister(settings, __name__)).names(refresh=True)
+    for queue in queues:
         group, topic = settings.worker_group_for(queue), settings.topics.runs_for(queue)
         backlog: dict[int, Backlog] | None = None
         error = roster_error

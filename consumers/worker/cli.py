@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Collection
+from typing import Any
 
 from jobwheel.errors import ConfigError
 
@@ -51,8 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="NAME",
         help="the queue (worker pool) to serve: its runs topic, in the group "
         "JOBWHEEL_WORKER_GROUP-NAME (JOBWHEEL_WORKER_GROUP for 'default'). Default: the queue "
-        "the --tasks modules' tasks name (@task(..., queue=...)), else 'default'. One queue per "
-        "process: start one worker per queue",
+        "the --tasks modules' tasks name (@task(..., queue=...)), else 'default'. Repeat it to "
+        "serve several queues from one process: one pool (group member, --concurrency slots) "
+        "per queue",
     )
     p.add_argument(
         "--concurrency",
@@ -85,68 +88,81 @@ def load_tasks(modules: str) -> None:
         raise ConfigError(f"--tasks: the modules {names} register no @task functions")
 
 
-def serving_queue(asked: list[str] | None, of_tasks: list[str], declared: tuple[str, ...]) -> str:
-    """The queue a worker serves: the one ``--queue`` names, else the one its tasks name
-    (``@task(..., queue=...)``), else ``default``. A queue the settings do not declare is
-    refused (its topic is not created, and the scheduler would reject its jobs), and so is
-    more than one: one pool per process."""
+def serving_queues(
+    asked: list[str] | None, of_tasks: list[str], known: Collection[str]
+) -> list[str]:
+    """The queues a worker serves, one pool each: the ones ``--queue`` names, else the ones
+    its tasks name (``@task(..., queue=...)``), else ``default``. ``known``: the queues there
+    are (``JOBWHEEL_QUEUES`` and those added with ``jobwheel queues add``, a
+    :class:`~jobwheel.kafka.queues.QueueDirectory`); any other is refused: it has no runs
+    topic, and the scheduler would reject its jobs."""
     from jobwheel.schemas import validation
 
     names = list(dict.fromkeys(asked)) if asked else list(of_tasks) or ["default"]
-    if len(names) > 1:
-        source = "--queue names" if asked else "the --tasks modules' tasks name"
+    for queue in names:
+        try:
+            validation.queue(queue)
+        except Exception as exc:
+            raise ConfigError(f"--queue: {exc}") from None
+    unknown = [queue for queue in names if queue not in known]
+    if unknown:
         raise ConfigError(
-            f"{source} {len(names)} queues ({', '.join(names)}); a worker process serves one: "
-            "start one worker per queue (jobwheel worker --queue NAME --tasks MODULES)"
+            f"no queue {', '.join(map(repr, unknown))}: the queues are {', '.join(known)}; add "
+            f"it with `jobwheel queues add {unknown[0]}` (or declare it in JOBWHEEL_QUEUES, for "
+            "the schedulers too, and run `jobwheel topics ensure`)"
         )
-    queue = names[0]
-    try:
-        validation.queue(queue)
-    except Exception as exc:
-        raise ConfigError(f"--queue: {exc}") from None
-    if queue not in declared:
-        raise ConfigError(
-            f"queue {queue!r} is not declared: the declared queues are {', '.join(declared)}; "
-            f"add it to JOBWHEEL_QUEUES (for the schedulers too) and run `jobwheel topics "
-            "ensure` to create its runs topic"
-        )
-    return queue
+    return names
 
 
 def _worker(args: argparse.Namespace) -> int:
     from jobwheel.consumers.worker.metrics import WorkerCollector
-    from jobwheel.consumers.worker.pool import WorkerPool
+    from jobwheel.consumers.worker.pool import WorkerPool, default_worker_id
     from jobwheel.consumers.worker.registry import default_registry
+    from jobwheel.kafka.queues import QueueDirectory, admin_topic_lister
     from jobwheel.settings import get_settings
 
     if args.concurrency is not None and args.concurrency < 1:
         raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
     load_tasks(args.tasks)
     settings = get_settings()
-    queue = serving_queue(args.queue, default_registry.queues(), settings.queue_names)
-    pool = WorkerPool(settings, default_registry, concurrency=args.concurrency, queue=queue)
-    uninstall = WorkerCollector(pool).install()  # served when JOBWHEEL_METRICS_PORT is set
+    known = QueueDirectory(settings, admin_topic_lister(settings, "jobwheel.consumers.worker"))
+    queues = serving_queues(args.queue, default_registry.queues(), known)
+    # One pool per queue, each its own group member on the process's one event loop; each
+    # announces itself under its own id (the roster is keyed by worker id).
+    base_id = default_worker_id()
+    pools = [
+        WorkerPool(
+            settings,
+            default_registry,
+            concurrency=args.concurrency,
+            queue=queue,
+            worker_id=base_id if len(queues) == 1 else f"{base_id}/{queue}",
+        )
+        for queue in queues
+    ]
+    uninstall = WorkerCollector(pools).install()  # served when JOBWHEEL_METRICS_PORT is set
     try:
-        clean = _run(pool)
+        clean = _run(pools)
     finally:
         uninstall()
     # Verdicts or offsets the broker did not take before the worker gave up (the pool has said
     # which, in one line): a failure, as the CLI reports one, though nothing is lost (those
     # runs are delivered again to another worker).
-    code = 1 if pool.left_undone else 0
+    code = 1 if any(pool.left_undone for pool in pools) else 0
     threads = _threads_left()
-    if pool.busy_threads or pool.abandoned or not clean or threads:
+    busy = sum(pool.busy_threads for pool in pools)
+    if busy or any(pool.abandoned for pool in pools) or not clean or threads:
         # Task code still running cannot be stopped, and the interpreter would wait for it at
         # exit (sync task threads, async tasks that ignore their cancellation, threads a task
         # started or asyncio.to_thread left behind); their runs were handed back already. A
         # Kafka client call the pool gave up on (broker unreachable) may block for good, and
         # so would destroying its client at exit. Leave without them.
-        if pool.busy_threads or not clean or threads:
+        if busy or not clean or threads:
             log.warning(
                 "exiting with task code still running",
                 extra={
-                    "threads": pool.busy_threads,
-                    "tasks": pool.stuck_tasks,
+                    "threads": busy,
+                    "tasks": sum(pool.stuck_tasks for pool in pools),
                     "other_threads": threads,
                 },
             )
@@ -157,8 +173,8 @@ def _worker(args: argparse.Namespace) -> int:
     return code
 
 
-def _run(pool: object) -> bool:
-    """Run the pool on an event loop of its own until it stops; True if the loop also closed
+def _run(pools: list[Any]) -> bool:
+    """Run the pools on an event loop of their own until they stop; True if the loop also closed
     cleanly. Not ``asyncio.run``: task code must not be able to stop the worker or keep it
     from exiting. A task that calls ``loop.stop()`` made ``asyncio.run`` raise (the worker
     died, its run unfinished, and the next worker to get the run died too); and at the end
@@ -167,7 +183,7 @@ def _run(pool: object) -> bool:
     ``asyncio.to_thread`` never do."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(pool))
+    main = loop.create_task(_serve(pools))
     while True:
         try:
             loop.run_until_complete(main)
@@ -226,11 +242,12 @@ class ExitWatchdog:
     verdicts were never acknowledged, so those runs are delivered again to another worker) and
     the process exits 1 after one warning line."""
 
-    def __init__(self, pool: object, bound_s: float = EXIT_BOUND_S) -> None:
+    def __init__(self, pools: list[Any], bound_s: float = EXIT_BOUND_S) -> None:
         from jobwheel.consumers.worker.pool import WorkerPool
 
-        assert isinstance(pool, WorkerPool)
-        self.pool = pool
+        assert pools and all(isinstance(pool, WorkerPool) for pool in pools)
+        self.pools = pools
+        self.grace_s = max(pool.grace_s for pool in pools)
         self.bound_s = bound_s
         self._armed = threading.Event()
         self._lock = threading.Lock()
@@ -241,7 +258,7 @@ class ExitWatchdog:
             if self._armed.is_set():
                 return
             self._armed.set()
-        after = self.pool.grace_s + self.bound_s
+        after = self.grace_s + self.bound_s
         threading.Thread(
             target=self._expire, args=(after, signum), name="jobwheel-exit-watchdog", daemon=True
         ).start()
@@ -253,15 +270,18 @@ class ExitWatchdog:
             extra={
                 "signal": signal.Signals(signum).name,
                 "waited_s": after_s,
-                "grace_s": self.pool.grace_s,
+                "grace_s": self.grace_s,
                 "bound_s": self.bound_s,
-                "loop_stalled_s": round(time.monotonic() - self.pool.turned_at, 1),
+                "loop_stalled_s": round(
+                    time.monotonic() - max(pool.turned_at for pool in self.pools), 1
+                ),
                 "detail": "its event loop is blocked (a task that does not await?) or the "
                 "broker does not answer; runs without an acknowledged verdict are delivered "
                 "again to another worker",
             },
         )
-        self.pool.purge()
+        for pool in self.pools:
+            pool.purge()
         logging.shutdown()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
@@ -269,15 +289,24 @@ class ExitWatchdog:
         os._exit(1)
 
 
-async def _serve(pool: object) -> None:
-    from jobwheel.consumers.worker.pool import WorkerPool
-
-    assert isinstance(pool, WorkerPool)
+async def _serve(pools: list[Any]) -> None:
+    """Every pool until it stops. A stop signal stops them all; a pool that ends by itself (a
+    fatal error) stops the others too, gracefully, and its error ends the process."""
     loop = asyncio.get_running_loop()
-    watchdog = ExitWatchdog(pool)
+    watchdog = ExitWatchdog(pools)
+
+    def stop() -> None:
+        for pool in pools:
+            pool.stop()  # a second signal: a second stop, which hurries each pool
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, pool.stop)
+        loop.add_signal_handler(sig, stop)
         # After asyncio's: the loop still hears the signal (the wakeup fd is asyncio's), and
         # this Python-level handler, which asyncio leaves a no-op, arms the watchdog.
         signal.signal(sig, watchdog.arm)
-    await pool.run()
+    runs = [asyncio.ensure_future(pool.run()) for pool in pools]
+    await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+    for pool in pools:
+        if not pool.stopping:
+            pool.stop()
+    await asyncio.gather(*runs)

@@ -2,7 +2,8 @@
 
 The pool counts each run's verdict on its event loop (:class:`WorkerMeters`: a dictionary
 addition and a histogram bucket per run, no lock); :class:`WorkerCollector` reads the rest
-when Prometheus scrapes. Names (all ``jobwheel_worker_*``):
+when Prometheus scrapes. Names (all ``jobwheel_worker_*``); every series also carries ``queue``,
+the pool it is about (a worker process serves one pool per ``--queue``):
 
 ================================ ========= ======================================================
 name                             type      what
@@ -32,7 +33,7 @@ that blocks the loop, e.g. with ``time.sleep``, stalls every run of the process)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -88,65 +89,100 @@ class WorkerMeters:
 
 
 class WorkerCollector(Collector):
-    """Reads a running :class:`~jobwheel.consumers.worker.pool.WorkerPool` at scrape time."""
+    """Reads the running pools of one worker process (one per queue it serves,
+    :class:`~jobwheel.consumers.worker.pool.WorkerPool`) at scrape time; every series carries
+    its pool's ``queue``."""
 
-    def __init__(self, pool: WorkerPool) -> None:
-        self.pool = pool
+    def __init__(self, pools: WorkerPool | Sequence[WorkerPool]) -> None:
+        from jobwheel.consumers.worker.pool import WorkerPool
+
+        self.pools: tuple[WorkerPool, ...] = (
+            (pools,) if isinstance(pools, WorkerPool) else tuple(pools)
+        )
+        if not self.pools:
+            raise ValueError("a worker collector needs at least one pool")
 
     def checks(self) -> dict[str, tuple[Check | None, Check | None]]:
+        # The pools share one event loop: it turned when any of them saw it turn.
         live = loop_check(
             "worker's event loop",
-            lambda: self.pool.turned_at,
-            self.pool.settings.health_live_after_ms / 1000,
+            lambda: max(pool.turned_at for pool in self.pools),
+            self.pools[0].settings.health_live_after_ms / 1000,
         )
         return {"loop": (live, None), "group": (None, self._ready)}
 
     def _ready(self) -> tuple[bool, str]:
-        pool = self.pool
-        group = pool.group
-        if pool.stopping:
-            return False, "stopping: runs in flight finish or are handed back"
-        if not pool.joined:
-            return False, f"not in the group {group} yet"
-        return True, f"member of the group {group}, runs partitions {pool.partitions}"
+        said = []
+        for pool in self.pools:
+            group = pool.group
+            if pool.stopping:
+                return False, "stopping: runs in flight finish or are handed back"
+            if not pool.joined:
+                return False, f"not in the group {group} yet"
+            said.append(f"member of the group {group}, runs partitions {pool.partitions}")
+        return True, "; ".join(said)
 
     def collect(self) -> Iterator[Metric]:
-        pool, meters, n = self.pool, self.pool.meters, PREFIX
+        pools, n = self.pools, PREFIX
+
+        def per_pool(values: Callable[[WorkerPool], float]) -> dict[tuple[str, ...], float]:
+            return {(pool.queue,): values(pool) for pool in pools}
+
         yield counter(
             n + "runs_total",
-            "Verdicts sent, by task and state (SUCCEEDED, FAILED, STALE).",
-            meters.runs,
-            ("task", "state"),
+            "Verdicts sent, by queue, task and state (SUCCEEDED, FAILED, STALE).",
+            {(p.queue, *key): v for p in pools for key, v in list(p.meters.runs.items())},
+            ("queue", "task", "state"),
         )
         yield histogram(
             n + "run_duration_seconds",
-            "Execution time of SUCCEEDED and FAILED runs, by task.",
-            meters.durations,
-            ("task",),
+            "Execution time of SUCCEEDED and FAILED runs, by queue and task.",
+            {(p.queue, *key): h for p in pools for key, h in list(p.meters.durations.items())},
+            ("queue", "task"),
             scale=MS,
         )
         yield counter(
             n + "handed_back_total",
             "Runs handed back at shutdown or when their partition moved.",
-            meters.handed_back,
+            per_pool(lambda p: p.meters.handed_back),
+            ("queue",),
         )
         yield counter(
             n + "skipped_done_total",
             "Runs skipped: their partition's previous owner had finished them.",
-            meters.inherited_done,
+            per_pool(lambda p: p.meters.inherited_done),
+            ("queue",),
         )
         yield counter(
             n + "undecodable_runs_total",
             "Runs records that did not decode: dead-lettered (their run FAILED if named).",
-            meters.undecodable,
+            per_pool(lambda p: p.meters.undecodable),
+            ("queue",),
         )
-        yield gauge(n + "inflight_runs", "Runs executing now.", pool.inflight)
-        yield gauge(n + "waiting_runs", "Runs fetched, waiting for a slot.", pool.waiting)
-        yield gauge(n + "concurrency", "Runs that may execute at once.", pool.concurrency)
-        yield gauge(n + "partitions", "Runs partitions assigned.", len(pool.partitions))
+        yield gauge(
+            n + "inflight_runs", "Runs executing now.", per_pool(lambda p: p.inflight), ("queue",)
+        )
+        yield gauge(
+            n + "waiting_runs",
+            "Runs fetched, waiting for a slot.",
+            per_pool(lambda p: p.waiting),
+            ("queue",),
+        )
+        yield gauge(
+            n + "concurrency",
+            "Runs that may execute at once.",
+            per_pool(lambda p: p.concurrency),
+            ("queue",),
+        )
+        yield gauge(
+            n + "partitions",
+            "Runs partitions assigned.",
+            per_pool(lambda p: len(p.partitions)),
+            ("queue",),
+        )
         yield gauge(
             n + "lag_records",
-            "Runs records not fetched yet, per partition.",
-            {(str(p),): v for p, v in pool.lag.items()},
-            ("partition",),
+            "Runs records not fetched yet, per queue and partition.",
+            {(p.queue, str(part)): v for p in pools for part, v in list(p.lag.items())},
+            ("queue", "partition"),
         )

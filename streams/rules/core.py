@@ -121,9 +121,11 @@ class ProcessorCore:
         queues: Collection[str] = (DEFAULT_QUEUE,),
     ) -> None:
         self.partition = partition
-        #: The declared queues (``JOBWHEEL_QUEUES``): a job naming another is REJECTED, and
-        #: a run is never produced to a topic that was not declared (and so not created).
-        self.queues = frozenset(queues) | {DEFAULT_QUEUE}
+        #: The queues (``JOBWHEEL_QUEUES`` and, through the engine's
+        #: :class:`~jobwheel.kafka.queues.QueueDirectory`, those added at run time): a job
+        #: naming another is REJECTED, and a run is never produced to a topic not seen. Kept
+        #: as given, not copied: the engine's directory learns new queues while this runs.
+        self.queues = queues
         self.state = state
         self.fencing_token = fencing_token
         self.retention_ms = retention_ms
@@ -217,13 +219,13 @@ class ProcessorCore:
     def unknown_queue(self, queue: str) -> str | None:
         """Why ``queue`` cannot take runs here (None: it can): the reason a job naming it is
         REJECTED, naming the queue and how to declare it."""
-        if queue in self.queues:
+        if queue == DEFAULT_QUEUE or queue in self.queues:
             return None
         return (
             f"unknown queue {queue!r}: this scheduler's queues are "
-            f"{', '.join(sorted(self.queues))}; declare it (JOBWHEEL_QUEUES={queue} on the "
-            "schedulers, next to the others, and `jobwheel topics ensure` for its runs topic), "
-            "start workers for it (`jobwheel worker --queue "
+            f"{', '.join(sorted({DEFAULT_QUEUE, *self.queues}))}; add it (`jobwheel queues add "
+            f"{queue}` creates its runs topic; or JOBWHEEL_QUEUES={queue} on the schedulers and "
+            "`jobwheel topics ensure`), start workers for it (`jobwheel worker --queue "
             f"{queue}`), then send the command again (`jobwheel dlq replay` resends it)"
         )
 

@@ -152,7 +152,7 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     wait_until(
         lambda: (
             polled(scrape(scheduler), "jobwheel_scheduler_partitions", phase="ready") == 4
-            and polled(scrape(worker), "jobwheel_worker_partitions") == 4
+            and polled(scrape(worker), "jobwheel_worker_partitions", queue="default") == 4
         ),
         60,
         0.2,
@@ -160,7 +160,8 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     )
     before = {base: scrape(base) for base in (scheduler, worker, api)}
     assert value(before[scheduler], "jobwheel_scheduler_commands_total") == 0
-    assert untouched(before[worker], "jobwheel_worker_runs_total", task="demo.echo") == 0
+    worker_runs = "jobwheel_worker_runs_total"  # the default queue's pool
+    assert untouched(before[worker], worker_runs, queue="default", task="demo.echo") == 0
 
     with JobClient(settings) as client:
         client.schedule_many(
@@ -205,13 +206,14 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     ) in s
 
     w = scrape(worker)
-    assert value(w, "jobwheel_worker_runs_total", task="demo.echo", state="SUCCEEDED") == 20
-    assert value(w, "jobwheel_worker_runs_total", task="demo.fail", state="FAILED") == 1
-    assert value(w, "jobwheel_worker_runs_total", task="demo.flaky", state="FAILED") == 1
-    assert value(w, "jobwheel_worker_runs_total", task="demo.flaky", state="SUCCEEDED") == 1
-    assert value(w, "jobwheel_worker_run_duration_seconds_count", task="demo.echo") == 20
-    assert value(w, "jobwheel_worker_inflight_runs") == 0
-    assert value(w, "jobwheel_worker_concurrency") == settings.worker_concurrency
+    assert value(w, worker_runs, queue="default", task="demo.echo", state="SUCCEEDED") == 20
+    assert value(w, worker_runs, queue="default", task="demo.fail", state="FAILED") == 1
+    assert value(w, worker_runs, queue="default", task="demo.flaky", state="FAILED") == 1
+    assert value(w, worker_runs, queue="default", task="demo.flaky", state="SUCCEEDED") == 1
+    durations = "jobwheel_worker_run_duration_seconds_count"
+    assert value(w, durations, queue="default", task="demo.echo") == 20
+    assert value(w, "jobwheel_worker_inflight_runs", queue="default") == 0
+    assert value(w, "jobwheel_worker_concurrency", queue="default") == settings.worker_concurrency
 
     def sunk() -> Samples | None:
         """The sink has inserted, and (idle) every batch's size and latency is observed."""
@@ -401,21 +403,21 @@ def test_the_gauges_and_counters_checked_at_zero_move_when_their_cause_happens(
     procs.spawn(["jobwheel", "serve"], env_a, tmp_path / "api.log")
     for base in (scheduler, worker, api):
         wait_until(lambda b=base: is_ready(b), 60, 0.2, f"{base} never ready")
-    assert value(scrape(worker), "jobwheel_worker_inflight_runs") == 0
+    assert value(scrape(worker), "jobwheel_worker_inflight_runs", queue="default") == 0
     assert value(scrape(api), "jobwheel_sink_undecodable_total") == 0
 
     gate = tmp_path / "gate"
     with JobClient(settings) as client:
         client.schedule("gated", task="test.gate", args={"gate": str(gate)}, now=True)
     wait_until(
-        lambda: polled(scrape(worker), "jobwheel_worker_inflight_runs") == 1,
+        lambda: polled(scrape(worker), "jobwheel_worker_inflight_runs", queue="default") == 1,
         60,
         0.2,
         "the gated run never showed in jobwheel_worker_inflight_runs",
     )
     gate.touch()
     wait_until(
-        lambda: polled(scrape(worker), "jobwheel_worker_inflight_runs") == 0,
+        lambda: polled(scrape(worker), "jobwheel_worker_inflight_runs", queue="default") == 0,
         60,
         0.2,
         "jobwheel_worker_inflight_runs stayed up after the run finished",

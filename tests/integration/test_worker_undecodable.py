@@ -178,7 +178,7 @@ def test_an_undecodable_run_is_dead_lettered_and_its_run_failed(
         assert int(h[SOURCE_OFFSET_HEADER]) >= 0
         assert b"undecodable run record" in h[ERROR_HEADER]
         assert (RUN_HEADER in h) == (headers is not None)
-    assert metric(base, "jobwheel_worker_undecodable_runs_total") == 3
+    assert metric(base, "jobwheel_worker_undecodable_runs_total", queue="default") == 3
 
     # The partition goes on: a decodable run after them runs, and the worker commits past all.
     gate.touch()

@@ -158,35 +158,36 @@ def test_every_declared_queue_has_its_grants() -> None:
     assert {("GROUP", "jw-workers"), ("GROUP", "jw-workers-reports")} <= worker
 
 
-def test_a_worker_serves_the_queue_asked_else_its_tasks_queue_and_only_a_declared_one() -> None:
-    from jobwheel.consumers.worker.cli import serving_queue
+def test_a_worker_serves_the_queues_asked_else_its_tasks_queues_and_only_known_ones() -> None:
+    from jobwheel.consumers.worker.cli import serving_queues
     from jobwheel.errors import ConfigError
 
-    declared = ("default", "reports")
-    assert serving_queue(None, [], declared) == "default"
-    assert serving_queue(None, ["reports"], declared) == "reports"
-    assert serving_queue(["default"], ["reports"], declared) == "default"
-    with pytest.raises(ConfigError, match="not declared.*JOBWHEEL_QUEUES"):
-        serving_queue(["gpu"], [], declared)
-    with pytest.raises(ConfigError, match="one worker per queue"):
-        serving_queue(None, ["default", "reports"], declared)
+    known = ("default", "reports")
+    assert serving_queues(None, [], known) == ["default"]
+    assert serving_queues(None, ["reports"], known) == ["reports"]
+    assert serving_queues(["default"], ["reports"], known) == ["default"]
+    # several: one pool each, in the order asked, each once
+    assert serving_queues(["reports", "default", "reports"], [], known) == ["reports", "default"]
+    assert serving_queues(None, ["default", "reports"], known) == ["default", "reports"]
+    with pytest.raises(ConfigError, match="no queue 'gpu'.*jobwheel queues add gpu"):
+        serving_queues(["default", "gpu"], [], known)
     with pytest.raises(ConfigError, match="queue"):
-        serving_queue(["bad name"], [], declared)
+        serving_queues(["bad name"], [], known)
 
 
 @pytest.mark.parametrize(
     ("args", "env", "wanted"),
     [
-        (["--queue", "gpu"], {}, "'gpu' is not a declared queue (default)"),
-        (["--queue", "gpu"], {"JOBWHEEL_QUEUES": "reports"}, "declared queue (default, reports)"),
         (["--queue", "bad name"], {}, "is not a queue name"),
+        (["--queue", "x" * 65], {"JOBWHEEL_QUEUES": "reports"}, "is not a queue name"),
     ],
 )
-def test_submit_refuses_an_undeclared_or_bad_queue_before_sending(
+def test_submit_refuses_a_bad_queue_name_before_sending(
     args: list[str], env: dict[str, str], wanted: str
 ) -> None:
     """Exit 2, one line naming the queue, nothing sent: no broker is needed to be refused
-    (the command is built and checked before a producer exists)."""
+    (the command is built and checked before a producer exists). A well-formed queue that
+    may have been added at run time is asked of the broker: see test_pools_runtime.py."""
     import os
     import subprocess
 
