@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 
 from jobwheel.metrics import Collector, gauge
+from jobwheel.schemas.topics import queue_of_topic
 from jobwheel.settings import Settings
 
 #: Partitions named in a one-line health detail at most (the rest are counted).
@@ -111,6 +112,11 @@ def replication_report(
 
     names = list(topics) if topics is not None else jobwheel_topics(settings)
     metadata = admin_client(settings).list_topics(timeout=timeout_s)
+    if topics is None:  # and the runs topics of queues added at run time (`queues add`)
+        prefix = settings.topic_prefix
+        names += sorted(
+            n for n in metadata.topics if n not in names and queue_of_topic(prefix, n) is not None
+        )
     found: list[PartitionReplicas] = []
     missing: list[str] = []
     for name in names:

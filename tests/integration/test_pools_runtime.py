@@ -23,6 +23,7 @@ import pytest
 from jobwheel.consumers.status.pools import read_pools
 from jobwheel.deploy.broker import free_port
 from jobwheel.errors import ValidationError
+from jobwheel.kafka.replication import replication_report
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.models import State
 from tests.conftest import settings_env, settings_on
@@ -87,6 +88,9 @@ def test_a_queue_added_at_run_time_is_served_by_one_worker_with_another_queue(
         rows = {line.split()[0]: line for line in listed.stdout.splitlines()}
         assert set(rows) == {"default", "alpha", "beta"}, listed.stdout
         assert "declared" in rows["alpha"] and "added" in rows["beta"], listed.stdout
+        # `jobwheel health`'s replication check watches the added topic too.
+        watched = Counter(p.topic for p in replication_report(settings, scaled(10)).partitions)
+        assert watched[topics.runs_for("beta")] == 4, watched
         bad = _jobwheel(env, "queues", "add", "no good")
         assert bad.returncode == 2 and "is not a queue name" in bad.stderr, bad
         # A reader of the new topic too (beta only in this reader's settings).
