@@ -12,9 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import Procs, jobwheel_argv, log_tail, scaled, wait_for_group, wait_until
-
-WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
+from tests.support import (
+    Procs,
+    jobwheel_argv,
+    log_tail,
+    scaled,
+    start_worker,
+    wait_for_group,
+    wait_until,
+)
 
 
 @dataclass
@@ -103,7 +109,7 @@ def start_stack(
 
     secret = {"JOBWHEEL_API_TOKEN": token} if token else {}
     procs.spawn(["jobwheel", "scheduler"], data("scheduler"), tmp_path / "scheduler.log")
-    procs.spawn(WORKER, data("worker", worker_env), tmp_path / "worker.log")
+    start_worker(procs, data("worker", worker_env), tmp_path / "worker.log")
     serve_log = tmp_path / "serve.log"
     procs.spawn(["jobwheel", "serve"], data("serve", secret), serve_log)
     wait_for_api(settings.status_api_url, serve_log)

@@ -3,8 +3,7 @@
 Use with the fixtures of ``tests/conftest.py`` (``kafka_bootstrap``, ``settings``,
 ``jobwheel_env``, ``procs``)::
 
-    proc = procs.spawn(["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], jobwheel_env,
-                       tmp_path / "worker.log")
+    proc = start_worker(procs, jobwheel_env, tmp_path / "worker.log", "--concurrency", "2")
     msgs = consume(settings, settings.topics.acks, min_count=3)
     wait_until(lambda: proc.poll() is None, 5, message="worker died")
     assert read_all(settings, settings.topics.requests) == []  # provably nothing there
@@ -561,6 +560,31 @@ class Procs:
                 # Shown by pytest only when the test failed (captured teardown output).
                 print(f"--- {' '.join(map(str, proc.args))} (exit {proc.returncode}); {log_path}")
                 print(log_tail(log_path))
+
+
+#: What a test's worker serves unless the test says otherwise: the demo tasks and the gate
+#: tasks of ``tests/tasks.py``.
+WORKER_TASKS = "jobwheel.consumers.demo,tests.tasks"
+#: The demo tasks alone.
+DEMO_TASKS = "jobwheel.consumers.demo"
+
+
+def start_worker(
+    procs: Procs,
+    env: dict[str, str],
+    log_path: Path,
+    *args: str,
+    tasks: str = WORKER_TASKS,
+    **env_overrides: str,
+) -> subprocess.Popen[bytes]:
+    """Start ``jobwheel worker --tasks TASKS ARGS...`` (``"--concurrency", "4"``) with ``env``
+    and ``env_overrides`` as ``JOBWHEEL_<NAME>`` variables (``worker_shutdown_grace_ms="2000"``
+    sets ``JOBWHEEL_WORKER_SHUTDOWN_GRACE_MS``), its output in ``log_path``, which the process
+    carries as ``proc.log_path``. Every test starts its workers here."""
+    env = {**env, **{f"JOBWHEEL_{name.upper()}": v for name, v in env_overrides.items()}}
+    proc = procs.spawn(["jobwheel", "worker", "--tasks", tasks, *args], env, log_path)
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    return proc
 
 
 def metric(base: str, name: str, **labels: str) -> float:

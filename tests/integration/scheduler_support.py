@@ -1,24 +1,23 @@
 """Helpers for the pipeline tests against the session broker: real scheduler processes, runs
 written to the runs topic as the scheduler writes them (for the worker tests, which run no
-scheduler), the worker group's offsets, and the readers of the topics with their fixtures
-(``topic_tail``: runs, status, acks and dead letters; ``status_tail``: the acks topic). A test
-module takes a fixture under the name its tests use: ``from ... import topic_tail as tail``."""
+scheduler), the worker group's offsets, and :class:`TopicTail`, the one reader of the runs,
+status, acks and dead-letter topics (the ``tail`` fixture of ``tests/integration/conftest.py``).
+Workers are started with :func:`tests.support.start_worker`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import queue
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from jobwheel.errors import SchemaDecodeError
@@ -28,104 +27,113 @@ from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for
 from jobwheel.settings import Settings
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
-from tests.support import HarnessError, Procs, Tail, kafka_call, log_tail, scaled, wait_until
+from tests.support import HarnessError, Procs, Tail, kafka_call, log_tail, wait_until
 
 T = TypeVar("T")
 CODEC = Codec()
 
 
 class TopicTail:
-    """Reads the runs, status, acks and dead-letter topics (read_committed) in a background
-    thread; ``status`` holds the events of both the scheduler (status) and workers (acks).
+    """The tests' one reader of the pipeline's topics as they grow: every declared queue's runs
+    topic, status, acks and dead letters (read_committed), or the ones of them in ``topics``
+    (``[settings.topics.acks]``: only what workers report). Everything a pipeline test asserts
+    on is what a real consumer would see, decoded and kept:
 
-    Everything a pipeline test asserts on is what a real consumer would see. Records that do
-    not decode (a test's own garbage) are kept in ``garbage``. The reading is
-    :class:`tests.support.Tail`'s: a consumer error is not skipped but makes every accessor
-    raise, so a dead reader cannot pass for "nothing was seen". A negative check waits for a
-    positive fact first and then reads to the end offsets taken after it
-    (:meth:`settled`, :meth:`read_to_end`); :meth:`duplicate_dispatches` does so itself.
+    - ``runs``: (run, broker timestamp ms) of every runs topic, ``runs_on``: topic -> its runs;
+    - ``status``: the events of both the scheduler (status) and workers (acks), in the order
+      read, with ``partitions`` and ``keys`` (job id -> the partitions and keys they came in);
+    - ``dead``: the raw dead-letter records; ``garbage``: the records that do not decode to
+      what their topic carries (a test's own garbage).
+
+    It reads in the caller's thread with :class:`tests.support.Tail`: every accessor first
+    takes in what has arrived (:meth:`poll`). A consumer error is not skipped: it raises, and
+    so does every accessor after it, so a dead reader cannot pass for "nothing was seen". A
+    negative check waits for a positive fact first and then reads to the end offsets taken
+    after it (:meth:`settled`, :meth:`read_to_end`); :meth:`duplicate_dispatches` does so
+    itself.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.runs: list[tuple[Run, int]] = []  # (run, broker timestamp ms)
-        self.status: list[StatusEvent] = []
-        self.dead: list[Any] = []  # raw confluent messages
-        self.garbage: list[Any] = []
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._codec = default_codec()
+    #: The most records one read takes in before it looks again (:meth:`Tail.poll`).
+    BATCH = 500
+
+    def __init__(self, settings: Settings, topics: Iterable[str] | None = None) -> None:
         t = settings.topics
-        # Asked of the reader's thread, which alone touches the consumer: (done, failure).
-        self._to_end: queue.Queue[tuple[threading.Event, list[BaseException], float]] = (
-            queue.Queue()
-        )
-        # Every declared queue's runs topic (JOBWHEEL_QUEUES); ``runs_on`` says which carried
-        # each run.
-        self._runs_topics = [t.runs_for(q) for q in settings.queue_names]
-        self.runs_on: dict[str, list[Run]] = {topic: [] for topic in self._runs_topics}
-        self._reader = Tail(settings, [*self._runs_topics, t.status, t.acks, t.dead_letter])
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        runs_topics = [t.runs_for(q) for q in settings.queue_names]
+        known = [*runs_topics, t.status, t.acks, t.dead_letter]
+        chosen = known if topics is None else list(topics)
+        strangers = [topic for topic in chosen if topic not in known]
+        if strangers or not chosen:
+            raise HarnessError(
+                f"TopicTail reads some of {known}, not {strangers or 'no topic at all'}"
+            )
+        self.settings = settings
+        self.error: BaseException | None = None
+        self._dead_letter = t.dead_letter
+        self._codec = default_codec()
+        self._runs: list[tuple[Run, int]] = []
+        self._runs_on: dict[str, list[Run]] = {r: [] for r in runs_topics if r in chosen}
+        self._status: list[StatusEvent] = []
+        self._partitions: dict[str, set[int]] = defaultdict(set)
+        self._keys: dict[str, set[bytes | None]] = defaultdict(set)
+        self._dead: list[Any] = []  # raw confluent messages
+        self._garbage: list[Any] = []
+        self._closed = False
+        self._reader = Tail(settings, chosen)
+
+    # reading ---------------------------------------------------------------------------
 
     def _keep(self, msg: Any) -> None:
-        t = self.settings.topics
-        with self._lock:
-            if msg.topic() == t.dead_letter:
-                self.dead.append(msg)
-                return
-            try:
-                value = self._codec.decode(msg.value() or b"")
-            except SchemaDecodeError:
-                self.garbage.append(msg)
-                return
-            if msg.topic() in self.runs_on:
-                self.runs.append((value, msg.timestamp()[1]))
-                self.runs_on[msg.topic()].append(value)
-            else:
-                self.status.append(value)
-
-    def _loop(self) -> None:
+        topic = msg.topic()
+        if topic == self._dead_letter:
+            self._dead.append(msg)
+            return
         try:
-            while not self._stop.is_set():
-                try:
-                    done, failure, timeout_s = self._to_end.get_nowait()
-                except queue.Empty:
-                    for msg in self._reader.poll():
-                        self._keep(msg)
-                    continue
-                try:
-                    self._reader.read_to_end(self._keep, timeout_s)
-                except BaseException as exc:
-                    failure.append(exc)
-                    raise
-                finally:
-                    done.set()
-        except BaseException as exc:  # surfaced by the accessors
+            value = self._codec.decode(msg.value() or b"")
+        except SchemaDecodeError:
+            self._garbage.append(msg)
+            return
+        if topic in self._runs_on and isinstance(value, Run):
+            self._runs.append((value, msg.timestamp()[1]))
+            self._runs_on[topic].append(value)
+        elif topic not in self._runs_on and isinstance(value, StatusEvent):
+            self._status.append(value)
+            self._partitions[value.job_id].add(msg.partition())
+            self._keys[value.job_id].add(msg.key())
+        else:
+            self._garbage.append(msg)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A read of the topics; one that fails leaves the reader failed for good (what it
+        holds may lack records), so every accessor raises from then on."""
+        self._check()
+        try:
+            yield
+        except BaseException as exc:
             self.error = exc
+            raise
 
     def _check(self) -> None:
         if self.error is not None:
             raise HarnessError(f"the topic reader failed: {self.error!r}") from self.error
 
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._reader.close()
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Take in every record that has arrived (waiting up to ``timeout_s`` for a first
+        one). Every accessor does so first."""
+        with self._reading():
+            while True:
+                batch = self._reader.poll(self.BATCH, timeout_s)
+                for msg in batch:
+                    self._keep(msg)
+                if len(batch) < self.BATCH:
+                    return
+                timeout_s = 0.0
 
     def read_to_end(self, timeout_s: float = 30.0) -> None:
-        """Return once everything on the four topics up to their end offsets as of this call
-        has been read. Call it after waiting for a fact (see :meth:`settled`)."""
-        self._check()
-        done, failure = threading.Event(), []  # type: ignore[var-annotated]
-        self._to_end.put((done, failure, timeout_s))
-        if not done.wait(scaled(timeout_s) + scaled(15)):
-            self._check()
-            raise HarnessError("the topic reader did not answer a read to the end offsets")
-        if failure:
-            raise HarnessError(f"the topic reader could not read to the end: {failure[0]}")
-        self._check()
+        """Return once everything on the topics up to their end offsets as of this call has
+        been read. Call it after waiting for a fact (see :meth:`settled`)."""
+        with self._reading():
+            self._reader.read_to_end(self._keep, timeout_s)
 
     def settled(self, positive: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
         """Wait until the reader sees ``positive`` (a fact the test knows is on the topics:
@@ -135,27 +143,84 @@ class TopicTail:
         self.read_to_end(timeout_s)
         return seen
 
+    def wait(self, predicate: Callable[[], Any], timeout_s: float, message: str = "") -> Any:
+        return wait_until(predicate, timeout_s, 0.1, message)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._reader.close()
+
+    # what was read (each takes in what has arrived first) ------------------------------
+
+    @property
+    def runs(self) -> list[tuple[Run, int]]:
+        self.poll()
+        return list(self._runs)
+
+    @property
+    def runs_on(self) -> dict[str, list[Run]]:
+        self.poll()
+        return {topic: list(runs) for topic, runs in self._runs_on.items()}
+
+    @property
+    def status(self) -> list[StatusEvent]:
+        self.poll()
+        return list(self._status)
+
+    @property
+    def partitions(self) -> dict[str, set[int]]:
+        """Job id -> the partitions its status events came in."""
+        self.poll()
+        return {job: set(seen) for job, seen in self._partitions.items()}
+
+    @property
+    def keys(self) -> dict[str, set[bytes | None]]:
+        """Job id -> the record keys its status events carried."""
+        self.poll()
+        return {job: set(seen) for job, seen in self._keys.items()}
+
+    @property
+    def dead(self) -> list[Any]:
+        self.poll()
+        return list(self._dead)
+
+    @property
+    def garbage(self) -> list[Any]:
+        self.poll()
+        return list(self._garbage)
+
     def all_runs(self) -> list[Run]:
-        self._check()
-        with self._lock:
-            return [r for r, _ in self.runs]
+        return [r for r, _ in self.runs]
 
     def runs_of(self, job_id: str) -> list[Run]:
         return [r for r in self.all_runs() if r.job_id == job_id]
 
-    def events(self, job_id: str | None = None, state: State | None = None) -> list[StatusEvent]:
-        self._check()
-        with self._lock:
-            return [
-                e
-                for e in self.status
-                if (job_id is None or e.job_id == job_id) and (state is None or e.state == state)
-            ]
-
     def dead_letters(self) -> list[Any]:
-        self._check()
-        with self._lock:
-            return list(self.dead)
+        return self.dead
+
+    def events(self, job_id: str | None = None, state: State | None = None) -> list[StatusEvent]:
+        """The status events read, of ``job_id`` and in ``state`` if given, in read order."""
+        return [
+            e
+            for e in self.status
+            if (job_id is None or e.job_id == job_id) and (state is None or e.state == state)
+        ]
+
+    def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
+        """The status events of one run (in ``state`` if given)."""
+        return [e for e in self.events(state=state) if e.run_id == run_id]
+
+    def wait_for(
+        self, run_id: str, state: State, count: int = 1, timeout_s: float = 30.0
+    ) -> list[StatusEvent]:
+        """Wait until ``count`` events of the run in ``state`` have been read; those events."""
+
+        def found() -> list[StatusEvent]:
+            events = self.of(run_id, state)
+            return events if len(events) >= count else []
+
+        return self.wait(found, timeout_s, f"no {state} for {run_id}")
 
     def duplicate_dispatches(self) -> dict[tuple[str, int], int]:
         """Committed run records that appear more than once with the same run id and attempt
@@ -170,16 +235,6 @@ class TopicTail:
             )
         counts = Counter((r.run_id, r.attempt) for r in runs)
         return {key: n for key, n in counts.items() if n > 1}
-
-    def wait(self, predicate: Callable[[], Any], timeout_s: float, message: str = "") -> Any:
-        return wait_until(predicate, timeout_s, 0.1, message)
-
-
-@pytest.fixture
-def topic_tail(settings: Settings) -> Iterator[TopicTail]:
-    t = TopicTail(settings)
-    yield t
-    t.close()
 
 
 def make_run(
@@ -239,60 +294,6 @@ def produce_runs(settings: Any, records: list[Run | bytes], *, key: str = "raw")
         else:
             producer.produce(settings.topics.runs, key=key.encode(), value=record)
     producer.commit_transaction(30)
-
-
-class StatusTail:
-    """Reads the whole acks topic as it grows (no group), decoding every event: a
-    :class:`tests.support.Tail`, so a consumer error raises instead of reading as "nothing"."""
-
-    def __init__(self, settings: Any) -> None:
-        self.settings = settings
-        self.reader = Tail(settings, [settings.topics.acks])
-        self.events: list[StatusEvent] = []
-        self.partitions: dict[str, set[int]] = defaultdict(set)  # job id -> partitions seen
-        self.keys: dict[str, set[bytes]] = defaultdict(set)
-
-    def _keep(self, msg: Any) -> None:
-        event = CODEC.decode(msg.value())
-        assert isinstance(event, StatusEvent)
-        self.events.append(event)
-        self.partitions[event.job_id].add(msg.partition())
-        self.keys[event.job_id].add(msg.key())
-
-    def poll(self) -> None:
-        for msg in self.reader.poll():
-            self._keep(msg)
-
-    def poll_to_end(self, timeout_s: float = 30.0) -> None:
-        """Read every event on the topic up to each partition's end offset as of this call,
-        so an assertion that something is *not* there looks at everything that is. Call it
-        after waiting for a fact the test knows is there (a positive)."""
-        self.reader.read_to_end(self._keep, timeout_s)
-
-    def of(self, run_id: str, state: State | None = None) -> list[StatusEvent]:
-        return [
-            e for e in self.events if e.run_id == run_id and (state is None or e.state is state)
-        ]
-
-    def wait_for(
-        self, run_id: str, state: State, count: int = 1, timeout_s: float = 30.0
-    ) -> list[StatusEvent]:
-        def found() -> list[StatusEvent]:
-            self.poll()
-            events = self.of(run_id, state)
-            return events if len(events) >= count else []
-
-        return wait_until(found, timeout_s, interval_s=0.0, message=f"no {state} for {run_id}")
-
-    def close(self) -> None:
-        self.reader.close()
-
-
-@pytest.fixture
-def status_tail(settings: Settings) -> Iterator[StatusTail]:
-    t = StatusTail(settings)
-    yield t
-    t.close()
 
 
 def committed_offsets(settings: Any) -> dict[int, int]:
@@ -387,14 +388,6 @@ def start_scheduler(
             f"scheduler did not get ready:\n{log_tail(log_path)}",
         )
         assert proc.poll() is None, f"scheduler exited:\n{log_tail(log_path)}"
-    return proc
-
-
-def start_worker(procs: Procs, base_env: dict[str, str], log_path: Path) -> Any:
-    proc = procs.spawn(
-        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], base_env, log_path
-    )
-    proc.log_path = log_path  # type: ignore[attr-defined]
     return proc
 
 

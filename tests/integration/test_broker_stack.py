@@ -183,8 +183,8 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     stack used to give any service), the worker hands the run back, and the run's next attempt
     is the only execution after it: attempt 1 is never delivered again next to attempt 2."""
     from jobwheel.producers.client import JobClient
-    from tests.integration.scheduler_support import StatusTail
-    from tests.support import wait_for_group, wait_for_log
+    from tests.integration.scheduler_support import TopicTail
+    from tests.support import DEMO_TASKS, start_worker, wait_for_group, wait_for_log
 
     env = {
         **jobwheel_env,
@@ -195,13 +195,12 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     up = procs.spawn(["jobwheel", "up", "--bootstrap", kafka_bootstrap], env, log)
     wait_for_log(log, "jobwheel stack up", 90, proc=up)
     wait_for_group(settings, settings.worker_group, settings.topics.runs, timeout_s=60)
-    tail = StatusTail(settings)
+    tail = TopicTail(settings, [settings.topics.acks])
     with JobClient(settings) as client:
         job_id = client.schedule("long", task="demo.sleep", args={"seconds": 3600}, now=True)
 
     def started() -> str | None:
-        tail.poll()
-        found = [e for e in tail.events if e.job_id == job_id and e.state is State.STARTED]
+        found = tail.events(job_id, State.STARTED)
         return found[0].run_id if found else None
 
     run_id = wait_until(started, 60, message="the long run never STARTED")
@@ -224,11 +223,9 @@ def test_ctrl_c_lets_a_busy_worker_hand_its_run_back_and_it_never_runs_twice_at_
     # The stack again, minus the status service: the run goes on as attempt 2, and attempt 1
     # is not executed a second time.
     procs.spawn(["jobwheel", "scheduler"], env, tmp_path / "scheduler.log")
-    procs.spawn(
-        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, tmp_path / "w2.log"
-    )
+    start_worker(procs, env, tmp_path / "w2.log", tasks=DEMO_TASKS)
     again = tail.wait_for(run_id, State.STARTED, count=2, timeout_s=90)
-    tail.poll_to_end()
+    tail.read_to_end()
     assert [e.attempt for e in tail.of(run_id, State.STARTED)] == [1, 2], again
 
 

@@ -50,7 +50,7 @@ from tests.integration.scheduler_support import (
     now_ms,
     start_scheduler,
 )
-from tests.support import Procs, kafka_call, log_tail, scaled, stop, wait_until
+from tests.support import Procs, kafka_call, log_tail, scaled, start_worker, stop, wait_until
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]
 PARTITIONS = 4
@@ -646,10 +646,8 @@ def _kill_mid_stream(
             **env,
             "JOBWHEEL_KAFKA_CONFIG": json.dumps({"session.timeout.ms": WORKER_SESSION_MS}),
         }
-        worker = procs.spawn(
-            ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.cluster_tasks"],
-            worker_env,
-            worker_log,
+        worker = start_worker(
+            procs, worker_env, worker_log, tasks="jobwheel.consumers.demo,tests.cluster_tasks"
         )
 
         def spec(job_id: str, **when: Any) -> JobSpec:

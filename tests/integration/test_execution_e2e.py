@@ -17,18 +17,8 @@ from datetime import timedelta
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State
-from tests.integration.scheduler_support import start_scheduler, topic_tail
-from tests.support import file_lines, log_tail, scaled, wait_for_group, wait_until
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
-
-
-def start_worker(procs, env, tmp_path, name: str, concurrency: int = 4):
-    log_path = tmp_path / f"{name}.log"
-    argv = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
-    proc = procs.spawn([*argv, "--concurrency", str(concurrency)], env, log_path)
-    proc.log_path = log_path
-    return proc
+from tests.integration.scheduler_support import start_scheduler
+from tests.support import file_lines, log_tail, scaled, start_worker, wait_for_group, wait_until
 
 
 def worker_ready(settings) -> None:
@@ -40,7 +30,7 @@ def test_retries_dead_runs_unknown_tasks_and_heartbeats(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
     start_scheduler(procs, jobwheel_env, tmp_path / "s1")
-    start_worker(procs, jobwheel_env, tmp_path, "w1")
+    start_worker(procs, jobwheel_env, tmp_path / "w1.log", "--concurrency", "4")
     worker_ready(settings)
     gate = tmp_path / "long-gate"
     visibility_s = scaled(4)
@@ -120,7 +110,7 @@ def test_a_run_lost_with_its_sigkilled_worker_is_run_by_the_next_worker_without_
     unfinished run from Kafka (its offset was never committed), and its STARTED keeps the
     scheduler from sending a second attempt of the same work."""
     start_scheduler(procs, jobwheel_env, tmp_path / "s1")
-    first = start_worker(procs, jobwheel_env, tmp_path, "w1")
+    first = start_worker(procs, jobwheel_env, tmp_path / "w1.log", "--concurrency", "4")
     worker_ready(settings)
     started, gate = tmp_path / "started.txt", tmp_path / "gate"
     with JobClient(settings) as client:
@@ -138,7 +128,7 @@ def test_a_run_lost_with_its_sigkilled_worker_is_run_by_the_next_worker_without_
     first.wait(scaled(10))
 
     gate.touch()
-    second = start_worker(procs, jobwheel_env, tmp_path, "w2")
+    second = start_worker(procs, jobwheel_env, tmp_path / "w2.log", "--concurrency", "4")
     tail.wait(
         lambda: tail.events(job, State.SUCCEEDED),
         60,

@@ -22,10 +22,16 @@ from typing import Any
 import pytest
 
 from tests.stack_support import wait_for_api
-from tests.support import Procs, jobwheel_argv, scaled, wait_for_group, wait_until
+from tests.support import (
+    Procs,
+    jobwheel_argv,
+    scaled,
+    start_worker,
+    wait_for_group,
+    wait_until,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 LIFECYCLE = {"SCHEDULED", "RESUMED", "PAUSED", "CANCELLED", "COMPLETED", "DEAD"}
 
 
@@ -127,7 +133,7 @@ def walk(settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Pa
         return {**jobwheel_env, "JOBWHEEL_DATA_DIR": str(tmp_path / name)}
 
     procs.spawn(["jobwheel", "scheduler"], env("scheduler"), tmp_path / "scheduler.log")
-    procs.spawn(WORKER, env("worker"), tmp_path / "worker.log")
+    start_worker(procs, env("worker"), tmp_path / "worker.log")
     serve_log = tmp_path / "serve.log"
     procs.spawn(["jobwheel", "serve"], env("serve"), serve_log)
     wait_for_api(settings.status_api_url, serve_log)

@@ -387,7 +387,7 @@ def test_worker_and_serve_processes_run_with_their_roles(
     (written here as the scheduler) and reports on acks, which the sink's principal reads; a
     real `jobwheel serve` as the api role runs its embedded sink on them."""
     from tests.integration.scheduler_support import make_run
-    from tests.support import consume, log_tail
+    from tests.support import DEMO_TASKS, consume, log_tail, start_worker
 
     scheduler, sink = _role(secure, "scheduler"), _role(secure, "sink")
     run = make_run(scheduler, "demo.echo", {"x": 1}, job_id=f"acl-{uuid.uuid4().hex[:6]}")
@@ -397,7 +397,7 @@ def test_worker_and_serve_processes_run_with_their_roles(
         "PYTHONUNBUFFERED": "1",
     }
     log = tmp_path / "worker.log"
-    procs.spawn(["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, log)
+    start_worker(procs, env, log, tasks=DEMO_TASKS)
 
     def succeeded() -> bool:
         acks = consume(sink, sink.topics.acks, min_count=100, timeout_s=2)
@@ -482,7 +482,7 @@ def test_a_worker_without_dead_letter_rights_still_answers_an_undecodable_run(
     from jobwheel.kafka.producer import producer_config
     from jobwheel.schemas.topics import RUN_HEADER, run_header
     from tests.integration.scheduler_support import make_run
-    from tests.support import consume, log_tail
+    from tests.support import DEMO_TASKS, consume, log_tail, start_worker
 
     scheduler, sink = _role(secure, "scheduler"), _role(secure, "sink")
     job = f"acl-undecodable-{uuid.uuid4().hex[:6]}"
@@ -512,7 +512,7 @@ def test_a_worker_without_dead_letter_rights_still_answers_an_undecodable_run(
         "PYTHONUNBUFFERED": "1",
     }
     log = tmp_path / "worker.log"
-    procs.spawn(["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, log)
+    start_worker(procs, env, log, tasks=DEMO_TASKS)
 
     def answered() -> dict[str, Any]:
         acks = consume(sink, sink.topics.acks, min_count=1000, timeout_s=2)

@@ -13,12 +13,8 @@ from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import (
     log_events,
     start_scheduler,
-    start_worker,
-    topic_tail,
 )
-from tests.support import wait_for_group
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
+from tests.support import DEMO_TASKS, start_worker, wait_for_group
 
 
 @pytest.mark.timeout(300)
@@ -37,7 +33,7 @@ def test_two_schedulers_with_a_static_member_id_in_the_common_config_share_the_w
         settings, settings.scheduler_app_id, settings.topics.requests, 90, members=2
     )
     assert all(owners.values()), f"a member owns nothing: {owners}"
-    start_worker(procs, env, tmp_path / "worker.log")
+    start_worker(procs, env, tmp_path / "worker.log", tasks=DEMO_TASKS)
     with JobClient(settings) as client:
         jobs = client.schedule_many(
             [JobSpec(job_id=f"static-{i}", task="demo.echo", now=True) for i in range(40)]

@@ -22,7 +22,7 @@ from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import log_events, start_scheduler, wait_owns_all
-from tests.support import Procs, scaled, stop, wait_until
+from tests.support import DEMO_TASKS, Procs, scaled, start_worker, stop, wait_until
 
 
 class Samples(dict[tuple[str, tuple[tuple[str, str], ...]], float]):
@@ -141,9 +141,7 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
     env_w, worker = served(base_env)
     env_a, api = served(base_env)
     sched = start_scheduler(procs, env_s, tmp_path / "sched")
-    procs.spawn(
-        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env_w, tmp_path / "w.log"
-    )
+    start_worker(procs, env_w, tmp_path / "w.log", tasks=DEMO_TASKS)
     procs.spawn(["jobwheel", "serve"], env_a, tmp_path / "api.log")
     for base in (scheduler, worker, api):
         wait_until(lambda b=base: is_ready(b), 60, 0.2, f"{base} never ready")
@@ -395,11 +393,7 @@ def test_the_gauges_and_counters_checked_at_zero_move_when_their_cause_happens(
     env_w, worker = served(base_env)
     env_a, api = served(base_env)
     start_scheduler(procs, env_s, tmp_path / "sched")
-    procs.spawn(
-        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"],
-        env_w,
-        tmp_path / "w.log",
-    )
+    start_worker(procs, env_w, tmp_path / "w.log")
     procs.spawn(["jobwheel", "serve"], env_a, tmp_path / "api.log")
     for base in (scheduler, worker, api):
         wait_until(lambda b=base: is_ready(b), 60, 0.2, f"{base} never ready")

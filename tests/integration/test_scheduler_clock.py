@@ -10,11 +10,8 @@ from tests.integration.scheduler_support import (
     log_events,
     now_ms,
     start_scheduler,
-    topic_tail,
 )
 from tests.support import scaled
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 HOUR = 3_600_000
 

@@ -22,12 +22,9 @@ from tests.integration.scheduler_support import (
     now_ms,
     ready_partitions,
     start_scheduler,
-    topic_tail,
     wait_owns_all,
 )
 from tests.support import log_tail, metric, scaled, stop, wait_until
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 #: Long enough that no run is re-dispatched by its visibility timeout during a test (there are
 #: no workers): every second dispatch seen is then a duplicate, not a retry.

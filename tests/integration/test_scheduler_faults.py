@@ -26,13 +26,9 @@ from tests.integration.scheduler_support import (
     log_events,
     now_ms,
     start_scheduler,
-    start_worker,
-    topic_tail,
     wait_owns_all,
 )
-from tests.support import scaled, wait_for_group, wait_until
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
+from tests.support import DEMO_TASKS, scaled, start_worker, wait_for_group, wait_until
 
 CODEC = default_codec()
 
@@ -43,7 +39,7 @@ def test_crash_loop_loses_nothing_and_dispatches_each_run_once(
 ):
     """300 recurring jobs (every 1 s) and 2,000 one-off jobs; the scheduler is SIGKILLed 12
     times while at work, and restarted at once on the same disk."""
-    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log", tasks=DEMO_TASKS)
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s", log_name="s-0")
     start = now_ms() + 2000
     recurring = [
@@ -144,6 +140,7 @@ def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
             ),
         },
         tmp_path / "worker.log",
+        tasks=DEMO_TASKS,
     )
     held = {
         "fetch.min.bytes": 50_000_000,
@@ -197,7 +194,7 @@ def test_a_deadline_waits_for_acks_the_broker_holds_back_from_the_scheduler(
 def test_poison_records_on_requests_and_acks_are_dead_lettered_and_the_partition_works_on(
     settings, jobwheel_env, procs, tmp_path, tail
 ):
-    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log", tasks=DEMO_TASKS)
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s")
     t = settings.topics
     victim = "poisoned"
@@ -248,8 +245,7 @@ def test_hostile_acks_and_headers_are_dead_lettered_or_ignored_and_the_partition
     and the partition goes on."""
     # tests.tasks: the victim's run blocks on a gate, so it is still running for as long as
     # the test needs, whatever the load.
-    argv = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
-    procs.spawn(argv, jobwheel_env, tmp_path / "worker.log")
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
     scheduler = start_scheduler(procs, jobwheel_env, tmp_path / "s")
     t = settings.topics
     gate = tmp_path / "victim-gate"

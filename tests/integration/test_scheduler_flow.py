@@ -15,9 +15,7 @@ from jobwheel.producers.client import JobClient
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import CancelJob, Cron, JobCommand, ScheduleJob, State
 from jobwheel.schemas.partitioning import key_for, partition_for
-from tests.integration.scheduler_support import TopicTail, now_ms, start_scheduler, topic_tail
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
+from tests.integration.scheduler_support import TopicTail, now_ms, start_scheduler
 
 # A fire must never come early; it must come "at" its time. The promise (within 2 s) is
 # measured by load/scheduler_bench.py; here a loose bound only catches a fire that came from

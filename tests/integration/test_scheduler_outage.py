@@ -21,9 +21,8 @@ from tests.integration.scheduler_support import (
     log_events,
     now_ms,
     start_scheduler,
-    start_worker,
 )
-from tests.support import wait_until
+from tests.support import DEMO_TASKS, start_worker, wait_until
 
 OUTAGE_S = 60
 
@@ -32,7 +31,7 @@ OUTAGE_S = 60
 def test_every_job_runs_after_a_60s_broker_outage(own_broker, procs, tmp_path, figure):
     settings = settings_on(own_broker.bootstrap, tmp_path)
     env = settings_env(settings)
-    start_worker(procs, env, tmp_path / "worker.log")
+    start_worker(procs, env, tmp_path / "worker.log", tasks=DEMO_TASKS)
     metrics = f"http://127.0.0.1:{free_port()}"
     scheduler = start_scheduler(
         procs, env, tmp_path / "s", extra_env={"JOBWHEEL_METRICS_PORT": metrics.rsplit(":", 1)[1]}

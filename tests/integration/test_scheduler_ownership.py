@@ -34,12 +34,9 @@ from tests.integration.scheduler_support import (
     log_events,
     now_ms,
     start_scheduler,
-    topic_tail,
     wait_owns_all,
 )
 from tests.support import HarnessError, log_tail, scaled, wait_until
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 CODEC = default_codec()
 #: No run expires by time alone during a test: a second attempt is a wrong expiry.

@@ -25,12 +25,9 @@ from tests.integration.scheduler_support import (
     log_events,
     now_ms,
     start_scheduler,
-    topic_tail,
     wait_owns_all,
 )
 from tests.support import HarnessError, log_tail, stop, wait_until
-
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
 
 
 def neighbour_of(job_id: str, settings: Settings, name: str) -> str:

@@ -34,9 +34,8 @@ from tests.integration.scheduler_support import (
     SupervisedScheduler,
     TopicTail,
     now_ms,
-    start_worker,
 )
-from tests.support import Procs, log_tail, scaled, wait_until
+from tests.support import DEMO_TASKS, Procs, log_tail, scaled, start_worker, wait_until
 
 #: Outages tried at most (fewer when one hung the scheduler or the stream runs out). The hang
 #: is a race in librdkafka: the field saw it in 3 runs of 9; here it came at the 2nd outage of
@@ -61,7 +60,7 @@ def test_broker_restarts_during_commits_never_wedge_the_scheduler(
         scheduler_transaction_timeout_ms=5_000,
     )
     env = settings_env(settings)
-    start_worker(procs, env, tmp_path / "worker.log")
+    start_worker(procs, env, tmp_path / "worker.log", tasks=DEMO_TASKS)
     supervisor = SupervisedScheduler(procs, env, tmp_path / "s", metrics_port=free_port())
     tail = TopicTail(settings)
 

@@ -35,7 +35,15 @@ from jobwheel.producers.workers import read_workers
 from jobwheel.schemas.codec import Codec, SchemaCatalogue, default_codec
 from jobwheel.schemas.models import JobCommand, Run, State, StatusEvent
 from tests.integration.scheduler_support import start_scheduler
-from tests.support import Tail, read_all, scaled, wait_for_group, wait_until
+from tests.support import (
+    DEMO_TASKS,
+    Tail,
+    read_all,
+    scaled,
+    start_worker,
+    wait_for_group,
+    wait_until,
+)
 
 _JSON = "application/vnd.schemaregistry.v1+json"
 
@@ -134,9 +142,7 @@ def test_every_record_is_confluent_framed_under_its_record_name_subject(
     with_registry = settings.model_copy(update={"schema_registry_url": registry.url})
     env = {**jobwheel_env, "JOBWHEEL_SCHEMA_REGISTRY_URL": registry.url}
     start_scheduler(procs, env, tmp_path / "s1")
-    worker = procs.spawn(
-        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], env, tmp_path / "w1.log"
-    )
+    worker = start_worker(procs, env, tmp_path / "w1.log", tasks=DEMO_TASKS)
     wait_for_group(settings, settings.worker_group, settings.topics.runs)
     # Announced too, so the SDK's check of the task finds it (no UnknownTaskWarning).
     wait_until(

@@ -16,7 +16,7 @@ from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
 from tests.stack_support import wait_for_api
 from tests.status_support import event, lifecycle, now_ms, produce
-from tests.support import Procs, jobwheel_argv, log_tail, wait_until
+from tests.support import DEMO_TASKS, Procs, jobwheel_argv, log_tail, start_worker, wait_until
 
 
 def jobwheel(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -213,9 +213,7 @@ def test_read_commands_against_a_running_serve(served: dict[str, str], tmp_path:
 def test_health_checks_each_part_of_the_stack(
     served: dict[str, str], procs: Procs, tmp_path: Path
 ) -> None:
-    procs.spawn(
-        ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"], served, tmp_path / "w.log"
-    )
+    start_worker(procs, served, tmp_path / "w.log", tasks=DEMO_TASKS)
     last: list[subprocess.CompletedProcess[str]] = []
 
     def health_shows(word: str) -> subprocess.CompletedProcess[str] | None:

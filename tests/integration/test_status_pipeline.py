@@ -23,9 +23,7 @@ import pytest
 
 from jobwheel.producers.client import JobClient
 from tests.stack_support import wait_for_api
-from tests.support import Procs, file_lines, stop, wait_for_group, wait_until
-
-WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
+from tests.support import Procs, file_lines, start_worker, stop, wait_for_group, wait_until
 
 
 def _env(jobwheel_env: dict[str, str], tmp_path: Path, name: str) -> dict[str, str]:
@@ -75,7 +73,7 @@ def _start_worker(procs: Procs, jobwheel_env: dict[str, str], tmp_path: Path, na
     env = _env(jobwheel_env, tmp_path, name)
     # A short session: the group notices a SIGKILLed member soon.
     env["JOBWHEEL_KAFKA_CONFIG"] = json.dumps({"session.timeout.ms": 6000})
-    return procs.spawn(WORKER, env, tmp_path / f"{name}.log")
+    return start_worker(procs, env, tmp_path / f"{name}.log")
 
 
 def test_a_flaky_run_shows_one_run_two_attempts_and_the_job_completed(

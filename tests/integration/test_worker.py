@@ -24,38 +24,27 @@ from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import partition_for
 from jobwheel.schemas.validation import MAX_DURATION_MS
 from tests.integration.scheduler_support import (
-    StatusTail,
+    TopicTail,
     committed_offsets,
     end_offsets,
     gated_run,
     make_run,
     produce_runs,
-    status_tail,
 )
 from tests.support import (
     HarnessError,
     file_lines,
     log_tail,
     scaled,
+    start_worker,
     stop,
     wait_for_log,
     wait_until,
 )
 
-tail = status_tail  # the fixture these tests ask for: the acks topic
-
-WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
-
-
-def start_worker(
-    procs: Any, env: dict[str, str], log_path: Path, *extra: str, **env_overrides: str
-) -> Any:
-    env = {**env, **{f"JOBWHEEL_{k.upper()}": v for k, v in env_overrides.items()}}
-    return procs.spawn([*WORKER, *extra], env, log_path)
-
 
 def test_outcomes_become_status_events_in_the_jobs_partition(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     echo = make_run(settings, "demo.echo", {"to": "a@example.com", "n": 3})
     listed = make_run(settings, "demo.echo", [1, "two"])
@@ -73,7 +62,7 @@ def test_outcomes_become_status_events_in_the_jobs_partition(
 
     started = tail.wait_for(echo.run_id, State.STARTED)[0]
     done = tail.wait_for(echo.run_id, State.SUCCEEDED)[0]
-    assert tail.events.index(started) < tail.events.index(done)
+    assert tail.events().index(started) < tail.events().index(done)
     assert json.loads(done.result_json) == {"to": "a@example.com", "n": 3}
     assert done.source == "worker" and done.worker and done.worker.endswith(f":{proc.pid}")
     assert (done.seq, done.attempt, done.task) == (echo.seq, 1, "demo.echo")
@@ -91,7 +80,7 @@ def test_outcomes_become_status_events_in_the_jobs_partition(
     assert failed.retry_delay_ms is None
     assert "unknown task 'no.such.task'" in failed.reason
     assert failed.error.startswith("TaskError: ")
-    tail.poll_to_end()  # after its FAILED: a STARTED would be among what is read
+    tail.read_to_end()  # after its FAILED: a STARTED would be among what is read
     assert not tail.of(unknown.run_id, State.STARTED)  # it never started
 
     early = tail.wait_for(fail_early.run_id, State.FAILED)[0]
@@ -131,7 +120,7 @@ def assert_committed_and_alive(settings: Any, job: str, proc: Any, log_path: Pat
 
 
 def test_a_task_whose_error_or_result_is_not_valid_unicode_still_gets_its_verdict(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """A file name whose bytes are not UTF-8 reaches Python as a lone surrogate, which no
     UTF-8 record can carry. A task that fails with such a name in its message, or returns
@@ -156,7 +145,7 @@ def test_a_task_whose_error_or_result_is_not_valid_unicode_still_gets_its_verdic
 
 
 def test_a_task_whose_outcome_cannot_be_printed_still_gets_its_verdict(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """Async tasks whose outcome the worker cannot simply print: an exception whose ``str()``
     raises, a result neither ``str()`` nor ``repr()`` can print, an int past the digits
@@ -191,7 +180,7 @@ def test_a_task_whose_outcome_cannot_be_printed_still_gets_its_verdict(
 
 
 def test_a_task_outcome_the_contract_cannot_carry_as_given_still_gets_its_verdict(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """What a task raises or returns reaches its verdict in a form the contract carries: a
     BaseException that is not an Exception, a retry delay as a float or past the largest
@@ -232,7 +221,7 @@ def test_a_task_outcome_the_contract_cannot_carry_as_given_still_gets_its_verdic
 
 
 def test_task_code_can_neither_stop_the_worker_nor_keep_it_from_exiting(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """A task that stops the worker's event loop; an async task that swallows every
     cancellation (its time limit's too) and leaves a non-daemon thread behind. The first
@@ -256,7 +245,7 @@ def test_task_code_can_neither_stop_the_worker_nor_keep_it_from_exiting(
 
 
 def test_long_runs_heartbeat_with_a_fresh_deadline(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
     run = make_run(settings, "test.gate_async", {"gate": str(gate)}, visibility_timeout_ms=900)
@@ -269,11 +258,11 @@ def test_long_runs_heartbeat_with_a_fresh_deadline(
     assert len({b.event_id for b in beats}) == len(beats)
     assert all(b.deadline_ms == b.event_time_ms + 900 for b in beats)
     succeeded = tail.of(run.run_id, State.SUCCEEDED)[0]
-    assert all(tail.events.index(b) < tail.events.index(succeeded) for b in beats)
+    assert all(tail.events().index(b) < tail.events().index(succeeded) for b in beats)
 
 
 def test_duplicate_delivery_while_running_executes_once(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     counter, gate = tmp_path / "count.txt", tmp_path / "gate"
     run = make_run(settings, "test.gate", {"gate": str(gate), "started": str(counter)})
@@ -300,7 +289,7 @@ def test_duplicate_delivery_while_running_executes_once(
 
 
 def test_older_attempts_and_fenced_owners_are_stale(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     counter = tmp_path / "count.txt"
     args = {"path": str(counter)}
@@ -324,7 +313,7 @@ def test_older_attempts_and_fenced_owners_are_stale(
 
 
 def test_sigterm_lets_runs_finish_within_the_grace_then_hands_the_rest_back(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """SIGTERM: fetching stops, running runs get the grace period to finish, and whatever still
     runs after it is handed back (FAILED, retry at once) and the worker exits. The runs that
@@ -358,7 +347,7 @@ def test_sigterm_lets_runs_finish_within_the_grace_then_hands_the_rest_back(
         assert handed.reason == "worker shutdown"
         assert handed.retry_delay_ms == 0
         assert handed.event_time_ms >= sigterm_ms + grace_ms, "handed back before the grace"
-    tail.poll_to_end()
+    tail.read_to_end()
     assert not tail.of(finishing.run_id, State.FAILED)
     # The handed-back runs are the scheduler's now: their offsets are committed.
     ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
@@ -367,7 +356,7 @@ def test_sigterm_lets_runs_finish_within_the_grace_then_hands_the_rest_back(
 
 
 def test_a_killed_worker_loses_nothing_its_run_is_delivered_again(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     started, gate = tmp_path / "started.txt", tmp_path / "gate"
     run = make_run(settings, "test.gate", {"gate": str(gate), "started": str(started)})
@@ -377,7 +366,7 @@ def test_a_killed_worker_loses_nothing_its_run_is_delivered_again(
     first = start_worker(procs, env, tmp_path / "first.log")
     tail.wait_for(run.run_id, State.STARTED)
     stop(first, signal.SIGKILL)  # the run is blocked on its gate: it cannot have finished
-    tail.poll_to_end()
+    tail.read_to_end()
     assert not tail.of(run.run_id, State.SUCCEEDED)
     assert not tail.of(run.run_id, State.FAILED)
 
@@ -423,7 +412,7 @@ def _acks_refused(settings: Any, partition: int) -> bool:
 
 
 def test_offsets_wait_for_the_brokers_acknowledgement_of_the_final_event(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """A run that finished but whose SUCCEEDED the broker never acknowledged is not done: its
     offset stays uncommitted, and after a crash the next worker executes it again. (The
@@ -464,7 +453,7 @@ def test_offsets_wait_for_the_brokers_acknowledgement_of_the_final_event(
         assert committed_offsets(settings).get(partition, -1) <= run_offset, (
             "the run's offset was committed before its SUCCEEDED was acknowledged"
         )
-        tail.poll_to_end()
+        tail.read_to_end()
         assert not tail.of(run.run_id, State.SUCCEEDED)
         stop(first, signal.SIGKILL)
     finally:
@@ -482,7 +471,7 @@ def test_heartbeat_called_by_a_task_reaches_the_acks_topic(
     settings: Any,
     jobwheel_env: dict[str, str],
     procs: Any,
-    tail: StatusTail,
+    tail: TopicTail,
     tmp_path: Path,
 ) -> None:
     """``heartbeat()`` from task code (a worker thread or the event loop) is sent at once. The
@@ -503,7 +492,7 @@ def test_heartbeat_called_by_a_task_reaches_the_acks_topic(
 
 
 def test_a_second_worker_shares_the_partitions_and_no_run_is_lost(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     counter = tmp_path / "count.txt"
     first_batch = [
@@ -523,7 +512,7 @@ def test_a_second_worker_shares_the_partitions_and_no_run_is_lost(
 
     for run in first_batch + second_batch:
         tail.wait_for(run.run_id, State.SUCCEEDED)
-    workers = {e.worker for e in tail.events if e.state is State.SUCCEEDED}
+    workers = {e.worker for e in tail.events(state=State.SUCCEEDED)}
     assert workers == {w for w in workers if w} and len(workers) == 2
     assert {w.rsplit(":", 1)[1] for w in workers} == {str(first.pid), str(second.pid)}
     executed = set(counter.read_text().splitlines())

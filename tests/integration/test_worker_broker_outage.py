@@ -26,15 +26,14 @@ from jobwheel.deploy.broker import LocalBroker
 from jobwheel.schemas.models import Run, State
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import (
-    StatusTail,
+    TopicTail,
     committed_offsets,
     gated_run,
     log_events,
     make_run,
     produce_runs,
 )
-from tests.integration.test_worker import start_worker
-from tests.support import file_lines, log_tail, scaled, wait_for_log, wait_until
+from tests.support import file_lines, log_tail, scaled, start_worker, wait_for_log, wait_until
 
 GRACE_MS = 2_000
 #: The grace, the worker's wait for the broker (10 s) and a margin for a loaded machine.
@@ -49,7 +48,7 @@ def kafka_bootstrap(own_broker: LocalBroker) -> str:
     return own_broker.bootstrap
 
 
-def run_one(settings: Any, tail: StatusTail, quick: Run) -> None:
+def run_one(settings: Any, tail: TopicTail, quick: Run) -> None:
     """Wait until the worker has run ``quick`` and committed its offset: from then on it has
     something to commit at the end (the final commit repeats every watermark)."""
     tail.wait_for(quick.run_id, State.SUCCEEDED)
@@ -95,7 +94,7 @@ def test_sigterm_while_the_broker_is_down_exits_and_the_unacknowledged_run_runs_
     }
     first_log = tmp_path / "first.log"
     first = start_worker(procs, env, first_log, worker_shutdown_grace_ms=str(GRACE_MS))
-    tail = StatusTail(settings)
+    tail = TopicTail(settings, [settings.topics.acks])
     try:
         run_one(settings, tail, quick)
         wait_until(lambda: file_lines(started), 30, message="the held run did not start")
@@ -141,7 +140,7 @@ def test_a_second_sigterm_exits_at_once_while_the_broker_is_down(
     env = {**jobwheel_env, "JOBWHEEL_LOG_FORMAT": "json"}
     log_path = tmp_path / "worker.log"
     worker = start_worker(procs, env, log_path)
-    tail = StatusTail(settings)
+    tail = TopicTail(settings, [settings.topics.acks])
     try:
         run_one(settings, tail, quick)
     finally:
@@ -187,7 +186,7 @@ def test_a_run_finished_while_the_broker_is_frozen_runs_once_when_its_partition_
     }
     log_path = tmp_path / "worker.log"
     worker = start_worker(procs, env, log_path)
-    tail = StatusTail(settings)
+    tail = TopicTail(settings, [settings.topics.acks])
     try:
         wait_until(lambda: file_lines(started), 60, message="the held run did not start")
         pid = own_broker.running_pid()
@@ -214,7 +213,7 @@ def test_a_run_finished_while_the_broker_is_frozen_runs_once_when_its_partition_
             interval_s=0.3,
             message="the run's offset was never committed",
         )
-        tail.poll_to_end()
+        tail.read_to_end()
         assert worker.poll() is None, log_tail(log_path)
         assert len(tail.of(held.run_id, State.SUCCEEDED)) == 1
         assert file_lines(started) == [f"{held.run_id}:1"], "the run was executed again"

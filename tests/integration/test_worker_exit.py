@@ -13,9 +13,8 @@ from typing import Any
 
 from jobwheel.consumers.worker.cli import EXIT_BOUND_S
 from jobwheel.schemas.models import State
-from tests.integration.scheduler_support import StatusTail, make_run, produce_runs
-from tests.integration.test_worker import start_worker
-from tests.support import log_tail, scaled, wait_until
+from tests.integration.scheduler_support import TopicTail, make_run, produce_runs
+from tests.support import log_tail, scaled, start_worker, wait_until
 
 GRACE_MS = 1000
 
@@ -38,7 +37,7 @@ def test_sigterm_exits_a_worker_whose_task_blocks_the_event_loop(
     """An async task that never yields (``time.sleep`` in a coroutine) blocks the loop that
     hears signals: before the exit watchdog SIGTERM changed nothing and the worker ran until
     SIGKILL. Now it exits 1 after one warning line, not a line per timer tick."""
-    tail = StatusTail(settings)
+    tail = TopicTail(settings, [settings.topics.acks])
     try:
         started = tmp_path / "started"
         quick = make_run(settings, "demo.echo", {"quick": True})

@@ -2,8 +2,8 @@
 counts as done only once its run finished and the broker acknowledged the verdict), and
 fencing that one forged record cannot turn against a whole partition.
 
-Runs are produced as the scheduler produces them (``tests/integration/test_worker.py`` has the
-helpers); ``jobwheel worker`` runs as a subprocess.
+Runs are produced as the scheduler produces them (``tests/integration/scheduler_support.py``
+has the helpers); ``jobwheel worker`` runs as a subprocess.
 """
 
 from __future__ import annotations
@@ -19,17 +19,13 @@ from jobwheel.kafka.admin import ensure_topics
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
 from tests.integration.scheduler_support import (
-    StatusTail,
+    TopicTail,
     committed_offsets,
     end_offsets,
     make_run,
     produce_runs,
-    status_tail,
 )
-from tests.integration.test_worker import start_worker
-from tests.support import log_tail, scaled, wait_until
-
-tail = status_tail  # the fixture these tests ask for: the acks topic
+from tests.support import log_tail, scaled, start_worker, wait_until
 
 
 def same_partition_jobs(settings: Any, count: int, partition: int | None = None) -> list[str]:
@@ -46,7 +42,7 @@ def same_partition_jobs(settings: Any, count: int, partition: int | None = None)
 
 
 def test_a_quick_run_sends_one_record_with_its_start_and_a_slow_run_its_own_started(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     quick = make_run(settings, "demo.echo", {"n": 1})
     slow = make_run(settings, "demo.sleep", {"seconds": 0.6})
@@ -63,11 +59,11 @@ def test_a_quick_run_sends_one_record_with_its_start_and_a_slow_run_its_own_star
     assert slow_done.started_ms is None  # its start is in its STARTED event
     # STARTED is sent once the run is past the quick-run time, stamped with the real start.
     assert started.event_time_ms <= slow_done.event_time_ms - 500
-    assert tail.events.index(started) < tail.events.index(slow_done)
+    assert tail.events().index(started) < tail.events().index(slow_done)
 
 
 def test_an_offset_is_committed_only_once_the_broker_has_the_verdict(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """With the acks topic gone the runs execute but their verdicts cannot be delivered: no
     offset moves. Once the topic is back the verdicts arrive and the offsets follow."""
@@ -124,7 +120,7 @@ def test_an_offset_is_committed_only_once_the_broker_has_the_verdict(
 
 
 def test_a_long_run_holds_back_its_partitions_commit_while_later_runs_finish(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     jobs = same_partition_jobs(settings, 6)
     partition = partition_for(jobs[0], settings.partitions)
@@ -170,7 +166,7 @@ def test_a_long_run_holds_back_its_partitions_commit_while_later_runs_finish(
 
 
 def test_a_forged_run_with_a_token_from_the_future_fences_nothing_else(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     forged_job, real_job, later_job = same_partition_jobs(settings, 3)
     counter = tmp_path / "count.txt"
@@ -183,12 +179,12 @@ def test_a_forged_run_with_a_token_from_the_future_fences_nothing_else(
     later = make_run(settings, "demo.count", {"path": str(counter)}, job_id=later_job)
     produce_runs(settings, [later])
     tail.wait_for(later.run_id, State.SUCCEEDED)
-    assert not [e for e in tail.events if e.state is State.STALE]
+    assert not tail.events(state=State.STALE)
     assert counter.read_text().splitlines() == [f"{real.run_id}:1", f"{later.run_id}:1"]
 
 
 def test_time_limits_fail_the_run_and_a_stuck_thread_keeps_its_slot(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """Over its ``timeout_ms`` a run is FAILED (retryable) at the limit. An async task is
     cancelled; a sync task's thread cannot be, so it keeps its concurrency slot until it
@@ -220,7 +216,7 @@ def test_time_limits_fail_the_run_and_a_stuck_thread_keeps_its_slot(
     # FAILED at the limit, not at the thread's end: the thread is still blocked on its gate.
     assert not counter.exists()
     # It keeps the one slot: the next run has not started (read to the end after the FAILED).
-    tail.poll_to_end()
+    tail.read_to_end()
     assert not tail.of(after.run_id), tail.of(after.run_id)
     stuck_gate.touch()
     tail.wait_for(after.run_id, State.SUCCEEDED)

@@ -25,17 +25,21 @@ from jobwheel.schemas.models import Run, State
 from jobwheel.schemas.partitioning import key_for, partition_for
 from tests.integration.scheduler_support import (
     CODEC,
-    StatusTail,
+    TopicTail,
     committed_offsets,
     end_offsets,
     make_run,
     produce_runs,
-    status_tail,
 )
-from tests.integration.test_worker import start_worker
-from tests.support import file_lines, log_tail, scaled, stop, wait_for_log, wait_until
-
-tail = status_tail  # the fixture these tests ask for: the acks topic
+from tests.support import (
+    file_lines,
+    log_tail,
+    scaled,
+    start_worker,
+    stop,
+    wait_for_log,
+    wait_until,
+)
 
 CONCURRENCY = "64"
 
@@ -118,7 +122,7 @@ def _assigned(log_path: Path) -> bool:
 
 @pytest.mark.timeout(600)
 def test_workers_joining_and_leaving_a_busy_group_run_nothing_twice(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """A second and a third worker join one busy worker (tasks of 0.5 to 2 s, 64 in flight per
     worker), then the first leaves by SIGTERM: each join revokes partitions whose runs are
@@ -140,10 +144,9 @@ def test_workers_joining_and_leaving_a_busy_group_run_nothing_twice(
     wanted = {r.run_id for r in runs}
 
     def all_succeeded() -> bool:
-        tail.poll()
-        return wanted <= {e.run_id for e in tail.events if e.state is State.SUCCEEDED}
+        return wanted <= {e.run_id for e in tail.events(state=State.SUCCEEDED)}
 
-    wait_until(all_succeeded, scaled(120), interval_s=0.0, message="runs without a SUCCEEDED")
+    wait_until(all_succeeded, scaled(120), interval_s=0.1, message="runs without a SUCCEEDED")
     # Every run record consumed and committed: no repeat can start after the count.
     ends = {p: o for p, o in end_offsets(settings).items() if o > 0}
     wait_until(
@@ -167,7 +170,7 @@ def _committed_metadata(settings: Any, partition: int) -> str:
 
 
 def test_a_run_repeated_after_a_crash_says_so_in_its_started_event(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """kill -9 of a worker with a run executing: the next owner runs it again (at-least-once,
     same attempt), and its STARTED event names it a possible repeat, because the dead worker's
@@ -191,7 +194,7 @@ def test_a_run_repeated_after_a_crash_says_so_in_its_started_event(
     second = start_worker(procs, env, tmp_path / "second.log")
     tail.wait_for(run.run_id, State.SUCCEEDED, timeout_s=scaled(60))
     tail.wait_for(fresh.run_id, State.SUCCEEDED, timeout_s=scaled(60))
-    tail.poll_to_end()
+    tail.read_to_end()
     again = [e for e in tail.of(run.run_id, State.STARTED) if e.worker.endswith(f":{second.pid}")]
     assert again, tail.of(run.run_id)
     assert again[0].reason is not None and again[0].reason.startswith("possibly a repeat")
@@ -215,7 +218,7 @@ def _one_per_partition(settings: Any, prefix: str, task: str, args: Any) -> list
 
 @pytest.mark.timeout(300)
 def test_a_static_worker_killed_while_handing_partitions_over_leaves_none_unowned(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: StatusTail, tmp_path: Path
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
 ) -> None:
     """Static members (``group.instance.id``, the deployment tip): the first worker owns every
     partition, a second joins, and the first is SIGKILLed while it waits for its runs on the

@@ -14,23 +14,22 @@ from typing import Any
 from jobwheel.producers.workers import read_workers
 from jobwheel.schemas.codec import Codec
 from jobwheel.schemas.models import JobCommand, ScheduleJob, State
-from tests.integration.scheduler_support import StatusTail, make_run, produce_runs, status_tail
+from tests.integration.scheduler_support import TopicTail, make_run, produce_runs
 from tests.stack_support import wait_for_api
 from tests.support import (
+    DEMO_TASKS,
     Procs,
     file_lines,
     jobwheel_argv,
     log_tail,
     read_all,
     scaled,
+    start_worker,
     stop,
     wait_until,
 )
 
-tail = status_tail  # the fixture these tests ask for: the acks topic
-
 CODEC = Codec()
-DEMO_WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo"]
 
 
 def _submit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -61,7 +60,7 @@ def test_submit_warns_about_a_task_no_live_worker_serves_and_refuses_it_when_ask
     settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path
 ) -> None:
     worker_log = tmp_path / "worker.log"
-    worker = procs.spawn(DEMO_WORKER, jobwheel_env, worker_log)
+    worker = start_worker(procs, jobwheel_env, worker_log, tasks=DEMO_TASKS)
     record = _announced(settings, worker.pid, worker_log)
     assert "demo.echo" in record.tasks and record.group == settings.worker_group
 
@@ -97,12 +96,12 @@ def test_submit_warns_about_a_task_no_live_worker_serves_and_refuses_it_when_ask
 
 
 def test_a_worker_says_once_that_it_lacks_a_task_however_many_runs_of_it_come(
-    settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path, tail: StatusTail
+    settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: Path, tail: TopicTail
 ) -> None:
     """A worker started with other --tasks than its group's: each run of a task it lacks
     fails here (DEAD), and its terminal says so once per task name, not per run."""
     worker_log = tmp_path / "worker.log"
-    worker = procs.spawn(["jobwheel", "worker", "--tasks", "tests.tasks"], jobwheel_env, worker_log)
+    worker = start_worker(procs, jobwheel_env, worker_log, tasks="tests.tasks")
     _announced(settings, worker.pid, worker_log)
     runs = [make_run(settings, "demo.echo", {"i": i}) for i in range(3)]
     runs.append(make_run(settings, "demo.sleep", {"seconds": 0}))
@@ -127,8 +126,8 @@ def test_get_workers_lists_live_workers_and_drops_one_that_exited(
         ["jobwheel", "serve"], {**jobwheel_env, "JOBWHEEL_DATA_DIR": str(tmp_path)}, serve_log
     )
     logs = [tmp_path / "worker-a.log", tmp_path / "worker-b.log"]
-    stays = procs.spawn(DEMO_WORKER, jobwheel_env, logs[0])
-    leaves = procs.spawn(["jobwheel", "worker", "--tasks", "tests.tasks"], jobwheel_env, logs[1])
+    stays = start_worker(procs, jobwheel_env, logs[0], tasks=DEMO_TASKS)
+    leaves = start_worker(procs, jobwheel_env, logs[1], tasks="tests.tasks")
     url = settings.status_api_url
     wait_for_api(url, serve_log)
 

@@ -41,13 +41,17 @@ from jobwheel.schemas.topics import (
     read_run_header,
     run_header,
 )
-from tests.integration.scheduler_support import StatusTail, make_run, start_scheduler, topic_tail
-from tests.integration.test_worker import start_worker
-from tests.support import Tail, file_lines, log_tail, metric, wait_for_group, wait_until
+from tests.integration.scheduler_support import TopicTail, make_run, start_scheduler
+from tests.support import (
+    Tail,
+    file_lines,
+    log_tail,
+    metric,
+    start_worker,
+    wait_for_group,
+    wait_until,
+)
 
-tail = topic_tail  # the fixture these tests ask for: runs, status, acks, dead letters
-
-WORKER = ["jobwheel", "worker", "--tasks", "jobwheel.consumers.demo,tests.tasks"]
 #: Single-object encoding's marker; the 8 bytes after it are the writer schema's fingerprint.
 MARKER = b"\xc3\x01"
 UNKNOWN_FINGERPRINT = bytes.fromhex("0123456789abcdef")
@@ -89,15 +93,13 @@ def end_offset(settings: Any, partition: int) -> int:
 
 @pytest.mark.timeout(660)  # the sum of its waits
 def test_an_undecodable_run_is_dead_lettered_and_its_run_failed(
-    settings: Any, jobwheel_env: dict[str, str], procs: Any, tmp_path: Path, tail: Any
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tmp_path: Path, tail: TopicTail
 ) -> None:
     start_scheduler(procs, jobwheel_env, tmp_path / "s1")
     port = free_port()
     worker_log = tmp_path / "worker.log"
-    worker = procs.spawn(
-        [*WORKER, "--concurrency", "4"],
-        {**jobwheel_env, "JOBWHEEL_METRICS_PORT": str(port)},
-        worker_log,
+    worker = start_worker(
+        procs, jobwheel_env, worker_log, "--concurrency", "4", metrics_port=str(port)
     )
     base = f"http://127.0.0.1:{port}"
     wait_for_group(settings, settings.worker_group, settings.topics.runs)
@@ -250,7 +252,7 @@ def test_a_copy_too_large_for_the_dead_letter_topic_goes_without_its_bytes(
             (job.encode(), Codec().encode(after), [(RUN_HEADER, run_header(after))]),
         ],
     )
-    tail = StatusTail(settings)
+    tail = TopicTail(settings, [settings.topics.acks])
     dead = Tail(settings, [settings.topics.dead_letter])
     try:
         worker_log = tmp_path / "worker.log"
