@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.stack_support import wait_for_api
+from tests.stack_support import Stack, wait_for_api
 from tests.support import (
     Procs,
-    jobwheel_argv,
     scaled,
     start_worker,
     wait_for_group,
@@ -43,26 +39,12 @@ def documented_transitions() -> set[tuple[str, str]]:
     return {(origin.strip(), to) for origins, to in rows for origin in origins.split(",")}
 
 
-class Walk:
-    """A user's view of the stack: CLI commands, job states from the API, and a record of
-    every state change seen."""
-
-    def __init__(self, settings: Any, env: dict[str, str], tmp_path: Path) -> None:
-        self.settings = settings
-        self.env = env
-        self.tmp = tmp_path
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            jobwheel_argv(["jobwheel", *args]),
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=scaled(90),
-            stdin=subprocess.DEVNULL,
-        )
+class Walk(Stack):
+    """A user's view of the stack (:class:`tests.stack_support.Stack`: CLI commands, job
+    states from the API), stricter where a state walk needs it, and every state change seen."""
 
     def ok(self, *args: str) -> str:
+        """Stack's ``ok``, and the CLI said nothing of an answer it did not get."""
         result = self.cli(*args)
         assert result.returncode == 0, (args, result.stdout, result.stderr)
         assert "no answer" not in result.stderr and "cannot confirm" not in result.stderr, (
@@ -78,27 +60,13 @@ class Walk:
         return line
 
     def get(self, path: str) -> Any:
-        try:
-            url = f"{self.settings.status_api_url}{path}"
-            with urllib.request.urlopen(url, timeout=scaled(30)) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
-
-    def job(self, job_id: str) -> dict[str, Any] | None:
-        detail = self.get(f"/jobs/{job_id}")
-        return None if detail is None else detail["job"]
-
-    def reaches(self, job_id: str, state: str) -> dict[str, Any]:
-        """Wait until the job is in ``state``."""
-        return wait_until(
-            lambda: (j := self.job(job_id)) is not None and j["state"] == state and j,
-            60,
-            interval_s=0.3,
-            message=f"{job_id} never reached {state}: {self.get(f'/jobs/{job_id}')}",
-        )
+        """The API's answer; None for a 404 only (any other failure raises: a walk must not
+        read a broken API as "no such job yet")."""
+        code, payload = self.call("GET", path)
+        if code == 404:
+            return None
+        assert code == 200, (path, code, payload)
+        return payload
 
     def transitions(self, job_id: str) -> set[tuple[str, str]]:
         """The state changes of a job, from its job-level events in the store (its history,
