@@ -125,7 +125,11 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigError(f"--concurrency must be >= 1, got {args.concurrency}")
     load_tasks(args.tasks)
     settings = get_settings()
-    known = QueueDirectory(settings, admin_topic_lister(settings, "jobwheel.consumers.worker"))
+    # A broker that cannot be asked now is no reason to refuse a queue: the pool waits for
+    # the broker like any other, and says so.
+    known = QueueDirectory(
+        settings, admin_topic_lister(settings, "jobwheel.consumers.worker"), benefit_of_doubt=True
+    )
     queues = serving_queues(args.queue, default_registry.queues(), known)
     # One pool per queue, each its own group member on the process's one event loop; each
     # announces itself under its own id (the roster is keyed by worker id).
