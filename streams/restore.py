@@ -1,0 +1,240 @@
+"""Reading the changelog (Kafka Streams' StoreChangelogReader): the restore of a claimed
+partition, and the standby copies kept up to date, in slices between the loop's iterations.
+
+**Partitions** arrive paused; their state is restored from the changelog (from the local
+checkpoint, so a restart on the same disk replays only the tail) in slices between iterations,
+then their inputs resume and they are *ready*. The ownership epoch (fencing token on runs) is
+bumped and changelogged on every claim.
+
+Restoring partitions are read first, the standby copies (:mod:`jobwheel.streams.tasks`) in the
+time left. A claim reads the group's committed offsets before it measures the changelog's end
+(:meth:`Restorer._start_restore` says why), and a restore that makes no progress for
+``JOBWHEEL_SCHEDULER_RESTORE_STALL_MS`` gets a new changelog consumer
+(:meth:`Restorer._restore_stalled`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from jobwheel.errors import BrokerError
+from jobwheel.schemas.progress import Progress
+from jobwheel.streams.core import EngineCore, _start, log
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import EPOCH_KEY
+from jobwheel.streams.state.recovery import apply_batch, plan_restore, rebuild_index
+from jobwheel.streams.tasks import _EPOCH, PartitionTask, Phase, Task
+
+#: Time given to restoring per iteration while other partitions are ready.
+RESTORE_SLICE_S = 0.2
+#: Time given to keeping standby copies up to date per iteration.
+STANDBY_SLICE_S = 0.05
+
+
+class Restorer(EngineCore):
+    """The changelog reading of claims and standby copies (see the module doc)."""
+
+    def _restore(self, budget_s: float) -> None:
+        """Read the changelog for the partitions that need it: restoring ones first (the
+        standby copies' partitions are paused meanwhile), then the standby copies, within
+        ``budget_s`` (a slice between iterations while other partitions are processing)."""
+        assert self.changelog is not None
+        pending = [
+            t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore.reading
+        ]
+        for task in pending:
+            self._start_restore(task)
+        reading = {
+            t.partition: t
+            for t in self.tasks.values()
+            if t.phase is not Phase.READY and t.restore.reading
+        }
+        if not reading:
+            return
+        restoring = any(t.phase is Phase.RESTORING for t in reading.values())
+        for task in reading.values():  # restoring partitions first
+            if task.phase is Phase.STANDBY and restoring:
+                self.changelog.pause(task.partition)
+            else:
+                self.changelog.resume(task.partition)
+        deadline = time.monotonic() + (budget_s if restoring else STANDBY_SLICE_S)
+        while True:
+            for task in list(reading.values()):
+                position = self.changelog.position(task.partition)
+                if position is None or position < task.restore.end:
+                    if task.phase is Phase.RESTORING:
+                        self._restore_stalled(task.partition, position)
+                    continue
+                if task.phase is Phase.RESTORING:
+                    self._finish_restore(task)
+                    reading.pop(task.partition)
+                elif task.restore.fresh:  # a new standby copy has caught up: index it
+                    rebuild_index(task.backend)
+                    task.restore.fresh = False
+            if not reading or time.monotonic() >= deadline:
+                return
+            if restoring and not any(t.phase is Phase.RESTORING for t in reading.values()):
+                return  # restored: the standby copies read again from the next iteration on
+            by_partition: dict[int, list[tuple[int, bytes, bytes | None]]] = {}
+            for p, offset, key, value in self.changelog.poll_changes(20_000, 0.02):
+                if p in reading and key is not None:
+                    by_partition.setdefault(p, []).append((offset, key, value))
+            if not by_partition and not restoring:
+                return  # the standby copies are up to date
+            for p, batch in by_partition.items():
+                task = reading[p]
+                applied = apply_batch(
+                    task.backend, batch, batch[-1][0] + 1, fresh=task.restore.fresh
+                )
+                task.restore.applied += applied
+                task.restore.next = batch[-1][0] + 1
+                self.meters.restored_records += applied
+            self.turned_at = time.monotonic()  # a long restore is the loop at work, not hung
+
+    def _start_restore(self, task: Task) -> None:
+        """Measure what is left to read, and read it: from the local checkpoint (or from the
+        start, when there is none or it does not fit) to the changelog's current end.
+
+        A claim reads the group's committed offsets first, then measures the end. The other
+        way round, a previous owner's transaction committing in between (stalled past the
+        session timeout, inside its transaction timeout) left this claim with offsets past
+        changelog records it never restored: the inputs they covered were lost. Read first
+        (``require_stable``: the read waits for a pending transactional offset commit to end),
+        every offset seen belongs to a transaction whose changelog records are below the end
+        measured afterwards."""
+        assert self.changelog is not None
+        if isinstance(task, PartitionTask) and not task.offsets_read:
+            if not self._read_committed(task):
+                return  # try again on the next iteration
+        try:
+            low, high = self.changelog.watermarks(task.partition)
+        except BrokerError as exc:
+            # Asked again every iteration: logged when it starts failing (and again after a
+            # new changelog consumer), not on every try (the loop would write megabytes a
+            # second while the broker answers at once that it does not know).
+            if self._restore_stalled(task.partition, None):
+                log.warning(
+                    "cannot read the changelog's offsets yet",
+                    extra={
+                        "partition": task.partition,
+                        "error": str(exc),
+                        "retry": "every iteration; a new changelog consumer after "
+                        "JOBWHEEL_SCHEDULER_RESTORE_STALL_MS",
+                    },
+                )
+            return
+        self._stalled_since.pop(task.partition, None)
+        self.changelog.unassign(task.partition)
+        if task.restore.fresh and task.phase is Phase.RESTORING:
+            # A standby copy still on its first pass: carry on where it is.
+            start = task.backend.checkpoint()
+            plan_start, fresh = (start if start is not None else low), True
+        else:
+            plan = plan_restore(task.backend, low, high)
+            plan_start, fresh = plan.start, plan.fresh
+        task.restore.end = high
+        task.restore.next = plan_start
+        task.restore.fresh = fresh
+        task.restore.reading = True
+        if isinstance(task, PartitionTask):
+            log.info(
+                "changelog measured",
+                extra={"partition": task.partition, "restore_from": plan_start, "end": high},
+            )
+        if plan_start < high or task.phase is Phase.STANDBY:
+            self.changelog.assign(task.partition, plan_start)
+        else:
+            self._finish_restore(task)
+
+    def _restore_stalled(self, partition: int, position: int | None) -> bool:
+        """Note that a restoring partition made no progress (its changelog not measured, or
+        read no further than ``position``) and, once one has made none for
+        JOBWHEEL_SCHEDULER_RESTORE_STALL_MS, replace the changelog consumer. True when this
+        is the first note of this stall (the caller logs it once).
+
+        Whatever holds a consumer back there (a cached metadata answer librdkafka never asks
+        again, see ChangelogReader.watermarks; a fetcher that gave up), the loop goes on
+        turning, so neither the loop's liveness nor the call watchdog ever sees it: without a
+        bound the partition stays "restoring", its jobs unfired, for as long as the client's
+        state stays wrong. A new client starts from nothing cached."""
+        assert self.changelog is not None
+        now = time.monotonic()
+        for gone in [p for p in self._stalled_since if p not in self.tasks]:
+            del self._stalled_since[gone]  # given up meanwhile: a new claim starts afresh
+        seen = self._stalled_since.get(partition)
+        if seen is None or seen[0] != position:
+            self._stalled_since[partition] = (position, now)
+            return True
+        stalled_s = now - seen[1]
+        if stalled_s < self.settings.scheduler_restore_stall_ms / 1000:
+            return False
+        log.error(
+            "restore made no progress; replacing the changelog consumer",
+            extra={
+                "partition": partition,
+                "position": position,
+                "stalled_s": round(stalled_s, 1),
+                "setting": "JOBWHEEL_SCHEDULER_RESTORE_STALL_MS",
+            },
+        )
+        self.stats.changelog_rebuilds += 1
+        self.changelog.rebuild()
+        self._stalled_since.clear()
+        return False
+
+    def _read_committed(self, task: PartitionTask) -> bool:
+        """The group's committed offsets of the claimed partition (see :meth:`_start_restore`);
+        False when the broker cannot tell yet."""
+        assert self.input is not None
+        p = task.partition
+        try:
+            requests = self.input.committed(self.topics.requests, [p])[p]
+            acks = self.input.committed(self.topics.acks, [p])[p]
+        except BrokerError as exc:
+            log.warning(
+                "cannot read committed offsets yet", extra={"partition": p, "error": str(exc)}
+            )
+            return False
+        task.requests_committed = requests if requests >= 0 else None
+        task.acks_committed = acks if acks >= 0 else None
+        task.offsets_read = True
+        return True
+
+    def _finish_restore(self, task: PartitionTask) -> None:
+        assert self.changelog is not None and self.input is not None and self.acks is not None
+        self.changelog.unassign(task.partition)
+        self._stalled_since.pop(task.partition, None)
+        task.restore.reading = False
+        p = task.partition
+        if task.restore.fresh:
+            rebuild_index(task.backend)
+            task.restore.fresh = False
+        raw = task.backend.jobs.get(EPOCH_KEY)
+        task.epoch = (_EPOCH.unpack(raw)[0] if raw else 0) + 1
+        task.state.put(EPOCH_KEY, _EPOCH.pack(task.epoch))  # changelogged by the next commit
+        task.processor = SchedulerProcessor(
+            p,
+            task.state,
+            fencing_token=task.epoch,
+            retention_ms=self.settings.job_retention_ms,
+            max_args_bytes=self.settings.max_args_bytes,
+            max_active_runs=self.settings.scheduler_max_active_runs,
+            max_record_bytes=self._record_limit,
+            queues=self.queues,
+        )
+        self.acks.assign(p, _start(task.acks_committed))
+        self.input.resume(p)
+        task.committed_note = Progress(self.clock.now_ms(), task.processor.next_due_ms(), "")
+        task.phase = Phase.READY
+        restore_s = time.monotonic() - task.restore_started
+        self.meters.restore.observe(restore_s * 1000)
+        log.info(
+            "partition ready",
+            extra={
+                "partition": p,
+                "fencing_token": task.epoch,
+                "restored_records": task.restore.applied,
+                "restore_s": round(restore_s, 3),
+                "next_due_ms": task.processor.next_due_ms(),
+            },
+        )
