@@ -62,7 +62,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobwheel.metrics import (
     Check,
@@ -240,7 +240,15 @@ class SchedulerCollector(Collector):
     # --- metrics ----------------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
-        engine, stats, meters = self.engine, self.engine.stats, self.engine.meters
+        """Every family, in this order: the work done, the transactions and the clock, the
+        partitions (phases, restores, lag, commits)."""
+        yield from self._work()
+        yield from self._transactions()
+        yield from self._partitions()
+
+    def _work(self) -> Iterator[Metric]:
+        """Commands, acks, runs and events, refusals and dead letters, fire lateness."""
+        stats, meters = self.engine.stats, self.engine.meters
         n = PREFIX
         yield counter(n + "commands_total", "Commands applied.", stats.commands)
         yield counter(n + "acks_total", "Worker acknowledgements applied.", stats.acks)
@@ -281,6 +289,11 @@ class SchedulerCollector(Collector):
             meters.lateness,
             scale=MS,
         )
+
+    def _transactions(self) -> Iterator[Metric]:
+        """Transactions and their aborts, resets, commit time, the clock against the broker's."""
+        engine, stats, meters = self.engine, self.engine.stats, self.engine.meters
+        n = PREFIX
         yield counter(n + "transactions_total", "Transactions committed.", stats.transactions)
         yield counter(
             n + "transaction_aborts_total",
@@ -313,7 +326,13 @@ class SchedulerCollector(Collector):
             "Wall clock of the last commit.",
             stats.last_commit_ms / 1000,
         )
-        tasks = sorted(list(engine.tasks.items()))
+
+    def _partitions(self) -> Iterator[Metric]:
+        """Partitions by phase, restores, input lag, commit age, stuck partitions: one
+        snapshot of the engine's tasks for all of them."""
+        meters = self.engine.meters
+        n = PREFIX
+        tasks = sorted(list(self.engine.tasks.items()))
         phases = {("ready",): 0, ("restoring",): 0, ("standby",): 0}
         for _, task in tasks:
             phases[(task.phase.value,)] += 1
@@ -342,25 +361,10 @@ class SchedulerCollector(Collector):
             meters.restore,
             scale=MS,
         )
-        lag: dict[tuple[str, str], float] = {}
-        ends = self._ends()
-        t = self.settings.topics
-        for p, task in tasks:
-            if p not in ends:
-                continue
-            requests = task.requests_next
-            acks = task.acks_next if task.acks_next is not None else task.acks_committed
-            if requests is None:
-                requests = task.requests_committed
-            end_requests, end_acks = ends[p]
-            if end_requests is not None:
-                lag[(t.requests, str(p))] = max(0, end_requests - (requests or 0))
-            if end_acks is not None and acks is not None:
-                lag[(t.acks, str(p))] = max(0, end_acks - acks)
         yield gauge(
             n + "lag_records",
             "Input records not yet read, per topic and partition.",
-            lag,
+            self._lag(tasks),
             ("topic", "partition"),
         )
         now_ms = time.time() * 1000
@@ -379,6 +383,26 @@ class SchedulerCollector(Collector):
             "Partitions with work waiting and no commit for JOBWHEEL_HEALTH_STUCK_AFTER_MS.",
             len(stuck),
         )
+
+    def _lag(self, tasks: list[tuple[int, Any]]) -> dict[tuple[str, str], float]:
+        """Requests and acks records not yet read, by (topic, partition), of the partitions
+        whose input ends the loop has sampled."""
+        lag: dict[tuple[str, str], float] = {}
+        ends = self._ends()
+        t = self.settings.topics
+        for p, task in tasks:
+            if p not in ends:
+                continue
+            requests = task.requests_next
+            acks = task.acks_next if task.acks_next is not None else task.acks_committed
+            if requests is None:
+                requests = task.requests_committed
+            end_requests, end_acks = ends[p]
+            if end_requests is not None:
+                lag[(t.requests, str(p))] = max(0, end_requests - (requests or 0))
+            if end_acks is not None and acks is not None:
+                lag[(t.acks, str(p))] = max(0, end_acks - acks)
+        return lag
 
 
 def _unread(

@@ -164,6 +164,10 @@ class PoolCore:
         rng: random.Random | None = None,
         queue: str = DEFAULT_QUEUE,
     ) -> None:
+        """Long on purpose: it only sets the attributes the pool's parts (``pooling/``) share,
+        grouped by the thread that uses them, so every one is declared in one place (the
+        thread pools and the codec are among them); the parameters are in the class's
+        docstring."""
         from jobwheel.schemas.codec import Codec
 
         self.settings = settings
