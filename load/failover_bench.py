@@ -166,8 +166,11 @@ def movement(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         )
 
 
-def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
-    s = fresh(bootstrap, workdir, args.partitions)
+def start_restore_pair(
+    args: argparse.Namespace, s: Settings, workdir: Path
+) -> tuple[Scheduler, Scheduler | None]:
+    """The owner to be killed, once it holds every partition; with ``--warm`` also the other
+    scheduler, once the two share the partitions (None: it starts after the kill)."""
     a = Scheduler(s, workdir, "a", {})
     wait(lambda: a.owned() == set(range(args.partitions)))
     b = None
@@ -180,6 +183,12 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
                 and not a.owned() & b.owned()
             )
         )
+    return a, b
+
+
+def fill(args: argparse.Namespace, s: Settings, a: Scheduler) -> None:
+    """Schedule ``--jobs`` jobs due tomorrow and wait until the scheduler has read them all
+    (its group committed the requests topic to its end); print the times."""
     later = datetime.now(UTC) + timedelta(days=1)
     t0 = time.time()
     with JobClient(s) as client:
@@ -207,22 +216,32 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         f"{rss_mib(a.proc.pid)} MiB, CPU {cpu_s(a.proc.pid):.0f}s",
         flush=True,
     )
-    kill_at = time.time()
-    victim_parts = a.owned()
+
+
+def schedule_probe(
+    args: argparse.Namespace, s: Settings, victim_parts: set[int]
+) -> tuple[str, Consumer]:
+    """A probe job on one of ``victim_parts``, due 5 s from now, and a reader of the runs
+    topic from its end (already assigned) to see it fire."""
+    due = time.time() + 5
     probe = next(
         f"probe-{i}"
         for i in range(10_000)
         if partition_for(f"probe-{i}", args.partitions) in victim_parts
     )
     with JobClient(s) as client:
-        client.schedule(probe, task="bench.noop", at=datetime.fromtimestamp(kill_at + 5, UTC))
+        client.schedule(probe, task="bench.noop", at=datetime.fromtimestamp(due, UTC))
     runs = Consumer(s.librdkafka(**{"group.id": f"fo-{uuid.uuid4().hex[:6]}"}))
     runs.assign([TopicPartition(s.topics.runs, p, OFFSET_END) for p in range(args.partitions)])
     runs.consume(1, 1.0)
-    kill_at = time.time()
-    a.stop(signal.SIGKILL)
-    if b is None:
-        b = Scheduler(s, workdir, "b-empty-disk", {})
+    return probe, runs
+
+
+def wait_for_probe(
+    runs: Consumer, probe: str, b: Scheduler, kill_at: float
+) -> tuple[float | None, int]:
+    """When the probe fired (None: not within 10 minutes of the kill), and the new owner's
+    peak RSS meanwhile (MiB)."""
     codec = default_codec()
     fired_at = None
     peak_rss = 0
@@ -231,6 +250,19 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
             if not m.error() and codec.decode(m.value()).job_id == probe:
                 fired_at = time.time()
         peak_rss = max(peak_rss, rss_mib(b.proc.pid))
+    return fired_at, peak_rss
+
+
+def report_restore(
+    args: argparse.Namespace,
+    b: Scheduler,
+    kill_at: float,
+    fired_at: float | None,
+    peak_rss: int,
+    victim_parts: set[int],
+) -> None:
+    """Print the phases after the kill (from the new owner's log), the probe's time and the
+    restore's figures."""
     ready = [e for e in b.events("partition ready") if e["ts"] >= kill_at]
     restored = sum(e["restored_records"] for e in ready)
     slowest = max((e["restore_s"] for e in ready), default=0.0)
@@ -255,6 +287,22 @@ def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
         f"partition {slowest:.1f}s; new owner peak RSS {peak_rss} MiB, CPU "
         f"{cpu_s(b.proc.pid):.0f}s"
     )
+
+
+def restore(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
+    """Fill an owner with pending jobs, kill it with a probe due 5 s later, and time the probe
+    on the scheduler that takes over."""
+    s = fresh(bootstrap, workdir, args.partitions)
+    a, b = start_restore_pair(args, s, workdir)
+    fill(args, s, a)
+    victim_parts = a.owned()
+    probe, runs = schedule_probe(args, s, victim_parts)
+    kill_at = time.time()
+    a.stop(signal.SIGKILL)
+    if b is None:
+        b = Scheduler(s, workdir, "b-empty-disk", {})
+    fired_at, peak_rss = wait_for_probe(runs, probe, b, kill_at)
+    report_restore(args, b, kill_at, fired_at, peak_rss, victim_parts)
     b.stop()
 
 

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -142,16 +143,31 @@ def env_for(settings: Settings, data_dir: Path) -> dict[str, str]:
     return env
 
 
-def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
-    settings = Settings(
-        bootstrap_servers=bootstrap,
-        topic_prefix=prefix,
-        partitions=args.partitions,
-        scheduler_app_id=f"{prefix}-scheduler",
-        data_dir=workdir,
-    )
-    ensure_topics(settings)
+@dataclass
+class Submitted:
+    """The jobs handed to the scheduler (after the warm-up)."""
+
+    start_ms: int  # when the first of them is due
+    t0: float  # wall clock when submitting began
+    submit_s: float  # how long submitting took
+    cpu0: float  # the schedulers' CPU seconds before it
+
+
+@dataclass
+class Fires:
+    """The runs read from the runs topic, warm-up excluded."""
+
+    produced_late: list[int] = field(default_factory=list)  # CreateTime - scheduled, ms
+    visible_late: list[int] = field(default_factory=list)  # receive time - scheduled, ms
+    first_recv: float = 0.0  # wall ms
+    last_recv: float = 0.0
+
+
+def start_schedulers(
+    args: argparse.Namespace, settings: Settings, workdir: Path
+) -> list[subprocess.Popen[bytes]]:
+    """``--schedulers`` scheduler processes (under cProfile with ``--profile``), each with its
+    own state directory and log in ``workdir``."""
     procs = []
     for i in range(args.schedulers):
         log = open(workdir / f"scheduler{i}.log", "wb")
@@ -169,43 +185,150 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
                 stderr=subprocess.STDOUT,
             )
         )
+    return procs
+
+
+def stop_schedulers(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def submit(
+    args: argparse.Namespace,
+    settings: Settings,
+    consumer: Consumer,
+    procs: list[subprocess.Popen[bytes]],
+) -> Submitted:
+    """Warm up (one job per partition, four times over, so every scheduler has claimed its
+    partitions and fired), then schedule ``--jobs`` at-jobs due evenly over ``--window``
+    seconds from ``--lead`` seconds from now."""
+    with JobClient(settings) as client:
+        client.schedule_many(
+            [JobSpec(task="bench.noop", now=True) for _ in range(4 * args.partitions)]
+        )
+        seen = 0
+        deadline = time.time() + 120
+        while seen < 4 * args.partitions and time.time() < deadline:
+            if (m := consumer.poll(0.5)) is not None and not m.error():
+                seen += 1
+        start_ms = int((time.time() + args.lead) * 1000)
+        step = args.window * 1000 / max(1, args.jobs - 1)
+        specs = [
+            JobSpec(
+                task="bench.noop",
+                at=datetime.fromtimestamp((start_ms + int(i * step)) / 1000, UTC),
+            )
+            for i in range(args.jobs)
+        ]
+        cpu0 = sum(cpu_s(p.pid) for p in procs)
+        t0 = time.time()
+        for i in range(0, len(specs), 5000):
+            client.schedule_many(specs[i : i + 5000])
+        submit_s = time.time() - t0
+    return Submitted(start_ms, t0, submit_s, cpu0)
+
+
+def read_fires(
+    args: argparse.Namespace,
+    settings: Settings,
+    consumer: Consumer,
+    acker: Producer | None,
+    start_ms: int,
+) -> Fires:
+    """Read the runs topic until every job fired (or the window and two minutes are over),
+    answering each run SUCCEEDED when there is an ``acker``."""
+    codec = default_codec()
+    fires = Fires()
+    deadline = time.time() + args.lead + args.window + 120
+    while len(fires.visible_late) < args.jobs and time.time() < deadline:
+        msgs = consumer.consume(1000, 0.01)
+        recv_ms = time.time() * 1000
+        for m in msgs:
+            if m.error():
+                continue
+            run_ = codec.decode(m.value())
+            if acker is not None:
+                ack(acker, codec, settings, run_)
+            if run_.scheduled_time_ms < start_ms:
+                continue  # warm-up
+            fires.produced_late.append(m.timestamp()[1] - run_.scheduled_time_ms)
+            fires.visible_late.append(int(recv_ms) - run_.scheduled_time_ms)
+            fires.first_recv = fires.first_recv or recv_ms
+            fires.last_recv = recv_ms
+    return fires
+
+
+def report(
+    args: argparse.Namespace,
+    procs: list[subprocess.Popen[bytes]],
+    submitted: Submitted,
+    fires: Fires,
+    ingest: tuple[float, list[int], float],
+    cpu_fire: float,
+) -> None:
+    """Print the figures; ``ingest`` is (seconds, the schedulers' RSS MiB after it, their CPU
+    seconds for it)."""
+    ingest_s, rss_ingested, cpu_ingest = ingest
+    n = len(fires.visible_late)
+    span_s = max((fires.last_recv - max(fires.first_recv, submitted.start_ms)) / 1000, 1e-3)
+    print(
+        f"jobs={args.jobs} window={args.window}s partitions={args.partitions} "
+        f"schedulers={args.schedulers} acks={'yes' if args.acks else 'no'}"
+    )
+    submit_s = submitted.submit_s
+    print(f"submitted {args.jobs} jobs in {submit_s:.2f}s ({args.jobs / submit_s:.0f}/s)")
+    print(
+        f"ingested (SCHEDULED seen) in {ingest_s:.2f}s after submit started "
+        f"({args.jobs / ingest_s:.0f} commands/s); scheduler RSS MiB after ingest: "
+        f"{rss_ingested}, at end: {[rss_mib(p.pid) for p in procs]}"
+    )
+    if ingest_s > args.lead:
+        print("note: ingestion outlasted --lead; lateness below includes ingestion backlog")
+    print(f"fired {n}/{args.jobs}; fires/s over the firing span: {n / span_s:.0f}")
+    what = "incl. SUCCEEDED acks and COMPLETED" if args.acks else "no acks"
+    print(
+        f"scheduler CPU: ingest {cpu_ingest:.1f}s ({args.jobs / cpu_ingest:.0f} commands per "
+        f"CPU-second), firing {cpu_fire:.1f}s ({n / cpu_fire:.0f} fires per CPU-second, "
+        f"{what}); per job {(cpu_ingest + cpu_fire) / args.jobs * 1000:.3f} ms"
+    )
+    if n:
+        for name, vals in (("produced", fires.produced_late), ("visible", fires.visible_late)):
+            print(
+                f"lateness {name:8} ms: p50={percentile(vals, 0.5)} "
+                f"p99={percentile(vals, 0.99)} max={max(vals)}"
+            )
+
+
+def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
+    """Start the schedulers, submit, measure ingestion, then the fires; print the figures."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    settings = Settings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        partitions=args.partitions,
+        scheduler_app_id=f"{prefix}-scheduler",
+        data_dir=workdir,
+    )
+    ensure_topics(settings)
+    procs = start_schedulers(args, settings, workdir)
     consumer = Consumer(
         settings.librdkafka(**{"group.id": f"{prefix}-bench", "isolation.level": "read_committed"})
     )
     consumer.assign(
         [TopicPartition(settings.topics.runs, p, OFFSET_BEGINNING) for p in range(args.partitions)]
     )
-    codec = default_codec()
     acker = Producer(settings.librdkafka(**{"linger.ms": 5})) if args.acks else None
     try:
-        # Warm up: one job per partition, so every scheduler has claimed its partitions.
-        with JobClient(settings) as client:
-            client.schedule_many(
-                [JobSpec(task="bench.noop", now=True) for _ in range(4 * args.partitions)]
-            )
-            seen = 0
-            deadline = time.time() + 120
-            while seen < 4 * args.partitions and time.time() < deadline:
-                if (m := consumer.poll(0.5)) is not None and not m.error():
-                    seen += 1
-            start_ms = int((time.time() + args.lead) * 1000)
-            step = args.window * 1000 / max(1, args.jobs - 1)
-            specs = [
-                JobSpec(
-                    task="bench.noop",
-                    at=datetime.fromtimestamp((start_ms + int(i * step)) / 1000, UTC),
-                )
-                for i in range(args.jobs)
-            ]
-            cpu0 = sum(cpu_s(p.pid) for p in procs)
-            t0 = time.time()
-            for i in range(0, len(specs), 5000):
-                client.schedule_many(specs[i : i + 5000])
-            submit_s = time.time() - t0
+        submitted = submit(args, settings, consumer, procs)
         total = args.jobs + 4 * args.partitions
-        ingest_s = wait_for_state(settings, "SCHEDULED", total, t0, args.lead + 300)
+        ingest_s = wait_for_state(settings, "SCHEDULED", total, submitted.t0, args.lead + 300)
         rss_ingested = [rss_mib(p.pid) for p in procs]
-        cpu_ingest = sum(cpu_s(p.pid) for p in procs) - cpu0
+        cpu_ingest = sum(cpu_s(p.pid) for p in procs) - submitted.cpu0
         if args.ingest_only:
             print(
                 f"ingest only: {args.jobs} jobs due in {args.lead:.0f}s, "
@@ -214,65 +337,15 @@ def run(args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
                 f"scheduler CPU-second); scheduler RSS MiB: {rss_ingested}"
             )
             return
-        produced_late: list[int] = []
-        visible_late: list[int] = []
-        first_recv = last_recv = 0.0
-        deadline = time.time() + args.lead + args.window + 120
-        while len(visible_late) < args.jobs and time.time() < deadline:
-            msgs = consumer.consume(1000, 0.01)
-            recv_ms = time.time() * 1000
-            for m in msgs:
-                if m.error():
-                    continue
-                run_ = codec.decode(m.value())
-                if acker is not None:
-                    ack(acker, codec, settings, run_)
-                if run_.scheduled_time_ms < start_ms:
-                    continue  # warm-up
-                produced_late.append(m.timestamp()[1] - run_.scheduled_time_ms)
-                visible_late.append(int(recv_ms) - run_.scheduled_time_ms)
-                first_recv = first_recv or recv_ms
-                last_recv = recv_ms
-        n = len(visible_late)
+        fires = read_fires(args, settings, consumer, acker, submitted.start_ms)
         if acker is not None:
             acker.flush(30)
             wait_for_state(settings, "COMPLETED", total, time.time(), 60)
-        cpu_fire = sum(cpu_s(p.pid) for p in procs) - cpu0 - cpu_ingest
-        span_s = max((last_recv - max(first_recv, start_ms)) / 1000, 1e-3)
-        print(
-            f"jobs={args.jobs} window={args.window}s partitions={args.partitions} "
-            f"schedulers={args.schedulers} acks={'yes' if args.acks else 'no'}"
-        )
-        print(f"submitted {args.jobs} jobs in {submit_s:.2f}s ({args.jobs / submit_s:.0f}/s)")
-        print(
-            f"ingested (SCHEDULED seen) in {ingest_s:.2f}s after submit started "
-            f"({args.jobs / ingest_s:.0f} commands/s); scheduler RSS MiB after ingest: "
-            f"{rss_ingested}, at end: {[rss_mib(p.pid) for p in procs]}"
-        )
-        if ingest_s > args.lead:
-            print("note: ingestion outlasted --lead; lateness below includes ingestion backlog")
-        print(f"fired {n}/{args.jobs}; fires/s over the firing span: {n / span_s:.0f}")
-        what = "incl. SUCCEEDED acks and COMPLETED" if args.acks else "no acks"
-        print(
-            f"scheduler CPU: ingest {cpu_ingest:.1f}s ({args.jobs / cpu_ingest:.0f} commands per "
-            f"CPU-second), firing {cpu_fire:.1f}s ({n / cpu_fire:.0f} fires per CPU-second, "
-            f"{what}); per job {(cpu_ingest + cpu_fire) / args.jobs * 1000:.3f} ms"
-        )
-        if n:
-            for name, vals in (("produced", produced_late), ("visible", visible_late)):
-                print(
-                    f"lateness {name:8} ms: p50={percentile(vals, 0.5)} "
-                    f"p99={percentile(vals, 0.99)} max={max(vals)}"
-                )
+        cpu_fire = sum(cpu_s(p.pid) for p in procs) - submitted.cpu0 - cpu_ingest
+        report(args, procs, submitted, fires, (ingest_s, rss_ingested, cpu_ingest), cpu_fire)
     finally:
         consumer.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_schedulers(procs)
 
 
 def main() -> None:

@@ -88,6 +88,80 @@ def timed(fn: Callable[[], object], repeat: int = 20) -> str:
     return f"p50 {statistics.median(samples):.1f} ms, max {max(samples):.1f} ms"
 
 
+def measure_sink(
+    settings: Settings, store: StatusStore, events: list[StatusEvent], args: argparse.Namespace
+) -> int:
+    """Run a sink until every event is inserted; print its CPU and rates. Returns its batch
+    size."""
+    sink = StatusSink(settings, store, batch_size=args.batch_size, batch_ms=args.batch_ms)
+    batch_size = sink.batch_size
+    first_insert: list[float] = []
+    original = store.insert_events
+
+    def insert_and_time(rows, *, dedup_token=None):  # type: ignore[no-untyped-def]
+        if not first_insert:
+            first_insert.append(time.monotonic())
+        return original(rows, dedup_token=dedup_token)
+
+    store.insert_events = insert_and_time  # type: ignore[method-assign]
+    started = time.monotonic()
+    cpu_started = time.process_time()
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    while sink.stats.inserted < len(events):
+        time.sleep(0.01)
+    done = time.monotonic()
+    cpu_s = time.process_time() - cpu_started
+    sink.stop()
+    thread.join(60)
+    store.insert_events = original  # type: ignore[method-assign]
+    print(
+        f"sink CPU (this process: consumer, decoding and the embedded engine): {cpu_s:.2f}s, "
+        f"{cpu_s / len(events) * 1e6:.1f} us per event, "
+        f"{cpu_s / len(events) * 5 * 1000:.3f} ms per job of five events"
+    )
+
+    steady = done - first_insert[0]
+    print(
+        f"sink: {len(events)} events in {sink.stats.batches} batches "
+        f"(batch size {batch_size}, {args.batch_ms} ms): "
+        f"{len(events) / steady:,.0f} events/s steady ({steady:.2f}s from first insert), "
+        f"{len(events) / (done - started):,.0f} events/s including group join and start"
+    )
+    return batch_size
+
+
+def measure_store_alone(
+    settings: Settings, store: StatusStore, events: list[StatusEvent], batch_size: int
+) -> None:
+    """Insert up to 60,000 of the events into a database of their own, no Kafka; print the
+    rate."""
+    rows = [event_row(e) for e in events[: min(len(events), 60_000)]]
+    store.client.command("CREATE DATABASE IF NOT EXISTS bench_raw")
+    raw = StatusStore.open(
+        settings.clickhouse_dsn, database="bench_raw", ttl_days=settings.status_ttl_days
+    )
+    t = time.monotonic()
+    for i in range(0, len(rows), batch_size):
+        raw.insert_events(rows[i : i + batch_size])
+    raw_s = time.monotonic() - t
+    print(
+        f"store alone: {len(rows)} rows in batches of {batch_size}: "
+        f"{len(rows) / raw_s:,.0f} events/s (materialized views included)"
+    )
+    raw.close()
+
+
+def measure_reads(store: StatusStore, jobs: int) -> None:
+    """Print the latencies of the API's reads on the loaded store."""
+    print(f"read one job (GET /jobs/{{id}}):  {timed(lambda: queries.get_job(store, 'bench-7'))}")
+    print(f"read runs of a job:              {timed(lambda: queries.job_runs(store, 'bench-7'))}")
+    page = queries.JobFilter(state=State.DEAD, limit=50)
+    print(f"filtered page of {jobs} jobs:     {timed(lambda: queries.list_jobs(store, page), 5)}")
+    print(f"state counts:                    {timed(lambda: queries.state_counts(store), 5)}")
+    print("state counts:", queries.state_counts(store))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=120_000, help="about; rounded to jobs x 6")
@@ -123,69 +197,9 @@ def main() -> None:
         opened = time.monotonic()
         store = StatusStore.from_settings(settings)
         print(f"store opened and migrated in {time.monotonic() - opened:.2f}s")
-        sink = StatusSink(settings, store, batch_size=args.batch_size, batch_ms=args.batch_ms)
-        batch_size = sink.batch_size
-        first_insert: list[float] = []
-        original = store.insert_events
-
-        def insert_and_time(rows, *, dedup_token=None):  # type: ignore[no-untyped-def]
-            if not first_insert:
-                first_insert.append(time.monotonic())
-            return original(rows, dedup_token=dedup_token)
-
-        store.insert_events = insert_and_time  # type: ignore[method-assign]
-        started = time.monotonic()
-        cpu_started = time.process_time()
-        thread = threading.Thread(target=sink.run, daemon=True)
-        thread.start()
-        while sink.stats.inserted < len(events):
-            time.sleep(0.01)
-        done = time.monotonic()
-        cpu_s = time.process_time() - cpu_started
-        sink.stop()
-        thread.join(60)
-        store.insert_events = original  # type: ignore[method-assign]
-        print(
-            f"sink CPU (this process: consumer, decoding and the embedded engine): {cpu_s:.2f}s, "
-            f"{cpu_s / len(events) * 1e6:.1f} us per event, "
-            f"{cpu_s / len(events) * 5 * 1000:.3f} ms per job of five events"
-        )
-
-        steady = done - first_insert[0]
-        print(
-            f"sink: {len(events)} events in {sink.stats.batches} batches "
-            f"(batch size {batch_size}, {args.batch_ms} ms): "
-            f"{len(events) / steady:,.0f} events/s steady ({steady:.2f}s from first insert), "
-            f"{len(events) / (done - started):,.0f} events/s including group join and start"
-        )
-
-        rows = [event_row(e) for e in events[: min(len(events), 60_000)]]
-        store.client.command("CREATE DATABASE IF NOT EXISTS bench_raw")
-        raw = StatusStore.open(
-            settings.clickhouse_dsn, database="bench_raw", ttl_days=settings.status_ttl_days
-        )
-        t = time.monotonic()
-        for i in range(0, len(rows), batch_size):
-            raw.insert_events(rows[i : i + batch_size])
-        raw_s = time.monotonic() - t
-        print(
-            f"store alone: {len(rows)} rows in batches of {batch_size}: "
-            f"{len(rows) / raw_s:,.0f} events/s (materialized views included)"
-        )
-        raw.close()
-
-        print(
-            f"read one job (GET /jobs/{{id}}):  {timed(lambda: queries.get_job(store, 'bench-7'))}"
-        )
-        print(
-            f"read runs of a job:              {timed(lambda: queries.job_runs(store, 'bench-7'))}"
-        )
-        page = queries.JobFilter(state=State.DEAD, limit=50)
-        print(
-            f"filtered page of {jobs} jobs:     {timed(lambda: queries.list_jobs(store, page), 5)}"
-        )
-        print(f"state counts:                    {timed(lambda: queries.state_counts(store), 5)}")
-        print("state counts:", queries.state_counts(store))
+        batch_size = measure_sink(settings, store, events, args)
+        measure_store_alone(settings, store, events, batch_size)
+        measure_reads(store, jobs)
         store.close()
 
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -132,6 +133,78 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class Drained:
+    """What one worker process did with the runs."""
+
+    started_ns: int  # monotonic, when the worker process was started
+    times: list[int]  # monotonic ns at which each run's SUCCEEDED was read
+    cpu_s: float | None  # the worker's CPU seconds (None: not known on this platform)
+    log_path: Path
+
+
+def drain(args: argparse.Namespace, settings: Settings, codec: Codec, prefix: str) -> Drained:
+    """Start one worker process (under cProfile with ``--profile``), read the acks until every
+    run SUCCEEDED or ``--timeout``, then stop it."""
+    log_path = Path(tempfile.gettempdir()) / f"{prefix}-worker.log"
+    cpu_s: float | None = None
+    with open(log_path, "wb") as log_file:
+        started_ns = time.monotonic_ns()
+        profile = ["-m", "cProfile", "-o", args.profile] if args.profile else []
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                *profile,
+                "-m",
+                "jobwheel.cli",
+                "worker",
+                "--tasks",
+                "jobwheel.consumers.demo,load.tasks",
+            ],
+            env=worker_env(settings, args.concurrency, args.log_level),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            times = wait_succeeded(settings, args.runs, codec, args.timeout)
+            cpu_s = process_cpu_s(proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return Drained(started_ns, times, cpu_s, log_path)
+
+
+def report(args: argparse.Namespace, drained: Drained) -> int:
+    """Print the drain rates and the worker's CPU; 1 when not every run SUCCEEDED in time."""
+    times, started_ns, cpu_s = drained.times, drained.started_ns, drained.cpu_s
+    if len(times) < args.runs:
+        print(
+            f"only {len(times)}/{args.runs} SUCCEEDED within {args.timeout}s; "
+            f"log {drained.log_path}"
+        )
+        return 1
+    total_s = (times[-1] - started_ns) / 1e9
+    steady_s = (times[-1] - times[0]) / 1e9
+    print(
+        f"worker ({args.task}, concurrency {args.concurrency}, {args.partitions} partitions, "
+        f"log level {args.log_level}): "
+        f"{args.runs} runs SUCCEEDED in {total_s:.2f}s from process start "
+        f"({args.runs / total_s:,.0f} runs/s), first result after "
+        f"{(times[0] - started_ns) / 1e9:.2f}s, steady {args.runs / max(steady_s, 1e-9):,.0f} "
+        f"runs/s"
+    )
+    if cpu_s is not None:
+        print(
+            f"worker CPU {cpu_s:.2f}s for {args.runs} runs: {args.runs / cpu_s:,.0f} runs per "
+            f"CPU-second (the machine's other load does not count against it)"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20_000)
@@ -152,7 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     codec = Codec()
-    cpu_s: float | None = None
     with broker(args.start_broker, args.bootstrap) as bootstrap:
         prefix = f"bench{uuid.uuid4().hex[:8]}"
         settings = Settings(
@@ -164,55 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         ensure_topics(settings)
         produce_s = produce_runs(settings, args.runs, codec, args.task)
         print(f"produced {args.runs} runs in {produce_s:.2f}s ({args.runs / produce_s:,.0f}/s)")
-
-        log_path = Path(tempfile.gettempdir()) / f"{prefix}-worker.log"
-        with open(log_path, "wb") as log_file:
-            started_ns = time.monotonic_ns()
-            profile = ["-m", "cProfile", "-o", args.profile] if args.profile else []
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    *profile,
-                    "-m",
-                    "jobwheel.cli",
-                    "worker",
-                    "--tasks",
-                    "jobwheel.consumers.demo,load.tasks",
-                ],
-                env=worker_env(settings, args.concurrency, args.log_level),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                times = wait_succeeded(settings, args.runs, codec, args.timeout)
-                cpu_s = process_cpu_s(proc.pid)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-
-    if len(times) < args.runs:
-        print(f"only {len(times)}/{args.runs} SUCCEEDED within {args.timeout}s; log {log_path}")
-        return 1
-    total_s = (times[-1] - started_ns) / 1e9
-    steady_s = (times[-1] - times[0]) / 1e9
-    print(
-        f"worker ({args.task}, concurrency {args.concurrency}, {args.partitions} partitions, "
-        f"log level {args.log_level}): "
-        f"{args.runs} runs SUCCEEDED in {total_s:.2f}s from process start "
-        f"({args.runs / total_s:,.0f} runs/s), first result after "
-        f"{(times[0] - started_ns) / 1e9:.2f}s, steady {args.runs / max(steady_s, 1e-9):,.0f} "
-        f"runs/s"
-    )
-    if cpu_s is not None:
-        print(
-            f"worker CPU {cpu_s:.2f}s for {args.runs} runs: {args.runs / cpu_s:,.0f} runs per "
-            f"CPU-second (the machine's other load does not count against it)"
-        )
-    return 0
+        drained = drain(args, settings, codec, prefix)
+    return report(args, drained)
 
 
 if __name__ == "__main__":
