@@ -469,3 +469,16 @@ class SupervisedScheduler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
+
+
+def two_pool_jobs(n: int, log_a: Path, log_b: Path) -> list[dict[str, Any]]:
+    """``n`` one-off jobs on each of the pools ``alpha`` (``a.work``, noting its runs in
+    ``log_a``) and ``beta`` (``b.work``, in ``log_b``), interleaved: ``tests.pool_tasks_a``
+    and ``tests.pool_tasks_b`` serve them."""
+    jobs: list[dict[str, Any]] = []
+    for i in range(n):
+        jobs.append({"job_id": f"a-{i}", "task": "a.work", "queue": "alpha", "now": True,
+                     "args": {"log": str(log_a)}})  # fmt: skip
+        jobs.append({"job_id": f"b-{i}", "task": "b.work", "queue": "beta", "now": True,
+                     "args": {"log": str(log_b)}})  # fmt: skip
+    return jobs

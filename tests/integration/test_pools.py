@@ -23,8 +23,15 @@ from jobwheel.producers.client import JobClient
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
 from tests.conftest import settings_env, settings_on
-from tests.integration.scheduler_support import TopicTail, start_scheduler
-from tests.support import file_lines, log_tail, scaled, wait_for_group, wait_until
+from tests.integration.scheduler_support import TopicTail, start_scheduler, two_pool_jobs
+from tests.support import (
+    file_lines,
+    log_tail,
+    scaled,
+    start_worker,
+    wait_for_group,
+    wait_until,
+)
 
 QUEUES = "alpha,beta"
 
@@ -42,10 +49,7 @@ def tail(pools: Any) -> Any:
 
 
 def start_pool_worker(procs: Any, env: dict[str, str], tmp_path: Path, module: str, *extra: str):
-    log_path = tmp_path / f"{module}.log"
-    proc = procs.spawn(["jobwheel", "worker", "--tasks", module, *extra], env, log_path)
-    proc.log_path = log_path
-    return proc
+    return start_worker(procs, env, tmp_path / f"{module}.log", *extra, tasks=module)
 
 
 def pool_ready(settings: Any, queue: str, proc: Any) -> None:
@@ -79,12 +83,7 @@ def test_two_pools_run_each_job_once_on_a_worker_of_its_queue(
 
     n = 500  # per pool
     log_a, log_b = tmp_path / "a.lines", tmp_path / "b.lines"
-    jobs: list[dict[str, Any]] = []
-    for i in range(n):
-        jobs.append({"job_id": f"a-{i}", "task": "a.work", "queue": "alpha", "now": True,
-                     "args": {"log": str(log_a)}})  # fmt: skip
-        jobs.append({"job_id": f"b-{i}", "task": "b.work", "queue": "beta", "now": True,
-                     "args": {"log": str(log_b)}})  # fmt: skip
+    jobs = two_pool_jobs(n, log_a, log_b)
     # A client that believes in a third queue: the scheduler, which does not, rejects it.
     believer = pools.model_copy(update={"queues": f"{QUEUES},gamma"})
     with JobClient(pools, task_check="off") as client:

@@ -27,13 +27,14 @@ from jobwheel.kafka.replication import replication_report
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.models import State
 from tests.conftest import settings_env, settings_on
-from tests.integration.scheduler_support import TopicTail, start_scheduler
+from tests.integration.scheduler_support import TopicTail, start_scheduler, two_pool_jobs
 from tests.support import (
     file_lines,
     jobwheel_argv,
     log_tail,
     metric,
     scaled,
+    start_worker,
     wait_for_group,
     wait_until,
 )
@@ -100,12 +101,16 @@ def test_a_queue_added_at_run_time_is_served_by_one_worker_with_another_queue(
         # One worker process, both queues: one group member each.
         port = free_port()
         log_path = tmp_path / "worker.log"
-        worker = procs.spawn(
-            ["jobwheel", "worker", "--tasks", "tests.pool_tasks_a,tests.pool_tasks_b",
-             "--queue", "alpha", "--queue", "beta"],
+        worker = start_worker(
+            procs,
             {**env, "JOBWHEEL_METRICS_PORT": str(port)},
             log_path,
-        )  # fmt: skip
+            "--queue",
+            "alpha",
+            "--queue",
+            "beta",
+            tasks="tests.pool_tasks_a,tests.pool_tasks_b",
+        )
         for queue in ("alpha", "beta"):
             try:
                 wait_for_group(settings, settings.worker_group_for(queue), topics.runs_for(queue))
@@ -115,12 +120,7 @@ def test_a_queue_added_at_run_time_is_served_by_one_worker_with_another_queue(
         # After: the same settings (no beta in them) schedule on beta; nothing restarted.
         n = 100
         log_a, log_b = tmp_path / "a.lines", tmp_path / "b.lines"
-        jobs: list[dict[str, Any]] = []
-        for i in range(n):
-            jobs.append({"job_id": f"a-{i}", "task": "a.work", "queue": "alpha", "now": True,
-                         "args": {"log": str(log_a)}})  # fmt: skip
-            jobs.append({"job_id": f"b-{i}", "task": "b.work", "queue": "beta", "now": True,
-                         "args": {"log": str(log_b)}})  # fmt: skip
+        jobs = two_pool_jobs(n, log_a, log_b)
         with JobClient(settings, task_check="off") as client:
             client.schedule_many(jobs)
         try:
