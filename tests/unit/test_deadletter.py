@@ -1,6 +1,6 @@
 """Reading dead-letter records and deciding what a replay of each sends (schemas/deadletter.py).
 
-The records are built exactly as the scheduler writes them (streams/engine.py: headers, key,
+The records are built exactly as the scheduler writes them (streams/commit.py: headers, key,
 value), so these pin the reader to the documented format.
 """
 
