@@ -85,9 +85,7 @@ class QueueDirectory:
         if not isinstance(name, str) or self._lister is None:
             return False
         with self._lock:
-            due = self._read_at is None or self._clock() - self._read_at >= self._refresh_s
-            if due:
-                self._read()
+            self._read_if_due()
             if name in self._known:
                 return True
             return self.error is not None and self._benefit_of_doubt
@@ -104,9 +102,13 @@ class QueueDirectory:
         read within :data:`REFRESH_S`)."""
         if refresh and self._lister is not None:
             with self._lock:
-                if self._read_at is None or self._clock() - self._read_at >= self._refresh_s:
-                    self._read()
+                self._read_if_due()
         return (*self.declared, *self._found)
+
+    def _read_if_due(self) -> None:
+        """Read the topic list unless one was read within :data:`REFRESH_S` (lock held)."""
+        if self._read_at is None or self._clock() - self._read_at >= self._refresh_s:
+            self._read()
 
     def _read(self) -> None:
         assert self._lister is not None
