@@ -56,6 +56,7 @@ from typing import Any
 
 from jobwheel.schemas.topics import DEFAULT_PARTITIONS
 from jobwheel.settings import Settings
+from load import records
 
 PASS_P99_MS = 2000
 #: A warm-up round in which the broker's JIT compiler used less CPU than this ends the warm-up.
@@ -395,6 +396,8 @@ class Result:
     watch_cpu_s: float | None = None
     #: brokers, replication factor and min.insync.replicas of the run's requests topic
     replication: dict[str, int] = field(default_factory=dict)
+    #: records and bytes per job by topic and by process (:func:`load.records.account`)
+    records: dict[str, Any] = field(default_factory=dict)
 
 
 def topics_replication(settings: Settings) -> dict[str, int]:
@@ -812,6 +815,8 @@ def _drive(
     if config.warmup_jobs > 0:
         warm_up(config, settings, services, starts_dir.parent / "warmup")
 
+    broker_pids = [s.pid for s in services if s.role == "broker"]
+    records_start = records.snapshot(settings, broker_pids)
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
     jit_start = brokers_jit_cpu(services)
@@ -897,6 +902,9 @@ def _drive(
     per_job = {role: None if v is None else v / n for role, v in cpu.items()}
     jit_end = brokers_jit_cpu(services)
     broker_jit_s = jit_cpu_s(jit_start, jit_end)
+    # Counted after the CPU figures: reading the records back is the generator's work.
+    records_end = records.snapshot(settings, broker_pids)
+    accounting = records.account(settings, records_start, records_end, n)
     p99 = counted.start_lateness_ms["p99"]
     passed = not counted.lost and p99 is not None and p99 <= PASS_P99_MS
     return Result(
@@ -914,6 +922,7 @@ def _drive(
         timeline=_timeline(expected, fires, starts),
         broker_jit_s=broker_jit_s,
         watch_cpu_s=watch_cpu_s,
+        records=accounting,
     )
 
 
@@ -1080,6 +1089,7 @@ def report(result: Result) -> str:
             if result.watch_cpu_s is not None
             else []
         ),
+        *records.describe(result.records),
         f"verdict: {'PASS' if result.passed else 'FAIL'} (p99 start lateness <= "
         f"{PASS_P99_MS} ms and nothing lost)",
     ]

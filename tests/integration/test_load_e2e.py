@@ -5,23 +5,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from load.e2e import Config, read_starts, report, run_once
 
 
-def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    config = Config(
+def small_run(**sabotage: int) -> Config:
+    """40 jobs over 2 s on 2 partitions, after 30 warm-up jobs that are never counted."""
+    return Config(
         rate=20,
         window_s=2,
         lead_s=2,
         partitions=2,
         settle_s=0,
         timeout_s=60,
+        warmup_jobs=30,
+        warmup_rate=30,
+        **sabotage,
+    )
+
+
+def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    config = small_run(
         sabotage_lose=1,  # e2e-0 is expected but never submitted
         sabotage_duplicate=1,  # the first run seen is dispatched again as attempt 2
-        warmup_jobs=30,  # run before the measured jobs and never counted with them
-        warmup_rate=30,
     )
     result = run_once(config, kafka_bootstrap, tmp_path)
     t = result.tally
@@ -39,3 +48,36 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
         len({s.job_id for s in read_starts(tmp_path / result.config["topic_prefix"] / "warmup")})
         == 30
     )
+
+
+def test_the_accounting_counts_each_topics_records_of_the_measured_jobs_only(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Records per job (issue 32's yardstick) must count what the measured jobs wrote, not the
+    warm-up's, and put each topic on its writers and readers."""
+    config = small_run(sabotage_duplicate=1)  # one run record more than jobs, by the generator
+    result = run_once(config, kafka_bootstrap, tmp_path)
+    print(report(result))
+    acc = result.records
+    n = acc["jobs"]
+    assert n == 40
+    kinds = {c["kind"]: c for c in acc["by_topic"].values()}
+    # Exactly the 40 measured requests (the 30 warm-up ones came before the span began).
+    assert round(kinds["requests"]["records"] * n) == 40
+    assert round(kinds["runs"]["records"] * n) == 41
+    # Every run gets its verdict (one ack at least; a quick run's STARTED rides with it).
+    assert round(kinds["acks"]["records"] * n) >= 41
+    assert kinds["changelog"]["records"] >= 1
+    assert kinds["status"]["records"] >= 1
+    # Transactions leave markers: the scheduler's topics use more offsets than they hold records.
+    assert kinds["runs"]["offsets"] > kinds["runs"]["records"]
+    assert kinds["__consumer_offsets"]["offsets"] > 0
+    assert all(c["payload_bytes"] > 0 for k, c in kinds.items() if not k.startswith("__"))
+    scheduler = acc["by_process"]["scheduler"]
+    assert scheduler["read_records"] == pytest.approx(
+        kinds["requests"]["records"] + kinds["acks"]["records"]
+    )
+    assert acc["by_process"]["sink"]["read_records"] == pytest.approx(
+        kinds["status"]["records"] + kinds["acks"]["records"]
+    )
+    assert "records per job:" in report(result)
