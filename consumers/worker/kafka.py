@@ -14,11 +14,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from jobwheel.errors import BrokerError, DeliveryError
 from jobwheel.kafka.consumer import GroupConsumer, Record, committing_consumer_config
 from jobwheel.kafka.producer import Producer, producer_config
+from jobwheel.kafka.reader import PartitionEnd, TopicReader
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -164,6 +166,75 @@ class RunsConsumer:
     def close(self) -> None:
         """Leave the group now (the revoke callback runs first), so partitions move at once."""
         self._group.close()
+
+
+#: Between two tries of :func:`read_acks_since`'s offset lookups.
+_LOOKUP_RETRY_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class AcksSince:
+    """What :func:`read_acks_since` found."""
+
+    #: The acks appended since the times asked, up to each partition's end at the start.
+    records: list[Record]
+    #: Per partition, the runs topic's end offset before the acks were read: a run at or past
+    #: it was dispatched after the read, so no ack read here can be about it.
+    runs_ends: dict[int, int]
+    #: False when the time or record bound cut the read short (some acks were not read).
+    complete: bool
+
+
+def read_acks_since(
+    settings: Settings,
+    runs_topic: str,
+    since_ms: dict[int, int],
+    timeout_s: float,
+    limit: int,
+) -> AcksSince:
+    """The acks topic's records appended (broker time) from ``since_ms[partition]`` on, for a
+    new owner of those runs partitions to see what its predecessor acknowledged but could not
+    commit. The acks topic is co-partitioned with every runs topic. Bounded by ``timeout_s``
+    and ``limit``; a broker error raises :class:`BrokerError`."""
+    acks = settings.topics.acks
+    reader = TopicReader(settings, _PACKAGE, "acks lookup", eof=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        while True:
+            # A new client right after the broker came back may not know the topics' leaders
+            # yet ("unknown partition"): asked again until the deadline.
+            try:
+                for topic in (runs_topic, acks):
+                    reader.partitions(topic, left(), strict=True)
+                runs_ends = {p: reader.end_offset(runs_topic, p, left()) for p in since_ms}
+                starts: dict[int, int] = {}
+                for p, ms in since_ms.items():
+                    starts.update(reader.offsets_at(acks, [p], ms, left()))
+                ends = {p: reader.end_offset(acks, p, left()) for p in starts}
+                break
+            except BrokerError:
+                if time.monotonic() + _LOOKUP_RETRY_S >= deadline:
+                    raise
+                time.sleep(_LOOKUP_RETRY_S)
+        unread = {p for p, o in starts.items() if o < ends[p]}
+        records: list[Record] = []
+        if unread:
+            reader.assign({(acks, p): starts[p] for p in unread})
+        while unread and len(records) < limit and time.monotonic() < deadline:
+            got = reader.poll(min(0.5, left()))
+            if isinstance(got, PartitionEnd):
+                unread.discard(got.partition)
+            elif got is not None and got.partition in unread:
+                records.append(got)
+                if got.offset + 1 >= ends[got.partition]:
+                    unread.discard(got.partition)
+        return AcksSince(records, runs_ends, not unread)
+    finally:
+        reader.close()
 
 
 #: ``on_delivery(error)`` of :meth:`StatusProducer.produce`: None once the broker has the record.

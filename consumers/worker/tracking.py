@@ -9,8 +9,13 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 #: Prefix of the commit metadata this worker writes next to a committed offset: the offsets
-#: past it that are done already (version 1 of the format).
-METADATA_PREFIX = "jw1:"
+#: past it that are done already, the runs started up to where, and since when a verdict not
+#: named there can be on the acks topic (version 2 of the format).
+METADATA_PREFIX = "jw2:"
+#: Version 1, read still (a worker of the version before): no lookup time.
+_METADATA_V1 = "jw1:"
+#: Between the done ranges (with the started mark) and the lookup time, in base 36.
+_SINCE_MARK = "@"
 #: Metadata kept under the broker's ``offset.metadata.max.bytes`` (4,096 by default) with room
 #: to spare: a commit whose metadata is too large is refused as a whole.
 METADATA_MAX_CHARS = 3_000
@@ -47,6 +52,9 @@ class OffsetTracker:
         "_watermark",
         "_committed",
         "_committed_meta",
+        "lookup_since_ms",
+        "decided",
+        "decided_below",
     )
 
     def __init__(self, partition: int) -> None:
@@ -63,6 +71,15 @@ class OffsetTracker:
         self._watermark: int | None = None
         self._committed: int | None = None
         self._committed_meta = ""
+        #: From the previous owner's last commit: verdicts of runs past it that it did not
+        #: name as done may be on the acks topic from this time on (its clock, in ms).
+        self.lookup_since_ms: int | None = None
+        #: (run id, attempt) of the runs a worker gave a verdict on, read from the acks topic
+        #: when this ownership began; a fetched run of them is done, not run again.
+        self.decided: set[tuple[str, int]] = set()
+        #: Only runs below this offset (the partition's end when the acks were read) can be
+        #: in :attr:`decided`: the previous owner never fetched a later one.
+        self.decided_below = 0
 
     def known_done(self) -> tuple[int | None, set[int]]:
         """What this ownership knows is done, whether or not a commit said so: every offset
@@ -90,11 +107,14 @@ class OffsetTracker:
             if watermark is not None and watermark > committed:
                 self._done_below = watermark
             self._inherited.update(o for o in past if o >= max(committed, 0))
-        if committed < 0 or not metadata.startswith(METADATA_PREFIX):
+        if committed < 0 or not metadata.startswith((METADATA_PREFIX, _METADATA_V1)):
             return len(self._inherited)
         done: set[int] = set()
-        ranges, _, started = metadata[len(METADATA_PREFIX) :].partition("|")
+        body, _, since = metadata[len(METADATA_PREFIX) :].partition(_SINCE_MARK)
+        ranges, _, started = body.partition("|")
         try:
+            if since and metadata.startswith(METADATA_PREFIX):
+                self.lookup_since_ms = int(since, 36)
             if started:
                 self._suspect_high = committed + int(started, 36)
             for part in ranges.split(","):
@@ -172,10 +192,22 @@ class OffsetTracker:
         """The offset to commit (next to read), or None before the first run finished."""
         return self._watermark
 
-    def done_metadata(self) -> str:
+    def done_metadata(self, since_ms: int | None = None) -> str:
         """The commit metadata of the watermark: the offsets past it that are done (fetched
         and finished, or inherited and not fetched yet), as base-36 ranges relative to the
-        watermark. Cut to :data:`METADATA_MAX_CHARS` (the runs left out would run again)."""
+        watermark. Cut to :data:`METADATA_MAX_CHARS` (the runs left out would run again).
+
+        ``since_ms``: now, when runs of the partition may still get a verdict after this
+        commit (this ownership goes on fetching and running them). A crash or a lost session
+        then leaves those verdicts out of every commit that gets through; the next owner reads
+        them from the acks topic from this time on (:attr:`lookup_since_ms`) instead of running
+        those runs again. None for a hand-over with nothing running: nothing to look up."""
+        body = self._done_body()
+        if since_ms is None:
+            return body
+        return (body or METADATA_PREFIX) + _SINCE_MARK + _b36(since_ms)
+
+    def _done_body(self) -> str:
         base = self._base()
         if base is None:
             return ""
@@ -209,21 +241,34 @@ class OffsetTracker:
             return self._watermark
         return self._entries[0] if self._entries else None
 
-    def to_commit(self) -> tuple[int, str] | None:
-        """The watermark and its metadata if either changed since :meth:`committed`."""
+    def to_commit(self, since_ms: int | None = None) -> tuple[int, str] | None:
+        """The watermark and its metadata if either changed since :meth:`committed` (the
+        lookup time alone is no change: an older one only makes the next owner read more)."""
         base = self._base()
         if self.revoked or base is None:
             return None
-        meta = self.done_metadata()
-        if not meta and self._watermark is None:
+        body = self._done_body()
+        if not body and self._watermark is None:
             return None
-        if base == self._committed and meta == self._committed_meta:
+        if base == self._committed and body == self._committed_meta:
             return None
-        return base, meta
+        return base, self.done_metadata(since_ms)
 
     def committed(self, offset: int, metadata: str = "") -> None:
         self._committed = offset
-        self._committed_meta = metadata
+        body = metadata.partition(_SINCE_MARK)[0]
+        self._committed_meta = "" if body == METADATA_PREFIX else body
+
+    def decided_elsewhere(self, offset: int, run_id: str, attempt: int) -> bool:
+        """Whether a worker gave its verdict on this attempt already (read from the acks topic
+        when this ownership began): the run is done, not run again. Forgets the lookup once
+        the fetch is past what the previous owner can have fetched."""
+        if not self.decided:
+            return False
+        if offset >= self.decided_below:
+            self.decided = set()
+            return False
+        return (run_id, attempt) in self.decided
 
 
 def _b36(n: int) -> str:

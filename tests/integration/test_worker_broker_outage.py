@@ -219,3 +219,79 @@ def test_a_run_finished_while_the_broker_is_frozen_runs_once_when_its_partition_
         assert file_lines(started) == [f"{held.run_id}:1"], "the run was executed again"
     finally:
         tail.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_run_finished_while_the_broker_is_frozen_is_not_run_again_by_another_worker(
+    own_broker: LocalBroker,
+    settings: Any,
+    jobwheel_env: dict[str, str],
+    procs: Any,
+    tmp_path: Path,
+) -> None:
+    """As above, but the partitions go to another worker, the first one still alive: it is
+    paused (SIGSTOP) from its lost session until the second one has taken the partition. The
+    first worker's commits could not name the run (its verdict came during the freeze), so the
+    second fetches it again from the committed offset; it reads the acks given since that
+    commit and finds the verdict there, and does not run it again. Before, it ran it again:
+    seen by hand, 3 of 3,000 runs started twice across broker freezes with two live workers."""
+    held, started, finished, gate = gated_run(settings, tmp_path)
+    quick = make_run(settings, "demo.echo", {"n": 1})
+    produce_runs(settings, [quick, held])
+    partition = partition_for(held.job_id, settings.partitions)
+    # The held run's offset: behind the quick one when both went to the same partition.
+    held_offset = int(partition_for(quick.job_id, settings.partitions) == partition)
+    producer = {"message.timeout.ms": 300_000, "request.timeout.ms": 240_000}
+    env = {
+        **jobwheel_env,
+        "JOBWHEEL_LOG_FORMAT": "json",
+        "JOBWHEEL_WORKER_KAFKA_PRODUCER_CONFIG": json.dumps(producer),
+    }
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = start_worker(procs, env, first_log)
+    tail = TopicTail(settings, [settings.topics.acks])
+    try:
+        # A verdict delivered: the first worker's producer is set up (its producer id got)
+        # before the broker freezes, or the held run's verdict could not be sent before it.
+        tail.wait_for(quick.run_id, State.SUCCEEDED, timeout_s=60)
+        wait_until(lambda: file_lines(started), 60, message="the held run did not start")
+        # The first worker's commit with the run started: the offset the second one gets.
+        wait_until(
+            lambda: committed_offsets(settings).get(partition, -1) >= held_offset,
+            60,
+            interval_s=0.3,
+            message="the first worker committed nothing on the run's partition",
+        )
+        pid = own_broker.running_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            gate.touch()  # the run finishes while the broker cannot take its verdict
+            wait_until(lambda: file_lines(finished), 30, message="the held run did not finish")
+            wait_for_log(first_log, '"partitions lost"', 120, proc=first)
+            os.kill(first.pid, signal.SIGSTOP)  # alive, but it cannot rejoin for now
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        try:
+            # The verdict was on its way before the freeze ended: the broker has it now.
+            (verdict,) = tail.wait_for(held.run_id, State.SUCCEEDED, timeout_s=60)
+            assert verdict.worker.endswith(f":{first.pid}")
+            second = start_worker(procs, env, second_log)
+            # The known end: the second worker's commit past the run's record (it fetched it
+            # and is done with it, by running it or not).
+            wait_until(
+                lambda: committed_offsets(settings).get(partition, -1) > held_offset,
+                90,
+                interval_s=0.3,
+                message="the second worker never committed past the run",
+            )
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        tail.read_to_end()
+        assert first.poll() is None and second.poll() is None
+        assert file_lines(started) == [f"{held.run_id}:1"], "the run was executed again"
+        assert len(tail.of(held.run_id, State.SUCCEEDED)) == 1
+        (lookup,) = log_events(second_log, "acks since the previous owners' last commits read")
+        assert partition in lookup["partitions"] and lookup["runs_decided"] >= 1, lookup
+    finally:
+        tail.close()

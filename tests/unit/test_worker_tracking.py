@@ -15,7 +15,7 @@ def test_watermark_waits_for_the_oldest_unfinished_run() -> None:
     t.mark_done(11)
     t.mark_done(12)
     # 10 still running: committing 13 would lose it on a crash. 10 is committed, naming 11-12.
-    assert t.to_commit() == (10, "jw1:1-2")
+    assert t.to_commit() == (10, "jw2:1-2")
     t.mark_done(10)
     assert t.to_commit() == (13, "")
     t.committed(13)
@@ -63,20 +63,20 @@ def test_runs_done_past_an_unfinished_one_go_with_the_commit_and_the_next_owner_
     for offset in (10, 12, 13, 14, 17, 19):
         old.mark_done(offset)
     # 11 still runs: the watermark stays at 11, the commit names 12-14, 17 and 19 as done.
-    assert old.to_commit() == (11, "jw1:1-3,6,8")
-    old.committed(11, "jw1:1-3,6,8")
+    assert old.to_commit() == (11, "jw2:1-3,6,8")
+    old.committed(11, "jw2:1-3,6,8")
     assert old.to_commit() is None
 
     new = OffsetTracker(0)
-    assert new.inherit(11, "jw1:1-3,6,8") == 5
+    assert new.inherit(11, "jw2:1-3,6,8") == 5
     ran = [o for o in range(11, 20) if new.add(o)]
     assert ran == [11, 15, 16, 18]  # the previous owner's finished runs are not run again
     # Until 11 is done, its own commit keeps naming what the previous owner finished.
     new.mark_done(15)
     # 11 still runs: the commit stays at 11 and keeps naming what the previous owner finished.
-    assert new.to_commit() == (11, "jw1:1-4,6,8")
+    assert new.to_commit() == (11, "jw2:1-4,6,8")
     new.mark_done(11)
-    assert new.to_commit() == (16, "jw1:1,3")  # 16 and 18 run: 17 and 19 done past them
+    assert new.to_commit() == (16, "jw2:1,3")  # 16 and 18 run: 17 and 19 done past them
     new.mark_done(16)
     new.mark_done(18)
     assert new.to_commit() == (20, "")
@@ -97,7 +97,7 @@ def test_a_partition_lost_before_its_commits_got_through_is_not_run_again_here()
     new = OffsetTracker(0)
     new.inherit(10, "", remembered)
     assert [o for o in range(10, 20) if new.add(o)] == [15, 16, 18, 19]
-    assert new.to_commit() == (15, "jw1:2")  # 10-14 done; 17 done past the watermark
+    assert new.to_commit() == (15, "jw2:2")  # 10-14 done; 17 done past the watermark
     # Someone else committed past what this process knew: nothing of it counts any more.
     other = OffsetTracker(0)
     other.inherit(30, "", remembered)
@@ -106,10 +106,10 @@ def test_a_partition_lost_before_its_commits_got_through_is_not_run_again_here()
 
 def test_inherited_runs_not_fetched_yet_stay_in_the_commit() -> None:
     new = OffsetTracker(0)
-    new.inherit(100, "jw1:5,a")  # 105 and 110
+    new.inherit(100, "jw2:5,a")  # 105 and 110
     assert new.add(100)
     new.mark_done(100)
-    assert new.to_commit() == (101, "jw1:4,9")
+    assert new.to_commit() == (101, "jw2:4,9")
 
 
 def test_the_runs_executing_go_with_the_commit_and_the_next_owner_calls_them_repeats() -> None:
@@ -119,15 +119,59 @@ def test_the_runs_executing_go_with_the_commit_and_the_next_owner_calls_them_rep
     old.own(50)
     old.own(52)
     old.mark_done(51)
-    assert old.to_commit() == (50, "jw1:1|2")  # 51 done; runs started up to 52
+    assert old.to_commit() == (50, "jw2:1|2")  # 51 done; runs started up to 52
     new = OffsetTracker(0)
-    new.inherit(50, "jw1:1|2")
+    new.inherit(50, "jw2:1|2")
     assert [o for o in range(50, 56) if new.add(o)] == [50, 52, 53, 54, 55]
     assert [o for o in (50, 52, 53) if new.maybe_repeat(o)] == [50, 52]
 
 
+def test_metadata_of_the_version_before_is_still_read() -> None:
+    new = OffsetTracker(0)
+    assert new.inherit(50, "jw1:1|2") == 1  # 51 done, started up to 52; no lookup time
+    assert new.lookup_since_ms is None
+    assert [o for o in range(50, 54) if new.add(o)] == [50, 52, 53]
+
+
+def test_a_commit_while_runs_go_on_names_since_when_to_read_their_acks() -> None:
+    """An ownership that goes on running its partition's runs stamps each commit with the time
+    it was made: verdicts not named in it can only be on the acks topic from then on, which is
+    where a next owner after a crash or a lost session looks (and how far back). A hand-over
+    with nothing running stamps nothing: the next owner has nothing to look up."""
+    old = OffsetTracker(0)
+    for offset in range(10, 14):
+        old.add(offset)
+    old.own(10)
+    old.mark_done(11)
+    offset, meta = old.to_commit(since_ms=1_700_000_000_000) or (0, "")
+    assert (offset, meta.partition("@")[0]) == (10, "jw2:1|0")
+    old.committed(offset, meta)
+    # The same progress later is no change: the older stamp only makes the next owner read more.
+    assert old.to_commit(since_ms=1_700_000_005_000) is None
+    new = OffsetTracker(0)
+    new.inherit(offset, meta)
+    assert new.lookup_since_ms == 1_700_000_000_000
+    # Nothing done past the watermark, nothing started: the stamp alone rides on the offset.
+    quiet = OffsetTracker(0)
+    quiet.add(7)
+    quiet.mark_done(7)
+    assert quiet.to_commit(since_ms=36) == (8, "jw2:@10")
+    assert quiet.done_metadata() == ""
+
+
+def test_runs_a_worker_decided_are_skipped_until_the_fetch_passes_the_old_end() -> None:
+    t = OffsetTracker(0)
+    t.decided = {("r1", 1)}
+    t.decided_below = 20
+    assert t.decided_elsewhere(15, "r1", 1)
+    assert not t.decided_elsewhere(16, "r1", 2)  # another attempt: not decided
+    assert t.decided_elsewhere(17, "r1", 1)  # a second copy of the same attempt
+    assert not t.decided_elsewhere(20, "r1", 1)  # dispatched after the lookup
+    assert t.decided == set()
+
+
 def test_foreign_or_corrupt_metadata_skips_nothing() -> None:
-    for metadata in ("", "something else", "jw1:zz-1", "jw1:1-!"):
+    for metadata in ("", "something else", "jw2:zz-1", "jw2:1-!"):
         t = OffsetTracker(0)
         assert t.inherit(5, metadata) == 0
         assert t.add(6)

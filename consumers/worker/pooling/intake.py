@@ -4,10 +4,11 @@ offsets that are done, committing them."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from jobwheel.consumers.worker.executor import Outcome
-from jobwheel.consumers.worker.kafka import COMMIT_TIMEOUT_S, Record
+from jobwheel.consumers.worker.kafka import COMMIT_TIMEOUT_S, Record, read_acks_since
 from jobwheel.consumers.worker.pooling.core import (
     COMMIT_REFRESH_S,
     FETCH_BATCH,
@@ -23,7 +24,18 @@ from jobwheel.consumers.worker.pooling.core import (
 )
 from jobwheel.consumers.worker.tracking import OffsetTracker
 from jobwheel.errors import BrokerError, SchemaDecodeError
-from jobwheel.schemas.models import Run, State
+from jobwheel.schemas.models import Run, State, StatusEvent
+
+#: Back from the previous owner's lookup time: an ack appended (broker time) a little before
+#: the commit that did not name its run as done (its delivery report not in yet), and the
+#: distance between that worker's clock and the broker's.
+ACKS_LOOKUP_MARGIN_MS = 30_000
+#: Bounds of that read, in the assignment callback: past them, the runs whose acks were not
+#: read run again (at-least-once, as without the lookup).
+ACKS_LOOKUP_TIMEOUT_S = 20.0
+ACKS_LOOKUP_LIMIT = 2_000_000
+#: Acks that say a run is under way, not decided.
+_PROGRESS = frozenset({State.STARTED, State.HEARTBEAT})
 
 
 class Intake(PoolCore):
@@ -59,6 +71,60 @@ class Intake(PoolCore):
                     "runs finished by the previous owner are skipped",
                     extra={"partition": p, "committed": offset, "done_past_it": done},
                 )
+        self._look_up_acks(trackers)
+
+    def _look_up_acks(self, trackers: dict[int, OffsetTracker]) -> None:
+        """Read the acks the previous owners gave since their last commit that got through,
+        so the runs they finished are done here, not run again. Their commits could not say
+        so when the ownership ended without a final commit: a crash, or a session lost while
+        the broker was unreachable, when the process, alive, had run and acknowledged runs it
+        could not commit any more. Bounded; failing that, those runs run again."""
+        since = {
+            p: t.lookup_since_ms - ACKS_LOOKUP_MARGIN_MS
+            for p, t in trackers.items()
+            if t.lookup_since_ms is not None
+        }
+        if not since:
+            return
+        began = time.monotonic()
+        try:
+            found = read_acks_since(
+                self.settings, self._runs_topic, since, ACKS_LOOKUP_TIMEOUT_S, ACKS_LOOKUP_LIMIT
+            )
+        except BrokerError as exc:
+            log.warning(
+                "acks of the previous owner not read; runs it finished without a commit may "
+                "run again",
+                extra={"partitions": sorted(since), "error": str(exc)},
+            )
+            return
+        decided: dict[int, set[tuple[str, int]]] = {p: set() for p in since}
+        for record in found.records:
+            try:
+                event = self._codec.decode(record.value) if record.value is not None else None
+            except SchemaDecodeError:
+                continue  # not an ack this worker reads; the scheduler dead-letters it
+            if (
+                isinstance(event, StatusEvent)
+                and event.run_id is not None
+                and event.state not in _PROGRESS
+                and record.partition in decided
+            ):
+                decided[record.partition].add((event.run_id, event.attempt))
+        for p, keys in decided.items():
+            trackers[p].decided = keys
+            trackers[p].decided_below = found.runs_ends.get(p, 0)
+        log.log(
+            logging.INFO if found.complete else logging.WARNING,
+            "acks since the previous owners' last commits read"
+            + ("" if found.complete else " in part (bounded); the runs of the rest may run again"),
+            extra={
+                "partitions": sorted(since),
+                "acks_read": len(found.records),
+                "runs_decided": sum(len(k) for k in decided.values()),
+                "ms": round((time.monotonic() - began) * 1000),
+            },
+        )
 
     def _on_revoke(self, partitions: list[int]) -> None:
         """Hand the partitions over with nothing left to run twice: no run of theirs starts any
@@ -142,7 +208,7 @@ class Intake(PoolCore):
             for p, tracker in self._trackers.items():
                 if only is not None and p not in only:
                     continue
-                commit = tracker.to_commit()
+                commit = tracker.to_commit(self._clock.now_ms())
                 if commit is not None:
                     offsets[p] = commit
             return offsets
@@ -155,8 +221,14 @@ class Intake(PoolCore):
             for p, tracker in self._trackers.items():
                 offset = tracker.watermark if not tracker.revoked else None
                 if offset is not None and (only is None or p in only):
-                    offsets[p] = (offset, tracker.done_metadata())
+                    offsets[p] = (offset, tracker.done_metadata(self._lookup_since(tracker)))
             return offsets
+
+    def _lookup_since(self, tracker: OffsetTracker) -> int | None:
+        """The lookup time of a commit (:meth:`OffsetTracker.done_metadata`): none for a
+        hand-over with no run of the partition started and unacknowledged, now otherwise."""
+        handing_over = tracker.closing or self._closing
+        return None if handing_over and not tracker.owned else self._clock.now_ms()
 
     def _commit_offsets(self, offsets: dict[int, tuple[int, str]], *, asynchronous: bool) -> bool:
         """Commit ``partition -> (watermark, metadata)``; False if the client refused or a
@@ -312,6 +384,13 @@ class Intake(PoolCore):
                     if known.prepared is not None or known.outcome is not None:
                         tracker.own(record.offset)
             self._hook("after_skip", run, None, "duplicate delivery of a known attempt")
+            return
+        if tracker.decided_elsewhere(record.offset, run.run_id, run.attempt):
+            # The previous owner ran it and its verdict is on the acks topic, but no commit of
+            # it got through (a crash, a session lost with the broker out of reach).
+            self.meters.inherited_done += 1
+            self._done([(tracker, record.offset)])
+            self._hook("after_skip", run, None, "a worker gave its verdict on this attempt already")
             return
         if self._latest.finished(run.run_id, run.attempt):
             # Ran here already and its verdict is on the acks topic: fetched again because the
