@@ -52,6 +52,7 @@ from confluent_kafka import (
 from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
 from jobwheel.kafka.consumer import STATIC_ASSIGNOR, Record, records
 from jobwheel.kafka.errors import kafka_error, with_client_logging
+from jobwheel.kafka.producer import PRODUCER_DEFAULTS
 from jobwheel.logs import Throttle
 from jobwheel.settings import Settings
 from jobwheel.watchdog import CallWatchdog, kafka_reachable
@@ -490,6 +491,7 @@ class TransactionalProducer:
             # at 5,000 jobs/s, a tenth of the loop's time blocked. End to end the two were
             # within the noise of runs in turn (load/RESULTS.md), the broker's CPU included.
             "linger.ms": 5,
+            "compression.type": PRODUCER_DEFAULTS["compression.type"],
             **settings.librdkafka(
                 "producer",
                 "scheduler",

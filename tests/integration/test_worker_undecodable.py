@@ -15,6 +15,7 @@ no record at all with no headers.
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -244,7 +245,8 @@ def test_a_copy_too_large_for_the_dead_letter_topic_goes_without_its_bytes(
 
     run = make_run(settings, "demo.echo", job_id=job, run_id=f"{job}@1")
     after = make_run(settings, "demo.echo", {"after": 1}, job_id=job, run_id=f"{job}@2")
-    big = b"\x00" + b"x" * (limit * 2)  # garbage, over the dead-letter topic's limit
+    # Garbage over the dead-letter topic's limit, random: the worker compresses its batches.
+    big = b"\x00" + os.urandom(limit * 2)
     produce_as_scheduler(
         settings,
         [
