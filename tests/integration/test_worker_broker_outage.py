@@ -71,6 +71,26 @@ def wait_exit(proc: subprocess.Popen[bytes], within_s: float, log_path: Path) ->
         )
 
 
+def quick_then_held(settings: Any, folder: Path) -> tuple[Run, Run, Path, Path, Path]:
+    """A quick run and a held one (``gated_run``) on the runs topic, in that order: the quick
+    one's verdict shows the worker's producer at work before the test cuts the broker off."""
+    held, started, finished, gate = gated_run(settings, folder)
+    quick = make_run(settings, "demo.echo", {"n": 1})
+    produce_runs(settings, [quick, held])
+    return quick, held, started, finished, gate
+
+
+def frozen_verdict_env(jobwheel_env: dict[str, str]) -> dict[str, str]:
+    """JSON logs, and a verdict request that stays in flight through a broker freeze (no
+    client-side timeout cuts it short), as a verdict sent just before a broker stalls does."""
+    producer = {"message.timeout.ms": 300_000, "request.timeout.ms": 240_000}
+    return {
+        **jobwheel_env,
+        "JOBWHEEL_LOG_FORMAT": "json",
+        "JOBWHEEL_WORKER_KAFKA_PRODUCER_CONFIG": json.dumps(producer),
+    }
+
+
 @pytest.mark.timeout(180)
 def test_sigterm_while_the_broker_is_down_exits_and_the_unacknowledged_run_runs_again(
     own_broker: LocalBroker,
@@ -79,9 +99,7 @@ def test_sigterm_while_the_broker_is_down_exits_and_the_unacknowledged_run_runs_
     procs: Any,
     tmp_path: Path,
 ) -> None:
-    held, started, finished, gate = gated_run(settings, tmp_path)
-    quick = make_run(settings, "demo.echo", {"n": 1})
-    produce_runs(settings, [quick, held])
+    quick, held, started, finished, gate = quick_then_held(settings, tmp_path)
     # JSON lines (the one line is read as an event). Static membership, as a StatefulSet runs
     # workers: the session outlasts the test's outage, so the worker still owns its partitions
     # (and has offsets to commit) when it is stopped, and the next worker of the same slot
@@ -176,14 +194,7 @@ def test_a_run_finished_while_the_broker_is_frozen_runs_once_when_its_partition_
     held, started, finished, gate = gated_run(settings, tmp_path)
     produce_runs(settings, [held])
     partition = partition_for(held.job_id, settings.partitions)
-    # The verdict's request stays in flight through the freeze (no client-side timeout cuts it
-    # short), as a verdict sent just before a broker stalls does.
-    producer = {"message.timeout.ms": 300_000, "request.timeout.ms": 240_000}
-    env = {
-        **jobwheel_env,
-        "JOBWHEEL_LOG_FORMAT": "json",
-        "JOBWHEEL_WORKER_KAFKA_PRODUCER_CONFIG": json.dumps(producer),
-    }
+    env = frozen_verdict_env(jobwheel_env)
     log_path = tmp_path / "worker.log"
     worker = start_worker(procs, env, log_path)
     tail = TopicTail(settings, [settings.topics.acks])
@@ -235,18 +246,11 @@ def test_a_run_finished_while_the_broker_is_frozen_is_not_run_again_by_another_w
     second fetches it again from the committed offset; it reads the acks given since that
     commit and finds the verdict there, and does not run it again. Before, it ran it again:
     seen by hand, 3 of 3,000 runs started twice across broker freezes with two live workers."""
-    held, started, finished, gate = gated_run(settings, tmp_path)
-    quick = make_run(settings, "demo.echo", {"n": 1})
-    produce_runs(settings, [quick, held])
+    quick, held, started, finished, gate = quick_then_held(settings, tmp_path)
     partition = partition_for(held.job_id, settings.partitions)
     # The held run's offset: behind the quick one when both went to the same partition.
     held_offset = int(partition_for(quick.job_id, settings.partitions) == partition)
-    producer = {"message.timeout.ms": 300_000, "request.timeout.ms": 240_000}
-    env = {
-        **jobwheel_env,
-        "JOBWHEEL_LOG_FORMAT": "json",
-        "JOBWHEEL_WORKER_KAFKA_PRODUCER_CONFIG": json.dumps(producer),
-    }
+    env = frozen_verdict_env(jobwheel_env)
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     first = start_worker(procs, env, first_log)
     tail = TopicTail(settings, [settings.topics.acks])
