@@ -56,9 +56,9 @@ def dispatched(settings: Settings, wanted: int, timeout_s: float) -> list[Status
             for msg in consumer.consume(500, 0.5):
                 if msg.error():
                     continue
-                event = codec.decode(msg.value())
-                if isinstance(event, StatusEvent) and event.state is State.DISPATCHED:
-                    found.append(event)
+                for event in codec.decode_events(msg.value()):
+                    if isinstance(event, StatusEvent) and event.state is State.DISPATCHED:
+                        found.append(event)
     finally:
         consumer.close()
     return found

@@ -90,9 +90,12 @@ def wait_for_state(
     try:
         while seen < count and time.time() < deadline:
             for m in consumer.consume(1000, 0.05):
-                if not m.error() and codec.decode(m.value()).state == state:
-                    seen += 1
-                    last = time.time()
+                if m.error():
+                    continue
+                for event in codec.decode_events(m.value()):
+                    if event.state == state:  # type: ignore[union-attr]
+                        seen += 1
+                        last = time.time()
     finally:
         consumer.close()
     return last - since

@@ -145,7 +145,7 @@ def wait_for_result(
             record = reader.poll(max(0.0, min(0.5, deadline - time.monotonic())))
             if isinstance(record, Record):
                 next_offset[record.topic] = record.offset + 1
-                if record.key == key:
+                if record.key == key or record.key is None:  # None: a StatusBatch
                     _feed(outcome, codec, record)
             if outcome.done and next_offset[topics.acks] >= reader.end_offset(topics.acks, p):
                 # The scheduler's COMPLETED follows the worker's SUCCEEDED, which may still be
@@ -168,9 +168,15 @@ def wait_for_result(
 def _feed(outcome: Outcome, codec: Codec, record: Record) -> None:
     if any(name == STATE_HEADER and value in _SKIPPED for name, value in record.headers or ()):
         return
+    value = record.value or b""
     try:
-        event = codec.decode(record.value or b"")
+        items = codec.batch_items(value) or (value,)
     except SchemaDecodeError:
         return  # not ours to judge: the scheduler dead-letters what it cannot read
-    if isinstance(event, StatusEvent):
-        outcome.feed(event)
+    for item in items:
+        try:
+            event = codec.decode(item)
+        except SchemaDecodeError:
+            continue
+        if isinstance(event, StatusEvent) and event.job_id == outcome.job_id:
+            outcome.feed(event)

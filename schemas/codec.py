@@ -44,6 +44,7 @@ from jobwheel.schemas.flat import FlatError, FlatRecord
 from jobwheel.schemas.models import (
     JobCommand,
     Run,
+    StatusBatch,
     StatusEvent,
 )
 from jobwheel.schemas.registry import ConfluentSchemaRegistry, SchemaRegistry
@@ -54,8 +55,9 @@ SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
 _SINGLE_HEADER = len(SINGLE_OBJECT_MAGIC) + 8
 _CONFLUENT_HEADER = 5
+_BATCH = "io.jobwheel.StatusBatch"
 
-Model = JobCommand | Run | StatusEvent
+Model = JobCommand | Run | StatusEvent | StatusBatch
 
 
 # --- the codec ----------------------------------------------------------------------------
@@ -189,7 +191,8 @@ class Codec:
         if writer is None:
             raise ValidationError(
                 "value",
-                f"cannot encode {type(value).__name__}; expected JobCommand/Run/StatusEvent",
+                f"cannot encode {type(value).__name__}; expected one of "
+                "JobCommand/Run/StatusEvent/StatusBatch",
             )
         header = self._headers.get(type(value)) or self._registry_header(type(value), writer)
         if writer.write is not None:
@@ -334,6 +337,31 @@ class Codec:
         except FlatError:
             return None
         return reader.full_name, reader.flat.names, values
+
+    def batch_items(self, data: bytes) -> tuple[bytes, ...] | None:
+        """The event messages a :class:`StatusBatch` record carries, oldest first; None when
+        ``data`` is not a batch (one event, or bytes :meth:`decode` will say are wrong). A
+        batch whose body is damaged raises :class:`SchemaDecodeError`."""
+        if data[:2] == SINGLE_OBJECT_MAGIC:
+            reader = self._readers.get(data[2:_SINGLE_HEADER])
+        elif data[:1] == b"\x00":
+            try:
+                reader = self._registry_reader(data)
+            except SchemaDecodeError:
+                return None
+        else:
+            return None
+        if reader is None or reader.full_name != _BATCH:
+            return None
+        batch = self.decode(data)
+        assert isinstance(batch, StatusBatch)
+        return batch.events
+
+    def decode_events(self, data: bytes) -> list[Model]:
+        """Every record ``data`` holds: a :class:`StatusBatch`'s events decoded one by one, or
+        the one record. For readers of the status topic that want models."""
+        items = self.batch_items(data)
+        return [self.decode(data)] if items is None else [self.decode(i) for i in items]
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from jobwheel.schemas.models import (
     Run,
     ScheduleJob,
     State,
+    StatusBatch,
     StatusEvent,
     TriggerJob,
 )
@@ -236,8 +237,17 @@ class _Kind:
     from_avro: Callable[[dict[str, Any]], Any]
 
 
+def _batch_to(b: StatusBatch) -> dict[str, Any]:
+    return {"events": list(b.events)}
+
+
+def _batch_from(d: dict[str, Any]) -> StatusBatch:
+    return StatusBatch(tuple(d["events"]))
+
+
 KINDS: dict[str, _Kind] = {
     _name("JobCommand"): _Kind(JobCommand, _command_to, _command_from),
     _name("Run"): _Kind(Run, _run_to, _run_from),
     _name("StatusEvent"): _Kind(StatusEvent, _status_to, _status_from),
+    _name("StatusBatch"): _Kind(StatusBatch, _batch_to, _batch_from),
 }

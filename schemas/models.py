@@ -264,6 +264,15 @@ class StatusEvent:
     queue: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StatusBatch:
+    """Status events of one partition carried by one record (``status_batch.v1``): each item
+    is a whole encoded :class:`StatusEvent` message, so the events keep their own schema
+    versions and a reader decodes them as it decodes a record of one event."""
+
+    events: tuple[bytes, ...]
+
+
 def spec_document(spec: ScheduleJob) -> dict[str, object]:
     """A ScheduleJob as the plain document a SCHEDULED event carries (``spec_json``): the
     trigger as ``{"type": "Cron", "expression": ..., "timezone": ...}`` (``Now``, ``At``,

@@ -17,6 +17,9 @@ the codec's fast path, no model objects) and inserted column by column. A worker
 that carries ``started_ms`` (a quick run sends no STARTED of its own) also yields the run's
 STARTED row, with the same event id a STARTED record would have had.
 
+The scheduler's events mostly come several to a record (a ``StatusBatch``, one per partition
+and transaction; schemas/README.md): each of its events is decoded and judged on its own.
+
 A record that does not decode (foreign producer, future schema, garbage) or whose values do
 not fit the table is logged with the reason, counted in :class:`SinkStats` and skipped (its
 offset is committed with the batch), never fatal: one bad record never stops a partition. An event
@@ -446,12 +449,25 @@ class StatusSink:
 
     def handle(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         """One record of ``topic``: its rows go into the batch, or it is logged with the reason
-        and counted as undecodable. Never raises: no record can stop the sink."""
+        and counted as undecodable; a StatusBatch's events each so, on their own. Never
+        raises: no record can stop the sink."""
         batch = self._batch
         if not batch:
             batch.started = time.monotonic()
         batch.add_offset(topic, partition, offset)
         self.stats.consumed += 1
+        try:
+            items = None if value is None else self.codec.batch_items(value)
+        except SchemaDecodeError as exc:
+            self._undecodable(topic, partition, offset, str(exc))
+            return
+        if items is None:
+            self._event(topic, partition, offset, value)
+            return
+        for item in items:
+            self._event(topic, partition, offset, item)
+
+    def _event(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         try:
             rows = self._rows.rows(value, self.sources[topic], partition, offset)
         except ImplausibleSeq as exc:
@@ -465,7 +481,7 @@ class StatusSink:
         except Exception as exc:  # a reader bug must not stop the partition either
             self._undecodable(topic, partition, offset, f"{type(exc).__name__}: {exc}")
         else:
-            batch.rows += rows
+            self._batch.rows += rows
 
     def _undecodable(self, topic: str, partition: int, offset: int, reason: str) -> None:
         self.stats.undecodable += 1

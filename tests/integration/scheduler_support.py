@@ -41,7 +41,8 @@ class TopicTail:
 
     - ``runs``: (run, broker timestamp ms) of every runs topic, ``runs_on``: topic -> its runs;
     - ``status``: the events of both the scheduler (status) and workers (acks), in the order
-      read, with ``partitions`` and ``keys`` (job id -> the partitions and keys they came in);
+      read (a StatusBatch's one by one), with ``partitions`` and ``keys`` (job id -> the
+      partitions and keys they came in; a batch has no key);
     - ``dead``: the raw dead-letter records; ``garbage``: the records that do not decode to
       what their topic carries (a test's own garbage).
 
@@ -88,19 +89,20 @@ class TopicTail:
             self._dead.append(msg)
             return
         try:
-            value = self._codec.decode(msg.value() or b"")
+            values = self._codec.decode_events(msg.value() or b"")  # a StatusBatch's events
         except SchemaDecodeError:
             self._garbage.append(msg)
             return
-        if topic in self._runs_on and isinstance(value, Run):
-            self._runs.append((value, msg.timestamp()[1]))
-            self._runs_on[topic].append(value)
-        elif topic not in self._runs_on and isinstance(value, StatusEvent):
-            self._status.append(value)
-            self._partitions[value.job_id].add(msg.partition())
-            self._keys[value.job_id].add(msg.key())
-        else:
-            self._garbage.append(msg)
+        for value in values:
+            if topic in self._runs_on and isinstance(value, Run):
+                self._runs.append((value, msg.timestamp()[1]))
+                self._runs_on[topic].append(value)
+            elif topic not in self._runs_on and isinstance(value, StatusEvent):
+                self._status.append(value)
+                self._partitions[value.job_id].add(msg.partition())
+                self._keys[value.job_id].add(msg.key())
+            else:
+                self._garbage.append(msg)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:

@@ -33,7 +33,7 @@ from jobwheel.errors import SchemaDecodeError
 from jobwheel.producers.client import JobClient
 from jobwheel.producers.workers import read_workers
 from jobwheel.schemas.codec import Codec, SchemaCatalogue, default_codec
-from jobwheel.schemas.models import JobCommand, Run, State, StatusEvent
+from jobwheel.schemas.models import JobCommand, Run, State, StatusBatch, StatusEvent
 from tests.integration.scheduler_support import start_scheduler
 from tests.support import (
     DEMO_TASKS,
@@ -130,6 +130,16 @@ def _framing(value: bytes) -> tuple[int, int]:
     return magic, schema_id
 
 
+class _Item:
+    """An event of a StatusBatch, read as the records around it are (``value()``)."""
+
+    def __init__(self, value: bytes) -> None:
+        self._value = value
+
+    def value(self) -> bytes:
+        return self._value
+
+
 def test_every_record_is_confluent_framed_under_its_record_name_subject(
     settings, jobwheel_env, procs, tmp_path, registry
 ):
@@ -188,6 +198,15 @@ def test_every_record_is_confluent_framed_under_its_record_name_subject(
 
     plain_command = next(m for m in seen[t.requests] if m.key() == plain.encode())
     assert plain_command.value()[:2] == b"\xc3\x01", "the plain command was not single-object"
+    # The scheduler's events of one transaction and partition come as a StatusBatch (a job
+    # run now has its SCHEDULED and DISPATCHED in one): the batch and each event in it are
+    # framed the same way, each under its own subject.
+    batches = [m for m in seen[t.status] if isinstance(reader.decode(m.value()), StatusBatch)]
+    assert batches, "no StatusBatch on the status topic"
+    seen[t.status] = [m for m in seen[t.status] if m not in batches]
+    seen["batch"] = batches
+    seen["batched"] = [_Item(i) for m in batches for i in reader.decode(m.value()).events]
+    wanted.update({"batch": StatusBatch, "batched": StatusEvent})
     for topic, model in wanted.items():
         records = [m for m in seen[topic] if m is not plain_command]
         assert records, f"nothing on {topic}"

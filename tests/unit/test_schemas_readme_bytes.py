@@ -16,7 +16,7 @@ from fastavro import schemaless_writer
 
 from jobwheel.schemas.codec import SINGLE_OBJECT_MAGIC, SchemaCatalogue, default_codec
 from jobwheel.schemas.conversions import KINDS
-from jobwheel.schemas.models import After, JobCommand, ScheduleJob
+from jobwheel.schemas.models import After, JobCommand, ScheduleJob, State, StatusBatch, StatusEvent
 from jobwheel.schemas.partitioning import murmur2, partition_for
 
 README = Path(__file__).resolve().parents[2] / "schemas" / "README.md"
@@ -81,3 +81,18 @@ def test_every_partition_vector_row_matches_murmur2_and_the_partitioner() -> Non
         assert murmur2(job_id.encode("utf-8")) == h, job_id
         assert h & 0x7FFFFFFF == masked, job_id
         assert (partition_for(job_id, 12), partition_for(job_id, 4)) == (p12, p4), job_id
+
+
+def test_the_example_status_batch_holds_the_two_events_described_byte_for_byte() -> None:
+    after = _section(README.read_text(encoding="utf-8"), "Example, a batch of two events")
+    block = re.search(r"```\n(.*?)```", after, re.S)
+    assert block is not None, "no code block after the example StatusBatch paragraph"
+    data = bytes.fromhex(block.group(1))
+    codec = default_codec()
+    items = codec.batch_items(data)
+    assert items is not None, "the example is not a StatusBatch"
+    assert [len(i) for i in items] == [43, 45]
+    first, second = (codec.decode(i) for i in items)
+    assert first == StatusEvent("e1", "j", State.SCHEDULED, 1, "scheduler", seq=1)
+    assert second == StatusEvent("e2", "j", State.DISPATCHED, 2, "scheduler", run_id="r", seq=2)
+    assert codec.encode(StatusBatch(items)) == data  # what a writer of v1 makes of them

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jobwheel.consumers.status.sink import StatusSink
 from jobwheel.consumers.status.store import EVENT_COLUMNS, event_row, row_fits
 from jobwheel.schemas.codec import Codec, SchemaCatalogue
-from jobwheel.schemas.models import Run, State, StatusEvent
+from jobwheel.schemas.models import Run, State, StatusBatch, StatusEvent
 from jobwheel.settings import Settings
 
 CODEC = Codec()
@@ -140,6 +140,41 @@ def test_a_valid_event_becomes_its_row_and_a_quick_verdict_its_started_row(
         assert as_dict["queue"] == "reports"  # the verdict's pool, for the runs by queue
     else:
         assert more == []
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(records.filter(lambda r: r is not None), min_size=2, max_size=6))
+def test_each_event_of_a_status_batch_is_kept_or_skipped_as_a_record_of_its_own(
+    items: list[bytes],
+) -> None:
+    """A StatusBatch (the scheduler's events of one transaction and partition) gives the rows
+    its events would give as records of their own, in order; a bad event is skipped and
+    counted on its own, its neighbours kept."""
+    status = SETTINGS.topics.status
+    one_by_one = new_sink()
+    for item in items:
+        one_by_one.handle(status, 3, 9, item)
+    batched = new_sink()
+    batched.handle(status, 3, 9, CODEC.encode(StatusBatch(tuple(items))))
+    assert batched._batch.rows == one_by_one._batch.rows
+    assert batched.stats.undecodable == one_by_one.stats.undecodable
+    assert batched.stats.seq_refused == one_by_one.stats.seq_refused
+    assert batched.stats.consumed == 1
+
+
+def test_a_damaged_status_batch_is_one_undecodable_record() -> None:
+    good = CODEC.encode(StatusEvent("e", "j", State.SCHEDULED, 1, "scheduler", seq=1))
+    whole = CODEC.encode(StatusBatch((good, good)))
+    sink = new_sink()
+    sink.handle(SETTINGS.topics.status, 0, 1, whole)
+    assert len(sink._batch.rows) == 2  # it can see a batch's rows ...
+    for cut in (whole[:-1], whole[:12], whole + b"\x00"):
+        sink = new_sink()
+        sink.handle(SETTINGS.topics.status, 0, 1, cut)  # ... and none of a damaged one
+        assert (sink.stats.undecodable, sink._batch.rows) == (1, [])
+        assert "StatusBatch" in sink.stats.last_undecodable or "status_batch" in (
+            sink.stats.last_undecodable or ""
+        )
 
 
 def test_bad_records_are_logged_with_the_reason(caplog: pytest.LogCaptureFixture) -> None:
