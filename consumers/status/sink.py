@@ -462,34 +462,66 @@ class StatusSink:
             self._undecodable(topic, partition, offset, str(exc))
             return
         if items is None:
-            self._event(topic, partition, offset, value)
+            problem = self._event(topic, partition, offset, value)
+            if problem is not None:
+                self._skipped(topic, partition, offset, problem)
             return
-        for item in items:
-            self._event(topic, partition, offset, item)
+        # One line for a batch's skipped events, however many: one hostile record of empty
+        # items (a million in a megabyte) must not flood the log.
+        problems = [p for p in (self._event(topic, partition, offset, i) for i in items) if p]
+        if problems:
+            self._skipped(topic, partition, offset, problems[0], len(problems), len(items))
 
-    def _event(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+    def _event(
+        self, topic: str, partition: int, offset: int, value: bytes | None
+    ) -> tuple[str, str] | None:
+        """Put the rows of one event in the batch and None, or count it skipped and say why:
+        ``("refused", reason)`` (an implausible ``seq``) or ``("undecodable", reason)``."""
         try:
             rows = self._rows.rows(value, self.sources[topic], partition, offset)
         except ImplausibleSeq as exc:
             self.stats.seq_refused += 1
-            log.warning(
-                "status event refused",
-                extra={"topic": topic, "partition": partition, "offset": offset, "error": str(exc)},
-            )
+            return "refused", str(exc)
         except (BadRecord, SchemaDecodeError) as exc:
-            self._undecodable(topic, partition, offset, str(exc))
+            reason = str(exc)
         except Exception as exc:  # a reader bug must not stop the partition either
-            self._undecodable(topic, partition, offset, f"{type(exc).__name__}: {exc}")
+            reason = f"{type(exc).__name__}: {exc}"
         else:
             self._batch.rows += rows
+            return None
+        self.stats.undecodable += 1
+        self.stats.last_undecodable = reason[:500]
+        return "undecodable", reason
+
+    def _skipped(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        problem: tuple[str, str],
+        count: int = 1,
+        of: int = 0,
+    ) -> None:
+        kind, reason = problem
+        extra: dict[str, Any] = {
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "error": reason,
+        }
+        if of:
+            extra.update(skipped=count, events=of, first=kind)  # error: the first one's reason
+            message = "status events of a batch skipped"
+        elif kind == "refused":
+            message = "status event refused"
+        else:
+            message = "undecodable status record skipped"
+        log.warning(message, extra=extra)
 
     def _undecodable(self, topic: str, partition: int, offset: int, reason: str) -> None:
         self.stats.undecodable += 1
         self.stats.last_undecodable = reason[:500]
-        log.warning(
-            "undecodable status record skipped",
-            extra={"topic": topic, "partition": partition, "offset": offset, "error": reason},
-        )
+        self._skipped(topic, partition, offset, ("undecodable", reason))
 
     def _flush(
         self, consumer: GroupConsumer, lost: set[tuple[str, int]] | None = None, wait: bool = True

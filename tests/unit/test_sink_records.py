@@ -177,6 +177,21 @@ def test_a_damaged_status_batch_is_one_undecodable_record() -> None:
         )
 
 
+def test_a_batch_of_many_bad_events_is_counted_in_full_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    good = CODEC.encode(StatusEvent("e", "j", State.SCHEDULED, 1, "scheduler", seq=1))
+    hostile = CODEC.encode(StatusBatch((good, *([b""] * 100_000))))  # 100 KB of empty events
+    sink = new_sink()
+    with caplog.at_level(logging.WARNING):
+        sink.handle(SETTINGS.topics.status, 0, 7, hostile)
+    assert len(sink._batch.rows) == 1  # the good event is kept
+    assert sink.stats.undecodable == 100_000
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.getMessage() == "status events of a batch skipped"
+    assert (line.skipped, line.events, line.offset) == (100_000, 100_001, 7)  # type: ignore[attr-defined]
+
+
 def test_bad_records_are_logged_with_the_reason(caplog: pytest.LogCaptureFixture) -> None:
     sink = new_sink()
     wide = StatusEvent("e", "j", State.SCHEDULED, 1, "scheduler", attempt=2**40)
