@@ -164,3 +164,68 @@ def test_a_run_lost_with_its_worker_is_run_again_and_shows_as_one_run(
         ("COMPLETED", None),
     ]
     assert file_lines(started) == [f"{run['run_id']}:1"] * 2
+
+
+def test_the_history_of_every_job_is_whole_after_the_scheduler_is_sigkilled_mid_stream(
+    settings: Any,
+    jobwheel_env: dict[str, str],
+    procs: Procs,
+    tmp_path: Path,
+    pipeline: Any,
+    figure: Any,
+) -> None:
+    """300 jobs due over six seconds; the scheduler is SIGKILLed while it fires them (its
+    open transaction, status batches included, is aborted) and a new one takes over from the
+    changelog. In the store each job then has its whole history: one SCHEDULED, its runs
+    DISPATCHED and SUCCEEDED, one COMPLETED; no event lost with the aborted transaction and
+    none doubled by the new owner's second go at the same inputs."""
+    _start_worker(procs, jobwheel_env, tmp_path, "worker")
+    wait_for_group(settings, settings.worker_group, settings.topics.runs)
+    count = 300
+    with JobClient(settings) as client:
+        ids = client.schedule_many(
+            {
+                "job_id": f"kill-{i}",
+                "task": "demo.echo",
+                "args": {"i": i},
+                "in_": timedelta(milliseconds=1000 + 20 * i),
+            }
+            for i in range(count)
+        )
+        client.flush()
+
+    def completed() -> int:
+        return int(_get(settings, "/jobs?state=COMPLETED&limit=1")["total"])
+
+    # A positive fact first: some jobs finished through this scheduler and are in the store.
+    wait_until(lambda: completed() >= 20, 60, interval_s=0.2, message="no job COMPLETED")
+    pipeline["scheduler"].send_signal(signal.SIGKILL)
+    pipeline["scheduler"].wait(10)
+    before = completed()
+    procs.spawn(
+        ["jobwheel", "scheduler"], _env(jobwheel_env, tmp_path, "scheduler-2"), tmp_path / "s2.log"
+    )
+    wait_until(
+        lambda: completed() == count,
+        120,
+        interval_s=0.5,
+        message=f"not every job COMPLETED: {completed()} of {count}",
+    )
+    assert before < count, "every job had finished before the kill: nothing was tested"
+    figure(f"scheduler SIGKILL: {before} of {count} jobs COMPLETED in the store at the kill")
+    broken = {}
+    for job_id in ids:
+        detail = _job(settings, job_id)
+        assert detail is not None, job_id
+        states = [e["state"] for e in detail["events"]]
+        runs = {e["attempt"] for e in detail["events"] if e["state"] == "DISPATCHED"}
+        whole = (
+            states.count("SCHEDULED") == 1
+            and states.count("COMPLETED") == 1
+            and runs
+            and states.count("DISPATCHED") == len(runs)
+            and states.count("SUCCEEDED") == 1
+        )
+        if not whole:
+            broken[job_id] = states
+    assert broken == {}, f"{len(broken)} broken histories, e.g. {list(broken.items())[:3]}"
