@@ -202,10 +202,7 @@ class OffsetTracker:
         then leaves those verdicts out of every commit that gets through; the next owner reads
         them from the acks topic from this time on (:attr:`lookup_since_ms`) instead of running
         those runs again. None for a hand-over with nothing running: nothing to look up."""
-        body = self._done_body()
-        if since_ms is None:
-            return body
-        return (body or METADATA_PREFIX) + _SINCE_MARK + _b36(since_ms)
+        return _with_since(self._done_body(), since_ms)
 
     def _done_body(self) -> str:
         base = self._base()
@@ -252,7 +249,7 @@ class OffsetTracker:
             return None
         if base == self._committed and body == self._committed_meta:
             return None
-        return base, self.done_metadata(since_ms)
+        return base, _with_since(body, since_ms)
 
     def committed(self, offset: int, metadata: str = "") -> None:
         self._committed = offset
@@ -269,6 +266,13 @@ class OffsetTracker:
             self.decided = set()
             return False
         return (run_id, attempt) in self.decided
+
+
+def _with_since(body: str, since_ms: int | None) -> str:
+    """The done ranges ``body`` with the lookup time (:meth:`OffsetTracker.done_metadata`)."""
+    if since_ms is None:
+        return body
+    return (body or METADATA_PREFIX) + _SINCE_MARK + _b36(since_ms)
 
 
 def _b36(n: int) -> str:
