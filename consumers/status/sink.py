@@ -459,7 +459,7 @@ class StatusSink:
         try:
             items = None if value is None else self.codec.batch_items(value)
         except SchemaDecodeError as exc:
-            self._undecodable(topic, partition, offset, str(exc))
+            self._skipped(topic, partition, offset, self._undecodable(str(exc)))
             return
         if items is None:
             problem = self._event(topic, partition, offset, value)
@@ -483,12 +483,14 @@ class StatusSink:
             self.stats.seq_refused += 1
             return "refused", str(exc)
         except (BadRecord, SchemaDecodeError) as exc:
-            reason = str(exc)
+            return self._undecodable(str(exc))
         except Exception as exc:  # a reader bug must not stop the partition either
-            reason = f"{type(exc).__name__}: {exc}"
-        else:
-            self._batch.rows += rows
-            return None
+            return self._undecodable(f"{type(exc).__name__}: {exc}")
+        self._batch.rows += rows
+        return None
+
+    def _undecodable(self, reason: str) -> tuple[str, str]:
+        """Count a record or event that does not decode, or does not fit; its problem."""
         self.stats.undecodable += 1
         self.stats.last_undecodable = reason[:500]
         return "undecodable", reason
@@ -517,11 +519,6 @@ class StatusSink:
         else:
             message = "undecodable status record skipped"
         log.warning(message, extra=extra)
-
-    def _undecodable(self, topic: str, partition: int, offset: int, reason: str) -> None:
-        self.stats.undecodable += 1
-        self.stats.last_undecodable = reason[:500]
-        self._skipped(topic, partition, offset, ("undecodable", reason))
 
     def _flush(
         self, consumer: GroupConsumer, lost: set[tuple[str, int]] | None = None, wait: bool = True
