@@ -110,6 +110,9 @@ class ActiveRun:
     #: The visibility deadline the dispatch or the run's acks set, while ``due_ms`` is later
     #: because the acks of the run's own queue had not reached it (0: ``due_ms`` is it).
     deadline_ms: int = 0
+    #: The worker said this attempt started (STARTED or HEARTBEAT): it was reached, even when
+    #: the partition's furthest report is of a run dispatched in the same millisecond.
+    reported: bool = False
 
     @property
     def limit_extra(self) -> int:
@@ -297,6 +300,7 @@ def encode_job(job: JobRecord, timers: Timers | None = None) -> bytes:
                     r.base,
                     r.dispatched_ms,
                     r.deadline_ms,
+                    r.reported,
                 ]
                 for r in job.active.values()
             ],
@@ -337,9 +341,9 @@ def decode_job(data: bytes) -> JobRecord:
             queue=s.get("queue", DEFAULT_QUEUE),  # absent in records written before queues
         )
         active = {
-            # r[7] (base), r[8] (dispatched_ms), r[9] (deadline_ms) are absent in records
-            # written before them
-            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], *r[7:10])
+            # r[7] (base), r[8] (dispatched_ms), r[9] (deadline_ms), r[10] (reported) are
+            # absent in records written before them
+            r[0]: ActiveRun(r[0], r[1], r[2], r[3], RunPhase(r[4]), r[5], r[6], *r[7:11])
             for r in raw["active"]
         }
         return JobRecord(

@@ -76,10 +76,14 @@ class AckRules(ProcessorCore):
         if ev.state in (State.STARTED, State.HEARTBEAT):
             at = now_ms if ack_time_ms is None else ack_time_ms
             extended = at + job.spec.visibility_timeout_ms
+            changed = not run.reported
+            run.reported = True
             if extended > (run.deadline_ms or run.due_ms):
                 # (a deadline put off for its queue's acks is the one that moves)
                 run.due_ms = max(run.due_ms, extended)
                 run.deadline_ms = 0 if run.due_ms == extended else extended
+                changed = True
+            if changed:
                 self.save(job)
         elif ev.state is State.FAILED:
             self._on_failed(job, run, ev, now_ms, out)

@@ -62,9 +62,12 @@ class Punctuation(ProcessorCore):
         ``deadline_watermark`` (how far the acknowledgements have been read; ``now_ms`` when
         None), so no attempt is given up while its verdict may be waiting unread.
         ``reached_ms`` is how far the partition's worker has got (the latest dispatch time of
-        a run it has reported on; None: unknown): an attempt dispatched after that is still
-        queued behind other runs, not lost, and gets another visibility timeout instead of a
-        second copy (for at most :data:`QUEUE_PATIENCE` timeouts).
+        a run it has reported on; None: unknown): an attempt dispatched after that, or in the
+        same millisecond, is still queued behind other runs, not lost, and gets another
+        visibility timeout instead of a second copy (for at most :data:`QUEUE_PATIENCE`
+        timeouts). The same millisecond counts as not reached unless the run itself was
+        reported on: every run one punctuation fires carries its ``now``, so a report on the
+        first of a burst says nothing about the rest.
 
         With worker pools the partition's acks come from several queues' workers, so
         ``deadline_watermark`` is the furthest any of them got. ``queue_watermark(queue)``
@@ -388,11 +391,14 @@ class Punctuation(ProcessorCore):
             reached = self._reached_by_queue.get(queue)
         if (
             reached is not None
-            and run.dispatched_ms > reached
+            and (run.dispatched_ms > reached or (run.dispatched_ms == reached and not run.reported))
             and now_ms - run.dispatched_ms < QUEUE_PATIENCE * timeout
         ):
             # Not yet reached by the queue's worker (it starts runs in dispatch order):
-            # waiting behind a backlog, not lost. A copy would only join the same queue.
+            # waiting behind a backlog, not lost. A copy would only join the same queue. A tie
+            # is not reached unless the worker said this run started: the runs of one
+            # punctuation share their dispatch time, and a worker that reported on one of them
+            # may not have started the next.
             run.due_ms = now_ms + timeout
             run.deadline_ms = 0
             return

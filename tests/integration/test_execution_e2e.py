@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
-from jobwheel.producers.client import JobClient
+from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State
 from tests.integration.scheduler_support import start_scheduler
@@ -147,3 +147,39 @@ def test_a_run_lost_with_its_sigkilled_worker_is_run_by_the_next_worker_without_
 
 def first_worker(tail, job: str) -> str:
     return tail.events(job, State.STARTED)[0].worker
+
+
+def test_a_burst_longer_than_its_visibility_timeout_is_worked_through_without_copies(
+    settings, jobwheel_env, procs, tmp_path, tail
+):
+    """Jobs due at the same instant fire in one punctuation and share their dispatch time. One
+    worker running one at a time needs several visibility timeouts for them all: the runs still
+    queued at their deadline are waited for, not copied, because the worker's reports on the
+    first runs of the burst do not say it reached the rest. Before, each deadline copied every
+    run still queued (a second attempt of each), as after a broker outage that delays a burst."""
+    start_scheduler(procs, jobwheel_env, tmp_path / "s1")
+    start_worker(procs, jobwheel_env, tmp_path / "w1.log", "--concurrency", "1")
+    worker_ready(settings)
+    visibility = timedelta(seconds=scaled(2))
+    burst, each_s = 16, scaled(0.5)  # 8 s of work: four visibility timeouts
+    at = datetime.now(UTC) + timedelta(seconds=scaled(3))
+    with JobClient(settings) as client:
+        jobs = client.schedule_many(
+            JobSpec(
+                job_id=f"burst-{i}",
+                task="demo.sleep",
+                args={"seconds": each_s},
+                at=at,
+                visibility_timeout=visibility,
+            )
+            for i in range(burst)
+        )
+    tail.wait(
+        lambda: {e.job_id for e in tail.events(state=State.SUCCEEDED)} >= set(jobs),
+        scaled(60),
+        f"the burst did not finish:\n{log_tail(tmp_path / 'w1.log')}",
+    )
+    runs = [r for r in tail.all_runs() if r.job_id in jobs]
+    assert len({r.dispatched_at_ms for r in runs if r.attempt == 1}) < burst  # shared times
+    assert sorted((r.job_id, r.attempt) for r in runs) == sorted((j, 1) for j in jobs)
+    assert all(e.attempt == 1 for e in tail.events(state=State.SUCCEEDED) if e.job_id in jobs)

@@ -684,6 +684,25 @@ def test_a_job_record_written_before_last_outcome_existed_still_loads():
     assert old.last_outcome is None and old.job_id == "j"
 
 
+def test_a_run_reported_started_keeps_it_in_its_record_and_older_records_load_unreported():
+    """``reported`` decides whether a tie is reached after a restore too, and a record written
+    before it existed loads as not reported (waited for: the cautious side)."""
+    import json
+
+    from jobwheel.streams.jobstate import decode_job, encode_job
+
+    proc = SchedulerProcessor(0, PartitionState(MemoryBackend()))
+    proc.on_command(cmd("j", spec(Now())), T0)
+    [run] = proc.punctuate(T0, 100)[0].runs
+    proc.on_ack(ack(run, State.STARTED, T0 + 5), T0 + 5, T0 + 5)
+    raw = encode_job(proc.load("j"))
+    assert decode_job(raw).active[run.run_id].reported
+    at = raw.index(b'{"job_id"')
+    head, body = raw[:at], json.loads(raw[at:])
+    body["active"] = [r[:10] for r in body["active"]]
+    assert not decode_job(head + json.dumps(body).encode()).active[run.run_id].reported
+
+
 def test_a_run_still_queued_behind_a_backlog_is_waited_for_not_copied(proc):
     """The partition's worker reports on runs in dispatch order; one dispatched after the last
     it reported on has not been reached: it waits behind other runs, and a second copy would
@@ -694,11 +713,30 @@ def test_a_run_still_queued_behind_a_backlog_is_waited_for_not_copied(proc):
     out, _ = proc.punctuate(later, 100, deadline_watermark=later, reached_ms=T0 - 1)
     assert out.runs == []
     assert proc.load("j").active[run.run_id].due_ms == later + 1000  # another timeout to go
-    # Reached (the worker reported on a run dispatched as late as this one): given up on.
-    [again] = proc.punctuate(later + 1000, 100, deadline_watermark=later + 1000, reached_ms=T0)[
+    # Reached (the worker reported on a run dispatched later than this one): given up on.
+    [again] = proc.punctuate(later + 1000, 100, deadline_watermark=later + 1000, reached_ms=T0 + 1)[
         0
     ].runs
     assert again.attempt == 2
+
+
+def test_the_rest_of_a_burst_is_waited_for_when_the_worker_reported_on_its_first_run(proc):
+    """The runs one punctuation fires share their dispatch time: a worker's report on the first
+    of them (the partition's furthest report, to the millisecond) says nothing about the others,
+    which may still wait behind it. Taking the tie for reached copied every run of a burst still
+    queued at its deadline: after a broker outage, a dozen runs executed twice. A run the worker
+    said it started is reached, tie or not."""
+    for job_id in ("a", "b", "c"):
+        proc.on_command(cmd(job_id, spec(Now(), visibility_timeout_ms=1000)), T0)
+    runs = {r.job_id: r for r in proc.punctuate(T0, 100)[0].runs}
+    assert {r.dispatched_at_ms for r in runs.values()} == {T0}  # one burst, one dispatch time
+    proc.on_ack(ack(runs["a"], State.SUCCEEDED, T0 + 1200), T0 + 1200, T0 + 1200)
+    proc.on_ack(ack(runs["b"], State.STARTED, T0 + 10), T0 + 1200, T0 + 10)
+    # Past b's and c's deadlines, with the worker's furthest report a run dispatched at T0.
+    later = T0 + 1500
+    [copy] = proc.punctuate(later, 100, deadline_watermark=later, reached_ms=T0)[0].runs
+    assert copy.job_id == "b" and copy.attempt == 2  # started, then silent: given up on
+    assert proc.load("c").active[runs["c"].run_id].due_ms == later + 1000  # still queued
 
 
 def test_a_run_never_reached_is_copied_after_ten_timeouts(proc):
