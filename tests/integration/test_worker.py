@@ -13,6 +13,7 @@ import os
 import signal
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,31 @@ def test_long_runs_heartbeat_with_a_fresh_deadline(
     assert all(b.deadline_ms == b.event_time_ms + 900 for b in beats)
     succeeded = tail.of(run.run_id, State.SUCCEEDED)[0]
     assert all(tail.events().index(b) < tail.events().index(succeeded) for b in beats)
+
+
+def test_a_run_starting_late_in_its_visibility_window_says_started_before_its_verdict(
+    settings: Any, jobwheel_env: dict[str, str], procs: Any, tail: TopicTail, tmp_path: Path
+) -> None:
+    """A quick run sends only its verdict; one that starts after waiting half its visibility
+    timeout (a backlog, a broker outage) sends STARTED at once: the scheduler's deadline for it
+    is near, and the verdict of a run started after it could reach the scheduler first and get
+    it copied while it runs."""
+    fresh = make_run(settings, "demo.echo", {"n": 1}, visibility_timeout_ms=60_000)
+    waited = make_run(settings, "demo.echo", {"n": 2}, visibility_timeout_ms=60_000)
+    # Dispatched 40 s ago: 20 s of its 60 s left.
+    waited = replace(
+        waited,
+        dispatched_at_ms=waited.dispatched_at_ms - 40_000,
+        deadline_ms=waited.deadline_ms - 40_000,
+    )
+    produce_runs(settings, [fresh, waited])
+    start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+    done = tail.wait_for(waited.run_id, State.SUCCEEDED)[0]
+    [started] = tail.of(waited.run_id, State.STARTED)
+    assert tail.events().index(started) < tail.events().index(done)
+    tail.wait_for(fresh.run_id, State.SUCCEEDED)
+    tail.read_to_end()  # after its verdict: a STARTED would be among what is read
+    assert tail.of(fresh.run_id, State.STARTED) == []
 
 
 def test_duplicate_delivery_while_running_executes_once(

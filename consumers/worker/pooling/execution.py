@@ -24,6 +24,16 @@ from jobwheel.schemas.models import HANDBACK_REASON, Run, State
 ASYNC_TIMEOUT_GRACE_S = 1.0
 
 
+def _late(run: Run, now_ms: int) -> bool:
+    """The run starts in the second half of its visibility window (it waited in a backlog, or
+    for the broker): its STARTED goes at once, not after the quick-run time. The scheduler
+    gives up on a run once acks read past its deadline come from runs dispatched later, and a
+    run of this worker's started after this one may end first: its verdict would overtake this
+    run's own word and this run be copied while it runs. Half the window leaves room for the
+    distance between this clock and the scheduler's."""
+    return now_ms >= run.deadline_ms - run.visibility_timeout_ms // 2
+
+
 class Execution(PoolCore):
     def _start_ready(self) -> None:
         """Start waiting runs while slots are free (after a fetch and whenever a run ends)."""
@@ -71,7 +81,7 @@ class Execution(PoolCore):
     def _start(self, ex: _Execution) -> None:
         run = ex.run
         ex.started = time.monotonic()
-        ex.started_ms = self._clock.now_ms()
+        ex.started_ms = started_ms = self._clock.now_ms()
         prepared = self._executor.prepare(run, ex.started)
         if isinstance(prepared, Outcome):  # unknown task, bad arguments: it never starts
             if run.task not in self.registry:
@@ -96,7 +106,7 @@ class Execution(PoolCore):
                 "run possibly executed before by the partition's previous owner",
                 extra={"run_id": run.run_id, "attempt": run.attempt},
             )
-        if self._started_event_s == 0 or ex.repeat:
+        if self._started_event_s == 0 or ex.repeat or _late(run, started_ms):
             self._send_started(ex)
         if prepared.spec.is_async:
             if prepared.timeout_ms:  # asyncio.timeout's; this one is for a task ignoring it
