@@ -43,9 +43,10 @@ Events of a run
 ---------------
 A run that finishes within ``JOBWHEEL_WORKER_STARTED_EVENT_MS`` (100 ms) sends one record, its
 SUCCEEDED or FAILED, carrying ``started_ms``; a longer one sends STARTED when that time has
-passed (stamped with its real start), HEARTBEATs every third of its visibility timeout, then
-its verdict. All of a run's records are produced from the event loop in that order, so none
-overtakes another.
+passed (stamped with its real start), and one that starts in the second half of its visibility
+timeout sends it at once (:func:`.execution._late`); then HEARTBEATs every third of its
+visibility timeout, then its verdict. All of a run's records are produced from the event loop
+in that order, so none overtakes another.
 
 Duplicates and stale attempts
 -----------------------------
