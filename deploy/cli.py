@@ -8,15 +8,14 @@ ensure`` provisions topics, ``jobwheel queues add|list`` adds a queue (worker po
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from jobwheel.settings import get_settings
+from jobwheel.signals import on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -447,15 +446,15 @@ def _up(args: argparse.Namespace) -> int:
 
 def _stop_event(again: Callable[[], None] | None = None) -> threading.Event:
     """An event set by SIGINT/SIGTERM, so the handler can shut things down in order; later
-    signals call ``again`` (``jobwheel up``: hurry the services, then kill them)."""
+    signals call ``again`` (``jobwheel up``: hurry the services, then kill them). Both from
+    the signals' own thread (:mod:`jobwheel.signals`), never inside the main thread's wait on
+    an event."""
     stop = threading.Event()
 
-    def handle(signum: int, frame: FrameType | None) -> None:
+    def handle(signum: int) -> None:
         if stop.is_set() and again is not None:
             again()
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError):  # not the main thread (tests)
-            signal.signal(sig, handle)
+    on_signals((signal.SIGINT, signal.SIGTERM), handle)
     return stop

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from types import FrameType
 
 from jobwheel.kafka.replication import ReplicationCollector
 from jobwheel.settings import Settings
+from jobwheel.signals import on_signals
 from jobwheel.streams.engine import SchedulerEngine
 from jobwheel.streams.metrics import SchedulerCollector
 
@@ -30,7 +30,7 @@ def run_scheduler(settings: Settings) -> int:
     engine = SchedulerEngine(settings)
     signals = 0
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
         nonlocal signals
         signals += 1
         if signals > 1:
@@ -39,7 +39,7 @@ def run_scheduler(settings: Settings) -> int:
         log.info("stopping: finishing the current transaction", extra={"signal": signum})
         engine.stop()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    restore = on_signals((signal.SIGTERM, signal.SIGINT), on_signal)
     uninstall = SchedulerCollector(engine).install()  # served when JOBWHEEL_METRICS_PORT is set
     # The topics' replication (under-replicated, offline partitions), asked at scrape time.
     uninstall_replication = ReplicationCollector(settings).install()
@@ -48,6 +48,5 @@ def run_scheduler(settings: Settings) -> int:
     finally:
         uninstall_replication()
         uninstall()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore()
     return 0

@@ -223,6 +223,7 @@ def sink(args: argparse.Namespace) -> int:
     from jobwheel.consumers.status.sink import StatusSink
     from jobwheel.consumers.status.store import StatusStore
     from jobwheel.settings import get_settings
+    from jobwheel.signals import on_signals
 
     settings = get_settings()
     store = StatusStore.from_settings(settings)
@@ -233,8 +234,7 @@ def sink(args: argparse.Namespace) -> int:
             extra={"dsn": settings.clickhouse_dsn},
         )
     status_sink = StatusSink(settings, store)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: status_sink.stop())
+    on_signals((signal.SIGTERM, signal.SIGINT), lambda _signum: status_sink.stop())
     try:
         status_sink.run()
     finally:

@@ -20,6 +20,7 @@ from collections.abc import Collection
 from typing import Any
 
 from jobwheel.errors import ConfigError
+from jobwheel.signals import on_signals
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +257,8 @@ class ExitWatchdog:
         self._armed = threading.Event()
         self._lock = threading.Lock()
 
-    def arm(self, signum: int, _frame: object = None) -> None:
-        """The signal handler: start the clock once (later signals change nothing here)."""
+    def arm(self, signum: int) -> None:
+        """A stop signal: start the clock once (later signals change nothing here)."""
         with self._lock:
             if self._armed.is_set():
                 return
@@ -305,9 +306,10 @@ async def _serve(pools: list[Any]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-        # After asyncio's: the loop still hears the signal (the wakeup fd is asyncio's), and
-        # this Python-level handler, which asyncio leaves a no-op, arms the watchdog.
-        signal.signal(sig, watchdog.arm)
+    # After asyncio's: the loop still hears the signals (the wakeup fd is asyncio's), and the
+    # Python-level handler, which asyncio leaves a no-op, arms the watchdog (from a thread of its
+    # own: arming takes locks the interrupted main thread may hold).
+    on_signals((signal.SIGTERM, signal.SIGINT), watchdog.arm)
     runs = [asyncio.ensure_future(pool.run()) for pool in pools]
     await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
     for pool in pools:
