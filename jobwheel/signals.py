@@ -49,6 +49,10 @@ def on_signals(signals: Iterable[int], call: Callable[[int], None]) -> Callable[
     for sig in signals:
         with contextlib.suppress(ValueError):  # not the main thread (tests)
             previous[sig] = signal.signal(sig, handle)
+    if not previous:  # no handler: no signal can come, so no pipe or thread to keep
+        os.close(read_fd)
+        os.close(write_fd)
+        return lambda: None
     threading.Thread(target=relay, name="jobwheel-signals", daemon=True).start()
 
     def restore() -> None:

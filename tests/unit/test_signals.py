@@ -38,3 +38,19 @@ def test_a_signal_arriving_while_the_main_thread_holds_the_events_lock_still_set
     with pytest.raises(subprocess.TimeoutExpired):
         _run("in-handler", scaled(3))
     assert _run("relayed", scaled(20)) == 0
+
+
+def test_off_the_main_thread_nothing_is_installed_and_no_thread_is_left():
+    import signal
+    import threading
+
+    from jobwheel.signals import on_signals
+
+    before = signal.getsignal(signal.SIGUSR2)
+    restores = []
+    caller = threading.Thread(target=lambda: restores.append(on_signals([signal.SIGUSR2], print)))
+    caller.start()
+    caller.join()
+    assert signal.getsignal(signal.SIGUSR2) is before
+    assert not [t for t in threading.enumerate() if t.name == "jobwheel-signals"]
+    restores[0]()  # and putting nothing back is harmless
