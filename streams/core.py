@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from jobwheel.clock import BrokerBoundClock, Clock, SystemClock
 from jobwheel.errors import BrokerError
 from jobwheel.kafka.queues import QueueDirectory
+from jobwheel.logs import Sampled
 from jobwheel.retry import Backoff
 from jobwheel.schemas.codec import Codec
 from jobwheel.settings import Settings
@@ -114,6 +115,7 @@ class EngineCore:
         self._txn_since: float | None = None
         self._commit_interval_s = settings.scheduler_commit_interval_ms / 1000
         self._last_status_log = 0.0
+        self._clamp_lines = Sampled()
         self._logged_counters: tuple[int, ...] = ()
         self._closing = False
         # The largest job record the processors write; lowered when the producer refuses a

@@ -365,17 +365,20 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
         if issued == cmd.issued_at_ms:
             return cmd
         self.meters.issue_times_clamped += 1
-        log.warning(
-            "command issue time clamped to the broker's time",
-            extra={
-                "partition": record.partition,
-                "offset": record.offset,
-                "job_id": _cut(cmd.job_id),
-                "issued_at_ms": cmd.issued_at_ms,
-                "broker_ms": record.timestamp_ms,
-                "skew_ms": cmd.issued_at_ms - record.timestamp_ms,
-            },
-        )
+        commands = self._clamp_lines.due()
+        if commands:
+            log.warning(
+                "command issue time clamped to the broker's time",
+                extra={
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "job_id": _cut(cmd.job_id),
+                    "issued_at_ms": cmd.issued_at_ms,
+                    "broker_ms": record.timestamp_ms,
+                    "skew_ms": cmd.issued_at_ms - record.timestamp_ms,
+                    "commands": commands,  # this one and those clamped since the last line
+                },
+            )
         return dataclasses.replace(cmd, issued_at_ms=issued)
 
     def _on_ack(self, record: Record, now: int, out: list[_Out], touched: set[int]) -> None:

@@ -156,3 +156,16 @@ def test_http_clients_say_only_their_warnings(capsys: pytest.CaptureFixture[str]
     assert '"msg": "ours"' in err  # the reader sees INFO lines of its own
     assert "HTTP Request" not in err
     assert "registry slow" in err
+
+
+def test_a_sampled_line_is_due_once_per_interval_and_counts_what_it_stands_for(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    lines = logs.Sampled(interval_s=30.0)
+    assert lines.due() == 1  # the first is written at once
+    assert [lines.due() for _ in range(4)] == [0, 0, 0, 0]
+    now[0] += 29.9
+    assert lines.due() == 0
+    now[0] += 0.1
+    assert lines.due() == 6  # this one and the five suppressed
+    assert lines.due() == 0
