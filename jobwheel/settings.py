@@ -119,7 +119,12 @@ class Settings(BaseSettings):
     scheduler_init_fresh_after_ms: int = Field(default=60_000, ge=1_000)
     # Under load, loop iterations share one transaction for at most this long (fewer, larger
     # transactions); outputs become visible when it commits, so it adds up to this to a fire.
-    scheduler_commit_interval_ms: int = 25
+    scheduler_commit_interval_ms: int = Field(default=25, ge=0)
+    # The same while the work is behind (a poll came back full, or a partition's due timers
+    # did not fit its batch): each commit blocks the loop for broker round trips, and a
+    # backlog's fires are already later than this, so fewer, larger transactions work it off
+    # sooner. At 8,000 jobs/s the 80,000 commands of a burst came in faster that way.
+    scheduler_backlog_commit_interval_ms: int = Field(default=100, ge=0)
     # Records consumed, and due timers handled per partition, in one loop iteration.
     scheduler_max_batch: int = 2000
     dispatch_batch_limit: int = 2000

@@ -68,6 +68,7 @@ class Committer(EngineCore):
     def _commit_pending(self) -> None:
         out, touched = self._out, self._touched
         self._out, self._touched, self._txn_since = [], set(), None
+        self._txn_backlog = False
         if out or touched:
             self._commit(out, touched)
 
@@ -387,6 +388,7 @@ class Committer(EngineCore):
         self.stats.resets += 1
         log.error("dropping all partitions and rejoining the group", extra={"reason": reason})
         self._out, self._touched, self._txn_since = [], set(), None
+        self._txn_backlog = False
         self.meters.discard()
         for task in list(self.tasks.values()):
             task.state.discard()

@@ -114,6 +114,10 @@ class EngineCore:
         self._touched: set[int] = set()
         self._txn_since: float | None = None
         self._commit_interval_s = settings.scheduler_commit_interval_ms / 1000
+        self._backlog_interval_s = max(
+            self._commit_interval_s, settings.scheduler_backlog_commit_interval_ms / 1000
+        )
+        self._txn_backlog = False  # the open transaction began or grew behind its input
         self._last_status_log = 0.0
         self._clamp_lines = Sampled()
         self._logged_counters: tuple[int, ...] = ()

@@ -14,7 +14,8 @@ Kafka Streams' model (EOS v2, KIP-447), in one thread per process:
    for ``jobwheel health``). Then write the buffered changes to the local RocksDB with the new
    changelog checkpoint. Nothing waits in memory across transactions. Under load, consecutive
    iterations share one transaction for up to ``JOBWHEEL_SCHEDULER_COMMIT_INTERVAL_MS`` (fewer,
-   larger transactions); an iteration that finds nothing more to do commits at once.
+   larger transactions; ``..._BACKLOG_COMMIT_INTERVAL_MS`` while the input or the due timers
+   are behind); an iteration that finds nothing more to do commits at once.
 
 **The acks watermark.** A visibility deadline expires only once the acks partition has been
 read past it: the watermark is the broker append time of the latest ack read from the partition.
@@ -247,13 +248,18 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
         if touched or out:
             if self._txn_since is None:
                 self._txn_since = polled_at  # the transaction's work began with this poll
-            # Under load, iterations share a transaction for up to the commit interval: fewer,
-            # larger transactions. When an iteration found nothing more to do, commit at once.
+            # Under load, iterations share a transaction for up to the commit interval (the
+            # backlog interval while a poll comes back full or due timers wait for the next
+            # batch): fewer, larger transactions. When an iteration found nothing more to do,
+            # commit at once.
+            batch = self.settings.scheduler_max_batch
+            if len(requests) >= batch or len(acks) >= batch or any(t.behind for t in ready):
+                self._txn_backlog = True
             idle = not (requests or acks or handled)
             if (
                 idle
                 or len(out) >= MAX_TRANSACTION_RECORDS
-                or time.monotonic() - self._txn_since >= self._commit_interval_s
+                or time.monotonic() - self._txn_since >= self._txn_interval_s()
                 or self._stop.is_set()
             ):
                 self._commit_pending()
@@ -276,6 +282,10 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
                 if end is not None and record.offset + 1 >= end:
                     self.clock.observe(record.timestamp_ms)
 
+    def _txn_interval_s(self) -> float:
+        """How long the open transaction may keep growing (see :meth:`step`)."""
+        return self._backlog_interval_s if self._txn_backlog else self._commit_interval_s
+
     def _wait_s(self) -> float:
         """How long the next poll may block: not at all while there is work to do, else until
         the next timer (or the open transaction's commit), at most :data:`IDLE_WAIT_S`."""
@@ -289,7 +299,7 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
         now = self.clock.now_ms()
         wait = IDLE_WAIT_S
         if self._txn_since is not None:
-            wait = max(0.0, self._commit_interval_s - (time.monotonic() - self._txn_since))
+            wait = max(0.0, self._txn_interval_s() - (time.monotonic() - self._txn_since))
         for task in ready:
             assert task.processor is not None
             due = task.processor.next_due_ms(self._acks_watermark(task))
