@@ -39,8 +39,8 @@ from fastavro.schema import to_parsing_canonical_form
 from jobwheel.errors import SchemaDecodeError, ValidationError
 from jobwheel.schemas.catalogue import SchemaCatalogue, SchemaVersion
 from jobwheel.schemas.catalogue import crc64_avro as crc64_avro  # the fingerprint, re-exported
-from jobwheel.schemas.conversions import KINDS, values_maker
-from jobwheel.schemas.flat import FlatError, FlatRecord
+from jobwheel.schemas.conversions import KINDS, RECORD_MODELS, values_maker
+from jobwheel.schemas.flat import FlatError, FlatRecord, nested_writer
 from jobwheel.schemas.models import (
     JobCommand,
     Run,
@@ -89,9 +89,12 @@ class _Reader:
 def _flat_writer(
     version: SchemaVersion, model: type, native: bool
 ) -> Callable[[Any, bytes], bytes] | None:
-    """A fast writer when every schema field is a model attribute of the same name."""
+    """A fast writer when every schema field is a model attribute of the same name (in the
+    records nested in it too: a command's body and trigger)."""
     flat = FlatRecord.compile(version.parsed, native=native)
-    if flat is None or not dataclasses.is_dataclass(model):
+    if flat is None:
+        return nested_writer(version.parsed, RECORD_MODELS, native=native)
+    if not dataclasses.is_dataclass(model):
         return None
     attributes = {f.name for f in dataclasses.fields(model)}
     return flat.writer() if set(flat.names) <= attributes else None

@@ -152,7 +152,7 @@ def _status_from(d: dict[str, Any]) -> StatusEvent:
 
 
 #: The model of each record name of the contract, and the fields that hold an enum member.
-_RECORD_MODELS: dict[str, type] = {
+RECORD_MODELS: dict[str, type] = {
     _name(model.__name__): model
     for model in (
         JobCommand,
@@ -190,7 +190,7 @@ def values_maker(parsed: Any) -> Callable[[list[Any]], Any] | None:
     too); None when the schema has a record or a field the models do not."""
     if not _is_record(parsed):
         return None
-    model = _RECORD_MODELS.get(parsed["name"])
+    model = RECORD_MODELS.get(parsed["name"])
     if model is None:
         return None
     index = {f["name"]: (i, f["type"]) for i, f in enumerate(parsed["fields"])}

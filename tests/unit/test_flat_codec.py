@@ -322,3 +322,53 @@ def test_a_nested_reader_does_not_encode(native: bool) -> None:
     assert reader is not None and FlatRecord.compile(COMMAND.parsed, native=native) is None
     with pytest.raises(FlatError):
         reader.writer()
+
+
+def fastavro_command_bytes(command: JobCommand) -> bytes:
+    """What the codec wrote before the fast path: the conversions' dicts, then fastavro."""
+    out = io.BytesIO()
+    out.write(b"\xc3\x01" + COMMAND.fingerprint)
+    schemaless_writer(out, COMMAND.parsed, KINDS["io.jobwheel.JobCommand"].to_avro(command))
+    return out.getvalue()
+
+
+@implementations
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(command=commands)
+def test_commands_encode_exactly_as_fastavro(native: bool, command: JobCommand) -> None:
+    """A command (its body and trigger records nested in it) written by the fast path is
+    byte for byte what fastavro writes; a value fastavro refuses is refused the same way."""
+    codec = CODECS[native]
+    assert codec._writers[JobCommand].write is not None  # the fast path is the one taken
+    try:
+        expected: bytes | None = fastavro_command_bytes(command)
+    except (TypeError, ValueError, OverflowError):
+        expected = None
+    if expected is None:
+        with pytest.raises(ValidationError):
+            codec.encode(command)
+        return
+    assert codec.encode(command) == expected
+    assert codec._writers[JobCommand].write(command, b"") == expected[10:]
+
+
+@implementations
+def test_a_command_the_fast_writer_cannot_vouch_for_is_left_to_fastavro(native: bool) -> None:
+    codec = CODECS[native]
+    write = codec._writers[JobCommand].write
+    assert write is not None
+    odd = JobCommand("c", "j", 1, CancelJob(reason="\ud800"))  # a lone surrogate
+    with pytest.raises((FlatError, UnicodeEncodeError)):
+        write(odd, b"")
+    with pytest.raises(ValidationError):
+        codec.encode(odd)  # fastavro's verdict, as before the fast path
+    wrong = JobCommand("c", "j", 1, "not a body")  # type: ignore[arg-type]
+    with pytest.raises(FlatError):
+        write(wrong, b"")
+    with pytest.raises(ValidationError):
+        codec.encode(wrong)
+    schedule = ScheduleJob(task="t", trigger=At(2**63), args_json="{}")  # past a long
+    with pytest.raises(FlatError):
+        write(JobCommand("c", "j", 1, schedule), b"")
+    with pytest.raises(ValidationError):
+        codec.encode(JobCommand("c", "j", 1, schedule))
