@@ -5,7 +5,6 @@ burst waited let the jobs due first fire seconds late."""
 
 from __future__ import annotations
 
-import urllib.request
 from datetime import timedelta
 
 from jobwheel.deploy.broker import free_port
@@ -13,21 +12,10 @@ from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from jobwheel.streams.metrics import PREFIX
 from tests.integration.scheduler_support import start_scheduler
-from tests.support import scaled
+from tests.support import metric, scaled
 
 JOBS = 3000
 BATCH = 100
-
-
-def _transactions(port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=scaled(5)) as resp:
-        text = resp.read().decode()
-    [value] = [
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith(f"{PREFIX}transactions_total ")
-    ]
-    return value
 
 
 def test_a_backlog_of_commands_is_taken_in_few_transactions(
@@ -58,5 +46,5 @@ def test_a_backlog_of_commands_is_taken_in_few_transactions(
         scaled(60),
         "not every command was taken",
     )
-    transactions = _transactions(port)
+    transactions = metric(f"http://127.0.0.1:{port}", f"{PREFIX}transactions_total")
     assert 1 <= transactions <= 10, f"{transactions:.0f} transactions for {JOBS} commands"

@@ -4,8 +4,6 @@ so a ``--now`` job from a client an hour fast runs now, not in an hour."""
 
 from __future__ import annotations
 
-import urllib.request
-
 from jobwheel.clock import ManualClock
 from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient
@@ -15,7 +13,7 @@ from tests.integration.scheduler_support import (
     now_ms,
     start_scheduler,
 )
-from tests.support import scaled
+from tests.support import metric, scaled
 
 HOUR = 3_600_000
 
@@ -50,14 +48,7 @@ def test_a_burst_from_a_skewed_client_is_counted_whole_and_logged_once(
     with JobClient(settings, clock=fast) as client:
         jobs = [client.schedule(f"skewed-{i}", task="demo.echo", now=True) for i in range(20)]
     tail.wait(lambda: all(tail.runs_of(job) for job in jobs), scaled(30), "not all ran now")
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=scaled(5)) as resp:
-        text = resp.read().decode()
-    [counted] = [
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith(f"{PREFIX}issue_times_clamped_total")
-    ]
-    assert counted == 20
+    base = f"http://127.0.0.1:{port}"
+    assert metric(base, f"{PREFIX}issue_times_clamped_total") == 20
     lines = log_events(scheduler.log_path, "command issue time clamped to the broker's time")
     assert [line["commands"] for line in lines] == [1]
