@@ -47,7 +47,8 @@ class TopicMismatchError(BrokerError):
 
 class FencedError(BrokerError):
     """This process can no longer commit for its partitions: a newer owner fenced it, or its
-    transactional producer hit a fatal error. Drop the partitions' uncommitted state and rejoin."""
+    transactional producer hit a fatal error. Drop the partitions' uncommitted state, replace the
+    producer and claim them again."""
 
 
 class TransactionAbortedError(BrokerError):

@@ -12,7 +12,8 @@ input from the committed offsets and decides the same things again.
 If the transaction aborts, the buffers are discarded and the inputs are rewound to the last
 commit, so the batch is processed again from committed state (run ids and event ids are
 deterministic, and the aborted outputs are never visible to ``read_committed`` readers). If the
-producer is fenced or hits a fatal error, every partition is dropped and the group rejoined.
+producer is fenced or hits a fatal error, every partition's uncommitted work is dropped, the
+producer replaced and the partitions claimed again (restored; the group membership is kept).
 A process that was fenced out of the group (a SIGSTOPped owner that wakes up) cannot commit:
 the transaction's offset commit carries its stale group generation and the broker refuses it.
 """
@@ -381,20 +382,41 @@ class Committer(EngineCore):
 
     # --- fatal errors -----------------------------------------------------------------------
 
-    def _reset(self, reason: str) -> None:
-        """Fatal producer error or fenced: drop every partition's uncommitted state, replace
-        the clients and rejoin the group (partitions come back through a restore from the
-        local checkpoint)."""
+    def _reset(self, reason: str, *, rejoin: bool = False) -> None:
+        """The producer is fenced or hit a fatal error: drop every partition's uncommitted
+        work, replace the producer and claim the partitions again, as a new ownership restored
+        from the changelog and the group's committed offsets (what the broker holds of the
+        last transaction, whichever way it ended). With ``rejoin`` (the consumer's own error
+        is fatal) every client is replaced and the group joined again.
+
+        The group membership is kept otherwise. The common reset is a producer that timed out
+        during a broker outage, and a consumer closed then cannot tell the broker it leaves:
+        its member kept the partitions for a session timeout after the broker was back, the
+        new member got none meanwhile, and their timers stayed unfired (seen for over 30 s
+        with three short outages in a row). A producer that is not this process's own any
+        more (a stale owner) stays fenced the same way: its group generation is refused at
+        the next commit, and the consumer learns of the lost partitions at its next poll."""
         self.stats.resets += 1
-        log.error("dropping all partitions and rejoining the group", extra={"reason": reason})
+        owned = [p for p, t in self.tasks.items() if t.phase is not Phase.STANDBY]
+        log.error(
+            "dropping all partitions' uncommitted work and claiming them again",
+            extra={"reason": reason, "partitions": sorted(owned), "rejoin": rejoin},
+        )
         self._out, self._touched, self._txn_since = [], set(), None
         self._txn_backlog = False
         self.meters.discard()
         for task in list(self.tasks.values()):
             task.state.discard()
-        self._disconnect()
-        if not self._stop.is_set():
-            self._connect()
+        if rejoin:
+            self._disconnect()
+            if not self._stop.is_set():
+                self._connect()
+            return
+        if self.producer is not None:
+            self.producer.close()
+        self.producer = None
+        self._claim_again(owned)
+        self.producer = self._registered_producer()
 
 
 def _fields(record: _Out) -> tuple[str, int, bytes | None, bytes | None, list | None]:

@@ -158,9 +158,26 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
             log.info("scheduler stopped", extra={"instance": self._instance})
 
     def _connect(self) -> None:
-        client = f"{self.settings.scheduler_app_id}-{self._instance}"
+        client = self._client_id()
         self.joined = False
-        self.producer = TransactionalProducer(self.settings, client, self.watchdog)
+        self.producer = self._registered_producer()
+        if self.producer is None:
+            return  # stopped meanwhile
+        self.input = InputConsumer(self.settings, client, self.watchdog)
+        self.acks = AcksConsumer(self.settings, client + "-acks")
+        self.changelog = ChangelogReader(self.settings, client + "-restore")
+        self.input.subscribe(self._on_assign, self._on_revoke, self._on_lost)
+
+    def _client_id(self) -> str:
+        return f"{self.settings.scheduler_app_id}-{self._instance}"
+
+    def _registered_producer(self) -> TransactionalProducer | None:
+        """A new transactional producer, registered with its coordinator (init_transactions,
+        which also ends whatever transaction the previous one left open); None when the
+        engine was stopped meanwhile. While the broker is unreachable this waits: there is
+        nothing to commit to."""
+        client = self._client_id()
+        producer = TransactionalProducer(self.settings, client, self.watchdog)
         # Asked again of the same producer for a bounded time only: a client that timed out
         # for that long may hold a coordinator it will not look up again (init_transactions
         # was seen timing out for over a minute after the broker was back); a new one asks.
@@ -169,8 +186,8 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
         while True:
             self.turned_at = time.monotonic()
             try:
-                self.producer.init(give_up_s=fresh_after_s)
-                break
+                producer.init(give_up_s=fresh_after_s)
+                return producer
             except BrokerError as exc:
                 failing_s = time.monotonic() - since
                 replace = failing_s >= fresh_after_s
@@ -184,15 +201,12 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
                     },
                 )
                 if replace:
-                    self.producer.close()
-                    self.producer = TransactionalProducer(self.settings, client, self.watchdog)
+                    producer.close()
+                    producer = TransactionalProducer(self.settings, client, self.watchdog)
                     since = time.monotonic()
                 if self._stop.wait(2.0):
-                    return
-        self.input = InputConsumer(self.settings, client, self.watchdog)
-        self.acks = AcksConsumer(self.settings, client + "-acks")
-        self.changelog = ChangelogReader(self.settings, client + "-restore")
-        self.input.subscribe(self._on_assign, self._on_revoke, self._on_lost)
+                    producer.close()
+                    return None
 
     def _disconnect(self) -> None:
         self._closing = True  # what the revoke callback gives up is closed, not kept as standby
@@ -218,7 +232,7 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
             requests = self.input.poll(self.settings.scheduler_max_batch, self._wait_s())
             acks = self.acks.poll(self.settings.scheduler_max_batch, 0)
         except FencedError as exc:
-            self._reset(str(exc))
+            self._reset(str(exc), rejoin=True)  # the consumer's own error: it is replaced too
             return
         except BrokerError as exc:
             log.error("polling failed", extra={"error": str(exc)})

@@ -22,8 +22,8 @@ Four clients per scheduler process, all driven from the engine's one thread:
 Errors follow librdkafka's transactional API: a retriable error is retried by calling the same
 method again (a timed-out commit or abort must be *resumed*, never replaced by another call);
 :class:`TransactionAbortedError` means abort and redo the batch; :class:`FencedError` means this
-producer is unusable (fenced by a newer one, or a fatal error): the engine drops its partitions,
-makes a new producer and rejoins.
+producer is unusable (fenced by a newer one, or a fatal error): the engine drops its partitions'
+uncommitted work, makes a new producer and claims them again (it stays in the group).
 
 No blocking transactional call is trusted to return: librdkafka's
 ``send_offsets_to_transaction`` can ignore its timeout and wait for good after a broker restart
@@ -76,7 +76,7 @@ def broker_error(exc: KafkaException, what: str) -> BrokerError:
     if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
         return FencedError(
             message + "; this producer can no longer commit (a newer scheduler instance took "
-            "over or the error is fatal): partitions are dropped and the group rejoined",
+            "over or the error is fatal): partitions are claimed again with a new producer",
             code=err.name(),
         )
     if err.txn_requires_abort():
@@ -140,7 +140,10 @@ class _TopicReader:
         """Read ``partition`` again from ``offset`` (after an aborted transaction); a negative
         offset means from the start (nothing was committed yet)."""
         start = offset if offset >= 0 else OFFSET_BEGINNING
-        self._consumer.seek(TopicPartition(self.topic, partition, start))
+        try:
+            self._consumer.seek(TopicPartition(self.topic, partition, start))
+        except KafkaException as exc:
+            raise broker_error(exc, f"seeking {self.topic}/{partition} to {start}") from exc
 
     def cached_end(self, partition: int) -> int | None:
         """The partition's end offset as of the last fetch response (no request), or None."""

@@ -33,7 +33,7 @@ refused_changes_total{reason}          counter   changes refused or undone, each
 fire_lateness_seconds                  histogram commit of a first attempt - its scheduled time
 transactions_total                     counter   transactions committed
 transaction_aborts_total               counter   transactions aborted (batch processed again)
-resets_total                           counter   fenced or fatal: every partition dropped
+resets_total                           counter   fenced or fatal: every partition restored again
 commit_seconds                         histogram one transaction, begin to committed
 clock_skew_seconds                     gauge     this host's clock minus the broker's (as read)
 issue_times_clamped_total              counter   commands whose issue time was held to the
@@ -302,7 +302,7 @@ class SchedulerCollector(Collector):
         )
         yield counter(
             n + "resets_total",
-            "Fenced or fatal producer errors: every partition dropped, the group rejoined.",
+            "Fenced or fatal producer errors: a new producer, every partition restored again.",
             stats.resets,
         )
         yield histogram(

@@ -202,10 +202,21 @@ class Restorer(EngineCore):
 
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
+        p = task.partition
+        if task.rewind_input:
+            try:
+                self.input.seek(p, _start(task.requests_committed))
+            except BrokerError as exc:
+                # Not ready: the committed offsets are read and the changelog measured again
+                # next iteration (a partition taken meanwhile is revoked at the next poll).
+                log.warning(
+                    "cannot rewind the input yet", extra={"partition": p, "error": str(exc)}
+                )
+                task.restore.reading = task.offsets_read = False
+                return
         self.changelog.unassign(task.partition)
         self._stalled_since.pop(task.partition, None)
         task.restore.reading = False
-        p = task.partition
         if task.restore.fresh:
             rebuild_index(task.backend)
             task.restore.fresh = False

@@ -110,6 +110,9 @@ class PartitionTask:
     behind: bool = False  # punctuation left due timers for the next iteration
     epoch: int = 0
     epoch_committed: bool = False
+    # The input consumer's position is not the committed offset (a claim without a
+    # rebalance, after a reset): seek it there once restored.
+    rewind_input: bool = False
     # The group's committed offsets were read for this claim (before the changelog's end is
     # measured: see SchedulerEngine._start_restore).
     offsets_read: bool = False
@@ -159,6 +162,21 @@ class TaskManager(EngineCore):
             "partitions assigned; restoring",
             extra={"partitions": sorted(partitions), "from_standby": warm},
         )
+
+    def _claim_again(self, partitions: list[int]) -> None:
+        """After a reset (:meth:`~jobwheel.streams.commit.Committer._reset`): the partitions
+        stay assigned to this member, but their ownership starts over, as after a rebalance
+        that gave them back: a new task each, restored from the changelog, inputs paused
+        until then and read again from the group's committed offsets (the consumer's
+        position is past work that never committed)."""
+        assert self.input is not None
+        self._close_tasks(partitions, "reset")
+        for p in partitions:
+            self.input.pause(p)
+            task = self.tasks.get(p) or self._open_standby(p)
+            assert not isinstance(task, PartitionTask)
+            self.tasks[p] = claimed = PartitionTask.claim(task)
+            claimed.rewind_input = True
 
     def _open_standby(self, partition: int) -> StandbyTask:
         """Open a partition's local state, not owned (yet)."""

@@ -31,6 +31,8 @@ from tests.support import HarnessError, Procs, Tail, kafka_call, log_tail, wait_
 
 T = TypeVar("T")
 CODEC = Codec()
+#: The scheduler's log line of a reset (its transactional producer fenced or failed).
+RESET = "dropping all partitions' uncommitted work and claiming them again"
 
 
 class TopicTail:
