@@ -10,6 +10,7 @@ import signal
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -103,15 +104,7 @@ def test_a_new_owner_on_an_empty_disk_restores_pending_jobs_from_the_changelog(
 def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
     settings, jobwheel_env, procs, tmp_path, tail, figure
 ):
-    a = start_scheduler(procs, jobwheel_env, tmp_path / "a")
-    b = start_scheduler(procs, jobwheel_env, tmp_path / "b")
-    # Both own partitions once the rebalance that b's join caused has settled.
-    wait_until(
-        lambda: len(log_events(a.log_path, "partition revoked")) > 0,
-        40,
-        0.2,
-        "the first scheduler never gave partitions to the second",
-    )
+    a, b = start_two(procs, jobwheel_env, tmp_path)
     start = now_ms() + 3000
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("kill", start, 500, 20_000))
@@ -137,6 +130,20 @@ def test_sigkill_one_of_two_schedulers_loses_no_job_and_dispatches_each_once(
         f"[failover] 500 jobs, 1 of 2 schedulers SIGKILLed: every job fired once; "
         f"max lateness {late} ms (includes the session timeout)"
     )
+
+
+def start_two(procs: Any, env: dict[str, str], tmp_path: Path) -> tuple[Any, Any]:
+    """Two schedulers, "a" and "b", once both own partitions (the rebalance that b's join
+    caused has settled)."""
+    a = start_scheduler(procs, env, tmp_path / "a")
+    b = start_scheduler(procs, env, tmp_path / "b")
+    wait_until(
+        lambda: owned(a.log_path) and owned(b.log_path),
+        40,
+        0.2,
+        "the two schedulers never shared the partitions",
+    )
+    return a, b
 
 
 def owned(log_path: Path) -> set[int]:
@@ -339,14 +346,7 @@ def test_a_fenced_producer_is_replaced_and_no_partition_moves(
     its transactional id, as a zombie of itself would be) makes a new producer and claims its
     own partitions again; it stays in the group, so no partition moves to the other scheduler
     and back, and every job fires once."""
-    a = start_scheduler(procs, jobwheel_env, tmp_path / "a")
-    b = start_scheduler(procs, jobwheel_env, tmp_path / "b")
-    wait_until(
-        lambda: owned(a.log_path) and owned(b.log_path),
-        40,
-        0.2,
-        "the two schedulers never shared the partitions",
-    )
+    a, b = start_two(procs, jobwheel_env, tmp_path)
     start = now_ms() + 2000
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("fenced", start, 300, 15_000))
