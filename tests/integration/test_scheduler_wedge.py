@@ -4,8 +4,8 @@ librdkafka's ``send_offsets_to_transaction`` can wait for good once the broker t
 request goes away (librdkafka issues 5456, 5511): here the broker is frozen (SIGSTOP) while
 the scheduler commits, long enough for the call to time out, then stopped (SIGTERM) and
 started again on the same data dir and ports, as a broker restart would. The call used to be
-resumed after its timeout, and the resumed call hung at most outages (2 of 2, 1 of 2 on
-2026-12-05); it is not resumed any more (a timeout replaces the producer), and 12 outages in
+resumed after its timeout, and the resumed call hung at most outages (2 of 2 and 1 of 2 in
+two runs); it is not resumed any more (a timeout replaces the producer), and 12 outages in
 two runs hung nothing. Repeated up to :data:`MAX_OUTAGES` or until the scheduler hangs in a
 call anyway; without a deadline on its calls it stays there, its partitions held and nothing
 dispatched. With it,
