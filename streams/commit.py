@@ -397,16 +397,16 @@ class Committer(EngineCore):
         more (a stale owner) stays fenced the same way: its group generation is refused at
         the next commit, and the consumer learns of the lost partitions at its next poll."""
         self.stats.resets += 1
-        owned = [p for p, t in self.tasks.items() if t.phase is not Phase.STANDBY]
+        owned = list(self.owned())
         log.error(
             "dropping all partitions' uncommitted work and claiming them again",
-            extra={"reason": reason, "partitions": sorted(owned), "rejoin": rejoin},
+            extra={"reason": reason, "partitions": owned, "rejoin": rejoin},
         )
         self._out, self._touched, self._txn_since = [], set(), None
         self._txn_backlog = False
         self.meters.discard()
-        for task in list(self.tasks.values()):
-            task.state.discard()
+        # Each owned task's uncommitted changes are discarded where it is closed: by
+        # _disconnect (rejoin) or _claim_again; a standby copy has none.
         if rejoin:
             self._disconnect()
             if not self._stop.is_set():

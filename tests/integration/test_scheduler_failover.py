@@ -351,11 +351,16 @@ def test_a_fenced_producer_is_replaced_and_no_partition_moves(
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("fenced", start, 300, 15_000))
     wait_until(lambda: len(tail.all_runs()) >= 50, 30, 0.2, "nothing fired")
-    held = {"a": owned(a.log_path), "b": owned(b.log_path)}
-    claims = {
-        n: len(log_events(p.log_path, "partitions assigned; restoring"))
-        for n, p in (("a", a), ("b", b))
-    }
+
+    def holdings() -> tuple[dict[str, set[int]], dict[str, int]]:
+        """Each scheduler's partitions, and how many claims (rebalances) it logged."""
+        both = (("a", a), ("b", b))
+        return (
+            {n: owned(p.log_path) for n, p in both},
+            {n: len(log_events(p.log_path, "partitions assigned; restoring")) for n, p in both},
+        )
+
+    held, claims = holdings()
     instance = log_events(a.log_path, "scheduler started")[0]["instance"]
     zombie = Producer(
         {
@@ -376,11 +381,9 @@ def test_a_fenced_producer_is_replaced_and_no_partition_moves(
     assert sorted(r.job_id for r in tail.all_runs()) == sorted(job_ids)
     reset = log_events(a.log_path, RESET)
     assert [e["rejoin"] for e in reset] == [False] and set(reset[0]["partitions"]) == held["a"]
-    assert {"a": owned(a.log_path), "b": owned(b.log_path)} == held
-    assert {
-        n: len(log_events(p.log_path, "partitions assigned; restoring"))
-        for n, p in (("a", a), ("b", b))
-    } == claims, "a partition moved between the schedulers"
+    held_after, claims_after = holdings()
+    assert held_after == held
+    assert claims_after == claims, "a partition moved between the schedulers"
     after = [r for r in tail.all_runs() if r.dispatched_at_ms > fenced_at]
     assert {r.partition for r in after} >= held["a"], "a fenced partition never fired again"
     late = max(r.dispatched_at_ms - r.scheduled_time_ms for r in after)
