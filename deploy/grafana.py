@@ -149,10 +149,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Aborts and resets",
                 "Aborted transactions (the batch is processed again) and resets (fenced or "
-                "fatal: all partitions dropped and restored), per 5 minutes.",
+                "fatal: all partitions dropped and restored), per 5 minutes; and workers' runs "
+                "consumers replaced after staying out of their group (a client that stopped "
+                "joining it).",
                 (
                     ("sum(increase(jobwheel_scheduler_transaction_aborts_total[5m]))", "aborts"),
                     ("sum(increase(jobwheel_scheduler_resets_total[5m]))", "resets"),
+                    (
+                        "sum(increase(jobwheel_worker_consumers_replaced_total[5m]))",
+                        "worker consumers replaced",
+                    ),
                 ),
                 kind="bars",
             ),

@@ -178,6 +178,9 @@ class Settings(BaseSettings):
     # and exit); readers (submit's task check, GET /workers) take a worker whose last record is
     # older than 3 of its own intervals for gone (jobwheel.schemas.workers).
     worker_announce_interval_ms: int = Field(default=5_000, ge=100)
+    # Fault injection for tests of a runs consumer that stops rejoining its group: once its
+    # partitions are lost it leaves the group and does not join again by itself.
+    worker_fault_stop_rejoining: bool = False
 
     # Status (consumers/status)
     clickhouse_url: str | None = None

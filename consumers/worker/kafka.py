@@ -80,9 +80,11 @@ class RunsConsumer:
         self, settings: Settings, topic: str, group: str | None = None, **overrides: Any
     ) -> None:
         self.topic = topic
-        self._group = GroupConsumer(
-            consumer_config(settings, group, **overrides), _PACKAGE, "runs consumer"
-        )
+        config = consumer_config(settings, group, **overrides)
+        # KIP-848 (group.protocol=consumer): the broker's group.consumer.session.timeout.ms,
+        # 45 s by default.
+        self._session_timeout_ms = int(config.get("session.timeout.ms", 45_000))
+        self._group = GroupConsumer(config, _PACKAGE, "runs consumer")
 
     def _parts(self, pairs: list[tuple[str, int]]) -> list[int]:
         return [p for t, p in pairs if t == self.topic]
@@ -158,6 +160,16 @@ class RunsConsumer:
 
     def assignment(self) -> list[int]:
         return self._parts(self._group.assignment())
+
+    def member_id(self) -> str:
+        """The group member id; empty while not a member (:meth:`GroupConsumer.member_id`)."""
+        return self._group.member_id()
+
+    def session_timeout_s(self) -> float:
+        return self._session_timeout_ms / 1000
+
+    def unsubscribe(self) -> None:
+        self._group.unsubscribe()
 
     def lag(self) -> dict[int, int]:
         """Per assigned partition, records not fetched yet (no request to the broker)."""

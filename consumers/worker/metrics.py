@@ -18,6 +18,9 @@ skipped_done_total               counter   runs not run: the partition's previou
 undecodable_runs_total           counter   runs records no Run could be read from (a newer
                                            schema, damaged bytes): dead-lettered, and their
                                            run answered FAILED when the record names it
+consumers_replaced_total         counter   runs consumers replaced: out of their group (no
+                                           partition, no member id) for 3 session timeouts
+                                           with Kafka reachable, a client that stopped joining
 inflight_runs                    gauge     runs executing now
 waiting_runs                     gauge     runs fetched and waiting for a free slot
 concurrency                      gauge     runs that may execute at once
@@ -74,6 +77,8 @@ class WorkerMeters:
     tasks: LabelLimiter = field(default_factory=LabelLimiter)
     #: Runs executed to a verdict (SUCCEEDED or FAILED): the announced finishing rate.
     finished: int = 0
+    #: Consumer thread: runs consumers replaced because they stayed out of their group.
+    consumers_replaced: int = 0
 
     def verdict(self, task: str, state: str, duration_ms: int | None = None) -> None:
         if state in FINISHED:
@@ -157,6 +162,13 @@ class WorkerCollector(Collector):
             n + "undecodable_runs_total",
             "Runs records that did not decode: dead-lettered (their run FAILED if named).",
             per_pool(lambda p: p.meters.undecodable),
+            ("queue",),
+        )
+        yield counter(
+            n + "consumers_replaced_total",
+            "Runs consumers replaced because they stayed out of their group with Kafka "
+            "reachable (a client that stopped joining it).",
+            per_pool(lambda p: p.meters.consumers_replaced),
             ("queue",),
         )
         yield gauge(

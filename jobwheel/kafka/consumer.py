@@ -252,6 +252,19 @@ class GroupConsumer:
     def assignment(self) -> Pairs:
         return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
 
+    def member_id(self) -> str:
+        """The member id the group coordinator gave this consumer; empty while it is not a
+        member (before its first join, and after a session timeout or a leave until it has
+        joined again)."""
+        return self._consumer.memberid() or ""
+
+    def unsubscribe(self) -> None:
+        """Leave the group and stop joining it (the revoke callback runs first)."""
+        try:
+            self._consumer.unsubscribe()
+        except KafkaException as exc:
+            raise broker_error(exc, f"{self.what}: unsubscribing failed") from exc
+
     def lag(self) -> dict[tuple[str, int], int]:
         return cached_lag(self._consumer)
 

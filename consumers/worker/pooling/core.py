@@ -32,6 +32,7 @@ from jobwheel.schemas import validation
 from jobwheel.schemas import workers as roster
 from jobwheel.schemas.models import DEFAULT_QUEUE, Run
 from jobwheel.settings import Settings
+from jobwheel.watchdog import kafka_reachable
 
 # The pool logs under its public name whichever part of it speaks (operators filter on it).
 log = logging.getLogger("jobwheel.consumers.worker.pool")
@@ -77,6 +78,13 @@ REPEAT_REASON = (
 )
 #: How often the consumer thread samples its partitions' lag for the metrics.
 LAG_SAMPLE_S = 0.5
+#: How often the consumer thread checks that the runs consumer is in its group.
+MEMBERSHIP_CHECK_S = 5.0
+#: A runs consumer holding no partition and no member id for this many session timeouts (at
+#: least :data:`MIN_OUTSIDE_S`), counted while Kafka accepts connections, has stopped joining
+#: its group and is replaced (:meth:`~.intake.Intake._check_membership`).
+OUTSIDE_SESSIONS = 3
+MIN_OUTSIDE_S = 30.0
 #: How often every watermark is committed again, moved or not (the periodic commits are
 #: asynchronous and their outcome is not checked: one the broker refused is sent again).
 COMMIT_REFRESH_S = 5.0
@@ -260,6 +268,11 @@ class PoolCore:
         self.joined = False
         self.lag: dict[int, int] = {}
         self._lag_at = 0.0
+        # Consumer thread: the membership check (Intake._check_membership).
+        self._reachable = kafka_reachable(settings)
+        self._membership_at = 0.0
+        self._outside_since: float | None = None
+        self._stop_rejoining = False  # worker_fault_stop_rejoining, due at the next poll
 
     def stop(self) -> None:
         """Graceful stop; a second call skips the rest of the grace period and of the wait for
@@ -306,9 +319,7 @@ class PoolCore:
         """Consume and execute until :meth:`stop`; raises :class:`BrokerError` on a fatal error."""
         self._loop = asyncio.get_running_loop()
         self._producer = StatusProducer(self.settings, **{"client.id": "jobwheel-worker"})
-        self._consumer = RunsConsumer(
-            self.settings, self._runs_topic, self.group, **{"client.id": "jobwheel-worker"}
-        )
+        self._consumer = self._new_consumer()
         await self._in_consumer_thread(
             self._consumer.subscribe, self._on_assign, self._on_revoke, self._on_lost
         )
@@ -340,6 +351,11 @@ class PoolCore:
             await self._close(fetch)
         if fatal is not None:
             raise fatal
+
+    def _new_consumer(self) -> RunsConsumer:
+        return RunsConsumer(
+            self.settings, self._runs_topic, self.group, **{"client.id": "jobwheel-worker"}
+        )
 
     async def _in_consumer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._loop is not None

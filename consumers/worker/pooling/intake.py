@@ -14,12 +14,16 @@ from jobwheel.consumers.worker.pooling.core import (
     FETCH_BATCH,
     FULL_WAIT_S,
     LAG_SAMPLE_S,
+    MEMBERSHIP_CHECK_S,
+    MIN_OUTSIDE_S,
+    OUTSIDE_SESSIONS,
     POLL_TIMEOUT_S,
     REVOKE_HAND_BACK_S,
     SETTLE_SLICE_S,
     TRACKED_LIMIT,
     PoolCore,
     _Execution,
+    _in_daemon_thread,
     log,
 )
 from jobwheel.consumers.worker.tracking import OffsetTracker
@@ -181,6 +185,41 @@ class Intake(PoolCore):
         self._drop(partitions)  # another member may own them already: commit nothing
         if partitions:
             log.warning("partitions lost", extra={"partitions": sorted(partitions)})
+            self._stop_rejoining = self.settings.worker_fault_stop_rejoining
+
+    def _check_membership(self, now: float) -> None:
+        """Consumer thread: replace a runs consumer that has stayed out of its group.
+
+        Seen once in a loop of short broker restarts: the consumer (classic protocol) timed
+        out its session while the broker was down, lost its partitions, and never joined the
+        group again (4 minutes, the broker up) while the worker went on polling it; its runs
+        waited. librdkafka said nothing. The sign: no partition and no member id (the
+        coordinator has not taken it into the group) for several session timeouts, counted
+        only while Kafka accepts connections (during an outage nobody can join). Then the
+        consumer is closed, in a daemon thread as a wedged client may block there, and a new
+        one joins the group. A worker in a group with more members than partitions has a
+        member id and no partition: it stays as it is."""
+        assert self._consumer is not None
+        if self._trackers or self._consumer.member_id() or not self._reachable():
+            self._outside_since = None
+            return
+        if self._outside_since is None:
+            self._outside_since = now
+            return
+        limit = max(MIN_OUTSIDE_S, OUTSIDE_SESSIONS * self._consumer.session_timeout_s())
+        if now - self._outside_since < limit:
+            return
+        log.warning(
+            "the runs consumer has not been in its group for a while with Kafka reachable; "
+            "replacing it",
+            extra={"group": self.group, "outside_s": round(now - self._outside_since)},
+        )
+        self._outside_since = None
+        old, self._consumer = self._consumer, self._new_consumer()
+        self._paused_parts = set()
+        _in_daemon_thread(old.close, "jobwheel-consumer-replaced")  # holds no partition
+        self._consumer.subscribe(self._on_assign, self._on_revoke, self._on_lost)
+        self.meters.consumers_replaced += 1
 
     def _drop(self, partitions: list[int]) -> None:
         with self._lock:
@@ -290,6 +329,13 @@ class Intake(PoolCore):
             if refresh:
                 self._last_refresh = now
             self._commit(asynchronous=True, final=refresh)
+        if self._stop_rejoining:  # fault injection (worker_fault_stop_rejoining)
+            self._stop_rejoining = False
+            log.warning("fault injection: the runs consumer leaves its group for good")
+            self._consumer.unsubscribe()
+        if now - self._membership_at >= MEMBERSHIP_CHECK_S and not self._draining:
+            self._membership_at = now
+            self._check_membership(now)
         if now - self._lag_at >= LAG_SAMPLE_S:
             self._lag_at = now
             self.lag = self._consumer.lag()
