@@ -190,10 +190,12 @@ class Intake(PoolCore):
     def _check_membership(self, now: float) -> None:
         """Consumer thread: replace a runs consumer that has stayed out of its group.
 
-        Seen once in a loop of short broker restarts: the consumer (classic protocol) timed
-        out its session while the broker was down, lost its partitions, and never joined the
-        group again (4 minutes, the broker up) while the worker went on polling it; its runs
-        waited. librdkafka said nothing. The sign: no partition and no member id (the
+        Seen in a loop of short broker restarts (2 runs in 10): the consumer (classic
+        protocol) timed out its session while the broker was down and lost its partitions;
+        librdkafka then waited in join state wait-incr-unassign-to-complete for an offset
+        commit sent during the outage that never completed, so it never joined the group
+        again (4 minutes, the broker up) while the worker went on polling it; its runs waited
+        and nothing said why. The sign: no partition and no member id (the
         coordinator has not taken it into the group) for several session timeouts, counted
         only while Kafka accepts connections (during an outage nobody can join). Then the
         consumer is closed, in a daemon thread as a wedged client may block there, and a new
