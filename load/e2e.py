@@ -211,13 +211,58 @@ def proc_thread_cpu(pid: int) -> dict[str, tuple[str, float]] | None:
     return out
 
 
-def proc_jit_cpu(pid: int) -> dict[str, float] | None:
-    """CPU seconds so far of each of the JVM ``pid``'s JIT compiler threads (C1, C2), by
-    thread id; None when the process is gone. Compare two samples with :func:`jit_cpu_s`."""
+#: Thread families, by the first match on the /proc thread name (``comm``, at most 15
+#: characters). Python names no OS thread, so every Python thread of a service (its main
+#: thread, the worker's consumer and pool threads, the sink's inserter, and what the embedded
+#: ClickHouse engine does inside a call from one of them) is ``python``; the engine's own
+#: threads (merges, pools) are ``native``, as is any thread of a JVM no other family takes.
+THREAD_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("python", ("python",)),
+    ("librdkafka", ("rdk:",)),
+    ("rocksdb", ("rocksdb:",)),
+    ("jit", ("C1 CompilerThre", "C2 CompilerThre")),
+    ("gc", ("GC Thread", "G1 ", "VM Thread")),
+    ("requests", ("data-plane-kafk",)),
+)
+
+
+def thread_family(name: str) -> str:
+    """The family of a thread named ``name`` (:data:`THREAD_FAMILIES`, else ``native``)."""
+    for family, prefixes in THREAD_FAMILIES:
+        if name.startswith(prefixes):
+            return family
+    return "native"
+
+
+def proc_family_cpu(pid: int) -> dict[str, tuple[str, float]] | None:
+    """``thread id -> (family, CPU seconds so far)`` of every thread of ``pid``; None when it
+    is gone. Compare two samples with :func:`family_cpu_s`."""
     threads = proc_thread_cpu(pid)
     if threads is None:
         return None
-    return {tid: cpu for tid, (name, cpu) in threads.items() if "CompilerThre" in name}
+    return {tid: (thread_family(name), cpu) for tid, (name, cpu) in threads.items()}
+
+
+def family_cpu_s(
+    before: dict[str, tuple[str, float]] | None, after: dict[str, tuple[str, float]] | None
+) -> dict[str, float] | None:
+    """CPU seconds by thread family between two :func:`proc_family_cpu` samples, thread by
+    thread (as :func:`jit_cpu_s`, and short the same way by what ended threads did)."""
+    if before is None or after is None:
+        return None
+    out: dict[str, float] = {}
+    for tid, (family, cpu) in after.items():
+        out[family] = out.get(family, 0.0) + cpu - before.get(tid, ("", 0.0))[1]
+    return out
+
+
+def proc_jit_cpu(pid: int) -> dict[str, float] | None:
+    """CPU seconds so far of each of the JVM ``pid``'s JIT compiler threads (C1, C2), by
+    thread id; None when the process is gone. Compare two samples with :func:`jit_cpu_s`."""
+    threads = proc_family_cpu(pid)
+    if threads is None:
+        return None
+    return {tid: cpu for tid, (family, cpu) in threads.items() if family == "jit"}
 
 
 def brokers_jit_cpu(services: Sequence[Service]) -> dict[str, float] | None:
@@ -274,6 +319,7 @@ class Service:
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     cpu_start: float | None = None
+    families_start: dict[str, tuple[str, float]] | None = None
 
 
 def service_env(
@@ -398,6 +444,9 @@ class Result:
     replication: dict[str, int] = field(default_factory=dict)
     #: records and bytes per job by topic and by process (:func:`load.records.account`)
     records: dict[str, Any] = field(default_factory=dict)
+    #: CPU seconds per job of each kind of process by thread family (:func:`thread_family`):
+    #: which part of a process the figure in ``cpu_s_per_job`` is spent in
+    cpu_s_per_job_by_family: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def topics_replication(settings: Settings) -> dict[str, int]:
@@ -819,6 +868,7 @@ def _drive(
     records_start = records.snapshot(settings, broker_pids)
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
+        s.families_start = proc_family_cpu(s.pid)
     jit_start = brokers_jit_cpu(services)
 
     n = config.jobs
@@ -891,7 +941,12 @@ def _drive(
 
     cpu: dict[str, float | None] = {}
     rss: dict[str, list[float | None]] = {}
+    by_family: dict[str, dict[str, float]] = {}
     for s in services:
+        families = family_cpu_s(s.families_start, proc_family_cpu(s.pid))
+        for family, used_s in (families or {}).items():
+            role = by_family.setdefault(s.role, {})
+            role[family] = role.get(family, 0.0) + used_s / n
         end = proc_cpu_s(s.pid)
         used = None if end is None or s.cpu_start is None else end - s.cpu_start
         if s.role in cpu and cpu[s.role] is not None and used is not None:
@@ -923,6 +978,10 @@ def _drive(
         broker_jit_s=broker_jit_s,
         watch_cpu_s=watch_cpu_s,
         records=accounting,
+        cpu_s_per_job_by_family={
+            role: dict(sorted(families.items(), key=lambda kv: -kv[1]))
+            for role, families in by_family.items()
+        },
     )
 
 
@@ -1068,6 +1127,20 @@ def report(result: Result) -> str:
         + ", ".join(
             f"{role} {_ms(None if v is None else v * 1000) if v is None else f'{v * 1000:.3f}'}"
             for role, v in result.cpu_s_per_job.items()
+        ),
+        *(
+            [
+                "  by thread family: "
+                + "; ".join(
+                    f"{role} "
+                    + ", ".join(
+                        f"{family} {v * 1000:.3f}" for family, v in families.items() if v > 0
+                    )
+                    for role, families in result.cpu_s_per_job_by_family.items()
+                )
+            ]
+            if result.cpu_s_per_job_by_family
+            else []
         ),
         (
             f"status stored: every event {result.status_stored_s:.1f}s after the last start"

@@ -3,6 +3,7 @@ its counting must find a lost job and a duplicate execution that the test causes
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,16 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
     assert t["start_lateness_ms"]["max"] is not None
     assert not result.passed  # a lost job fails the run whatever the lateness
     assert set(result.cpu_s_per_job) == {"scheduler", "worker", "sink"}
+    # Each process's CPU by thread family: what its threads alive at the end used, so at
+    # most the process's figure (give or take a clock tick per thread: /proc counts each
+    # thread in ticks); the scheduler's own Python and its Kafka client both work.
+    ticks = 5 / os.sysconf("SC_CLK_TCK") / result.config["jobs"]
+    for role, total in result.cpu_s_per_job.items():
+        families = result.cpu_s_per_job_by_family[role]
+        assert total is not None
+        assert 0.5 * total <= sum(families.values()) <= total + ticks, (role, total, families)
+    scheduler = result.cpu_s_per_job_by_family["scheduler"]
+    assert scheduler["python"] > 0 and scheduler["librdkafka"] > 0, scheduler
     assert (
         len({s.job_id for s in read_starts(tmp_path / result.config["topic_prefix"] / "warmup")})
         == 30

@@ -14,6 +14,7 @@ from load.e2e import (
     Start,
     StartsTail,
     _service_settings,
+    family_cpu_s,
     jit_cpu_s,
     main,
     parse_starts,
@@ -21,6 +22,7 @@ from load.e2e import (
     read_starts,
     service_env,
     tally,
+    thread_family,
 )
 
 
@@ -106,6 +108,46 @@ def test_jit_cpu_counts_each_compiler_thread_so_one_that_ended_takes_nothing_bac
     assert jit_cpu_s(before, {}) == 0.0
     assert jit_cpu_s(None, after) is None
     assert jit_cpu_s(before, None) is None
+
+
+def test_threads_are_put_in_families_by_their_names() -> None:
+    """Names as /proc shows them in the run's processes (at most 15 characters)."""
+    names = {
+        "python": "python",  # a service's main thread, and every thread Python starts
+        "python3.11": "python",
+        "rdk:main": "librdkafka",
+        "rdk:broker-1": "librdkafka",
+        "rdk:broker1": "librdkafka",
+        "rocksdb:low": "rocksdb",
+        "rocksdb:high": "rocksdb",
+        "MergeMutate": "native",  # the embedded ClickHouse engine's
+        "BgSchPool": "native",
+        "C2 CompilerThre": "jit",
+        "C1 CompilerThre": "jit",
+        "GC Thread#0": "gc",
+        "G1 Refine#0": "gc",
+        "VM Thread": "gc",
+        "data-plane-kafk": "requests",
+        "kafka-scheduler": "native",
+        "java": "native",
+    }
+    assert {name: thread_family(name) for name in names} == names
+
+
+def test_family_cpu_is_counted_thread_by_thread() -> None:
+    before = {"1": ("python", 10.0), "2": ("librdkafka", 1.0), "3": ("rocksdb", 2.0)}
+    after = {
+        "1": ("python", 14.0),
+        "2": ("librdkafka", 1.5),
+        # "3" ended in between: it counts nothing (not minus what it had)
+        "4": ("rocksdb", 0.25),  # started in between: from zero
+        "5": ("python", 1.0),
+    }
+    assert family_cpu_s(before, after) == pytest.approx(
+        {"python": 5.0, "librdkafka": 0.5, "rocksdb": 0.25}
+    )
+    assert family_cpu_s(None, after) is None
+    assert family_cpu_s(before, None) is None
 
 
 def test_pools_share_out_jobs_and_workers_and_every_pool_gets_a_worker() -> None:
