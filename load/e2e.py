@@ -212,10 +212,11 @@ def proc_thread_cpu(pid: int) -> dict[str, tuple[str, float]] | None:
 
 
 #: Thread families, by the first match on the /proc thread name (``comm``, at most 15
-#: characters). Python names no OS thread, so every Python thread of a service (its main
-#: thread, the worker's consumer and pool threads, the sink's inserter, and what the embedded
-#: ClickHouse engine does inside a call from one of them) is ``python``; the engine's own
-#: threads (merges, pools) are ``native``, as is any thread of a JVM no other family takes.
+#: characters). Python names no OS thread, so a service's Python threads (its main thread,
+#: the worker's consumer and delivery threads, the sink's consumer thread) are ``python``.
+#: The embedded ClickHouse engine renames the thread it runs an insert on ("Unknown"), so
+#: the sink's inserter thread, its column encoding included, is ``native`` with the engine's
+#: own threads (merges, pools), as is any thread of a JVM no other family takes.
 THREAD_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("python", ("python",)),
     ("librdkafka", ("rdk:",)),
