@@ -870,7 +870,6 @@ def _drive(
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
         s.families_start = proc_family_cpu(s.pid)
-    jit_start = brokers_jit_cpu(services)
 
     n = config.jobs
     first_due_ms = int((time.time() + config.lead_s) * 1000)
@@ -943,8 +942,13 @@ def _drive(
     cpu: dict[str, float | None] = {}
     rss: dict[str, list[float | None]] = {}
     by_family: dict[str, dict[str, float]] = {}
+    # The brokers' JIT compiler, from the same samples (None without a broker of ours, or
+    # when one is gone, as brokers_jit_cpu).
+    broker_jit_s: float | None = 0.0 if broker_pids else None
     for s in services:
         families = family_cpu_s(s.families_start, proc_family_cpu(s.pid))
+        if s.role == "broker" and broker_jit_s is not None:
+            broker_jit_s = None if families is None else broker_jit_s + families.get("jit", 0.0)
         for family, used_s in (families or {}).items():
             role = by_family.setdefault(s.role, {})
             role[family] = role.get(family, 0.0) + used_s / n
@@ -956,8 +960,6 @@ def _drive(
             cpu[s.role] = used
         rss.setdefault(s.role, []).append(proc_peak_rss_mib(s.pid))
     per_job = {role: None if v is None else v / n for role, v in cpu.items()}
-    jit_end = brokers_jit_cpu(services)
-    broker_jit_s = jit_cpu_s(jit_start, jit_end)
     # Counted after the CPU figures: reading the records back is the generator's work.
     records_end = records.snapshot(settings, broker_pids)
     accounting = records.account(settings, records_start, records_end, n)
