@@ -147,6 +147,22 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 unit="s",
             ),
             Panel(
+                "Where a transaction's time goes",
+                "Mean seconds per committed transaction in each phase: open (its work "
+                "waiting for the commit: JOBWHEEL_SCHEDULER_COMMIT_INTERVAL_MS), produce, "
+                "offsets, end (the commit call: the broker's round trips), state (the local "
+                "state written after it). A run is visible to workers after end: open plus "
+                "the commit is how long a due run waits in the scheduler.",
+                (
+                    (
+                        "sum by (phase) (rate(jobwheel_scheduler_transaction_phase_seconds_total"
+                        "[1m])) / scalar(sum(rate(jobwheel_scheduler_transactions_total[1m])))",
+                        "{{phase}}",
+                    ),
+                ),
+                unit="s",
+            ),
+            Panel(
                 "Aborts and resets",
                 "Aborted transactions (the batch is processed again) and resets (fenced or "
                 "fatal: all partitions dropped and restored), per 5 minutes; and workers' runs "

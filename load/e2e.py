@@ -293,6 +293,59 @@ def jit_cpu_s(before: dict[str, float] | None, after: dict[str, float] | None) -
     return sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items())
 
 
+#: The scheduler's transaction phases (``jobwheel_scheduler_transaction_phase_seconds_total``,
+#: :data:`jobwheel.streams.metrics.TRANSACTION_PHASES`): where a due run waits before a worker
+#: can see it, which is after ``end``.
+TRANSACTIONS = "jobwheel_scheduler_transactions_total"
+PHASE_SECONDS = "jobwheel_scheduler_transaction_phase_seconds_total"
+
+
+def scheduler_transactions(url: str | None) -> dict[str, float] | None:
+    """A scheduler's committed transactions (``count``) and the seconds they spent in each
+    phase, read from its metrics; None when it cannot be read."""
+    if url is None:
+        return None
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == TRANSACTIONS:
+                out["count"] = sample.value
+            elif sample.name == PHASE_SECONDS:
+                out[sample.labels["phase"]] = sample.value
+    return out if "count" in out else None
+
+
+def transactions_delta(
+    samples: Sequence[tuple[dict[str, float] | None, dict[str, float] | None]],
+) -> dict[str, Any] | None:
+    """The schedulers' transactions between two samples each: how many, and each phase's
+    milliseconds per transaction; None when a sample is missing or none committed."""
+    count = 0.0
+    spent: dict[str, float] = {}
+    for before, after in samples:
+        if before is None or after is None:
+            return None
+        count += after["count"] - before["count"]
+        for phase, seconds in after.items():
+            if phase != "count":
+                spent[phase] = spent.get(phase, 0.0) + seconds - before.get(phase, 0.0)
+    if count <= 0:
+        return None
+    return {
+        "count": int(count),
+        "ms_each": {phase: seconds * 1000 / count for phase, seconds in spent.items()},
+    }
+
+
 def proc_peak_rss_mib(pid: int) -> float | None:
     """Peak resident memory (VmHWM) of ``pid`` in MiB, None when it is gone."""
     return _proc_status_mib(pid, "VmHWM")
@@ -321,6 +374,9 @@ class Service:
     log: Path | None = None
     cpu_start: float | None = None
     families_start: dict[str, tuple[str, float]] | None = None
+    #: a scheduler's metrics (its transactions' time by phase), and their first sample
+    metrics_url: str | None = None
+    transactions_start: dict[str, float] | None = None
 
 
 def service_env(
@@ -448,6 +504,9 @@ class Result:
     #: CPU seconds per job of each kind of process by thread family (:func:`thread_family`):
     #: which part of a process the figure in ``cpu_s_per_job`` is spent in
     cpu_s_per_job_by_family: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the schedulers' transactions in the measured span (:func:`transactions_delta`): how
+    #: long a due run waits in the scheduler, part by part
+    transactions: dict[str, Any] | None = None
 
 
 def topics_replication(settings: Settings) -> dict[str, int]:
@@ -776,7 +835,16 @@ def start_pipeline(
         env = service_env(
             settings, run_dir / f"scheduler-{i}", config.log_level, config.service_settings
         )
-        services.append(spawn("scheduler", ["scheduler"], env, run_dir / f"scheduler-{i}.log"))
+        url = None
+        if "JOBWHEEL_METRICS_PORT" not in env:  # (one given with --set is every service's)
+            from jobwheel.deploy.broker import free_port
+
+            port = free_port()
+            env["JOBWHEEL_METRICS_PORT"] = str(port)
+            url = f"http://127.0.0.1:{port}/metrics"
+        service = spawn("scheduler", ["scheduler"], env, run_dir / f"scheduler-{i}.log")
+        service.metrics_url = url
+        services.append(service)
     worker_args = ["worker", "--tasks", "load.tasks"]
     if config.concurrency:
         worker_args += ["--concurrency", str(config.concurrency)]
@@ -870,6 +938,7 @@ def _drive(
     for s in services:
         s.cpu_start = proc_cpu_s(s.pid)
         s.families_start = proc_family_cpu(s.pid)
+        s.transactions_start = scheduler_transactions(s.metrics_url)
 
     n = config.jobs
     first_due_ms = int((time.time() + config.lead_s) * 1000)
@@ -939,6 +1008,13 @@ def _drive(
     counted = tally(expected, fires, starts)
     progress.show(counted.fired_runs, counted.started_jobs, time.monotonic() - began, final=True)
 
+    transactions = transactions_delta(
+        [
+            (s.transactions_start, scheduler_transactions(s.metrics_url))
+            for s in services
+            if s.role == "scheduler"
+        ]
+    )
     cpu: dict[str, float | None] = {}
     rss: dict[str, list[float | None]] = {}
     by_family: dict[str, dict[str, float]] = {}
@@ -981,6 +1057,7 @@ def _drive(
         broker_jit_s=broker_jit_s,
         watch_cpu_s=watch_cpu_s,
         records=accounting,
+        transactions=transactions,
         cpu_s_per_job_by_family={
             role: dict(sorted(families.items(), key=lambda kv: -kv[1]))
             for role, families in by_family.items()
@@ -1126,6 +1203,15 @@ def report(result: Result) -> str:
         f"p50 {_ms(sl['p50'])} p90 {_ms(sl['p90'])} p99 {_ms(sl['p99'])} max {_ms(sl['max'])}",
         f"lost {len(t['lost'])}{' ' + str(t['lost'][:5]) if t['lost'] else ''}; "
         f"executions {t['executions']:,}, duplicate executions {t['duplicates']}",
+        *(
+            [
+                f"scheduler transactions: {x['count']:,}; ms each on average: "
+                + ", ".join(f"{phase} {ms:.1f}" for phase, ms in x["ms_each"].items())
+                + " (a run fired into one is seen after its end)"
+            ]
+            if (x := result.transactions)
+            else []
+        ),
         "CPU ms per job: "
         + ", ".join(
             f"{role} {_ms(None if v is None else v * 1000) if v is None else f'{v * 1000:.3f}'}"

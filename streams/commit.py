@@ -67,11 +67,11 @@ class Committer(EngineCore):
     # --- the open transaction ---------------------------------------------------------------
 
     def _commit_pending(self) -> None:
-        out, touched = self._out, self._touched
+        out, touched, since = self._out, self._touched, self._txn_since
         self._out, self._touched, self._txn_since = [], set(), None
         self._txn_backlog = False
         if out or touched:
-            self._commit(out, touched)
+            self._commit(out, touched, 0.0 if since is None else time.monotonic() - since)
 
     def _drop_pending(self, partitions: list[int]) -> None:
         """Partitions leave before the transaction carrying their work committed: forget that
@@ -172,7 +172,11 @@ class Committer(EngineCore):
 
     # --- the transaction --------------------------------------------------------------------
 
-    def _commit(self, out: list[_Out], touched: set[int]) -> None:
+    def _commit(self, out: list[_Out], touched: set[int], open_s: float) -> None:
+        """Produce the transaction's records and commit it, then write its state changes.
+        ``open_s``: how long its work waited for this commit, from the poll that began it
+        (with each part of the commit, the metrics' transaction phases: where a due run
+        waits before a worker can see it)."""
         assert self.producer is not None and self.input is not None
         producer = self.producer
         now = self.clock.now_ms()
@@ -192,7 +196,8 @@ class Committer(EngineCore):
                 last = len(changes) - 1
                 for i, (key, value) in enumerate(changes.items()):
                     self._produce(_Out(self.changelog_topic, p, key, value), track=i == last)
-            producer.commit(self._offsets(now), self.input.group_metadata())
+            produced = time.perf_counter()
+            offsets_s, end_s = producer.commit(self._offsets(now), self.input.group_metadata())
         except FencedError as exc:
             self._reset(str(exc))
             return
@@ -203,6 +208,7 @@ class Committer(EngineCore):
         self.stats.last_commit_ms = now
         self.meters.committed(self.clock.now_ms(), time.perf_counter() - began)
         self._backoff.reset()
+        written = time.perf_counter()
         for task in self.tasks.values():
             if task.phase is not Phase.READY:
                 continue
@@ -219,6 +225,9 @@ class Committer(EngineCore):
             task.queue_seen_committed = dict(task.queue_seen)
             task.queue_reached_committed = dict(task.queue_reached)
             task.committed_note = task.pending_note
+        self.meters.phases(
+            open_s, produced - began, offsets_s, end_s, time.perf_counter() - written
+        )
 
     def _batched(self, out: list[_Out]) -> list[_Out]:
         """``out`` with each partition's status events carried by StatusBatch records (README

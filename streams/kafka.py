@@ -600,10 +600,14 @@ class TransactionalProducer:
                     ) from exc
                 raise broker_error(exc, f"producing to {topic}") from exc
 
-    def commit(self, offsets: Sequence[tuple[str, int, int, str]], group_metadata: Any) -> None:
+    def commit(
+        self, offsets: Sequence[tuple[str, int, int, str]], group_metadata: Any
+    ) -> tuple[float, float]:
         """Add the consumed offsets ``(topic, partition, next offset, metadata)`` to the
-        transaction and commit it."""
+        transaction and commit it; returns the seconds each of the two took (the metrics'
+        transaction phases ``offsets`` and ``end``)."""
         tps = [TopicPartition(t, p, o, metadata=m) for t, p, o, m in offsets]
+        began = time.perf_counter()
         if tps:
             # Not resumed: a resumed call, asked while the broker was down and pending when it
             # came back, was seen never to return (librdkafka issues 5456, 5511; the watchdog
@@ -617,6 +621,7 @@ class TransactionalProducer:
                 "send_offsets_to_transaction",
                 0.0,
             )
+        offsets_s = time.perf_counter() - began
         if self._fault_commit_delay_s:  # tests: an owner stalled with its offsets pending
             time.sleep(self._fault_commit_delay_s)
         self._resume(
@@ -626,6 +631,7 @@ class TransactionalProducer:
         )
         self._producer.poll(0)  # serve any delivery report commit left behind
         self.in_transaction = False
+        return offsets_s, time.perf_counter() - began - offsets_s
 
     def abort(self) -> None:
         if not self.in_transaction:

@@ -35,6 +35,14 @@ transactions_total                     counter   transactions committed
 transaction_aborts_total               counter   transactions aborted (batch processed again)
 resets_total                           counter   fenced or fatal: every partition restored again
 commit_seconds                         histogram one transaction, begin to committed
+transaction_phase_seconds_total{phase} counter   where the transactions' time went: ``open``
+                                                 (its work waiting for the commit, from the
+                                                 poll that began it), ``produce`` (its records
+                                                 handed to the producer), ``offsets`` (the
+                                                 consumed offsets added), ``end`` (the commit
+                                                 call), ``state`` (the local state written
+                                                 after it); a run fired into a transaction is
+                                                 visible to workers after ``end``
 clock_skew_seconds                     gauge     this host's clock minus the broker's (as read)
 issue_times_clamped_total              counter   commands whose issue time was held to the
                                                  broker's (JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS)
@@ -89,6 +97,8 @@ LATENESS_MS = (5, 10, 25, 50, 75, 100, 150, 250, 500, 1000, 2000, 5000, 10_000, 
 COMMIT_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000)
 RESTORE_MS = (100, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000, 900_000)
 MS = 0.001
+#: The parts of a committed transaction's time, in order (:meth:`EngineMeters.phases`).
+TRANSACTION_PHASES = ("open", "produce", "offsets", "end", "state")
 
 
 @dataclass
@@ -108,6 +118,10 @@ class EngineMeters:
     commit: Histogram = field(default_factory=lambda: Histogram(COMMIT_MS))
     restore: Histogram = field(default_factory=lambda: Histogram(RESTORE_MS))
     tasks: LabelLimiter = field(default_factory=LabelLimiter)
+    #: Seconds per transaction phase (:meth:`phases`), summed over the commits.
+    phase_seconds: dict[tuple[str], float] = field(
+        default_factory=lambda: {(name,): 0.0 for name in TRANSACTION_PHASES}
+    )
     #: ``(partition, scheduled ms)`` of the first attempts in the open transaction.
     pending: list[tuple[int, int]] = field(default_factory=list)
 
@@ -145,6 +159,12 @@ class EngineMeters:
         observe = self.lateness.observe
         for _, scheduled in pending:
             observe(now_ms - scheduled)
+
+    def phases(self, *seconds: float) -> None:
+        """One committed transaction's time, phase by phase (:data:`TRANSACTION_PHASES`)."""
+        spent = self.phase_seconds
+        for name, s in zip(TRANSACTION_PHASES, seconds, strict=True):
+            spent[(name,)] += s
 
     def discard(self, partitions: Iterable[int] | None = None) -> None:
         """The open transaction's work is forgotten (all of it, or the partitions')."""
@@ -307,6 +327,13 @@ class SchedulerCollector(Collector):
         )
         yield histogram(
             n + "commit_seconds", "One transaction, begin to committed.", meters.commit, scale=MS
+        )
+        yield counter(
+            n + "transaction_phase_seconds_total",
+            "Committed transactions' time by phase: open (its work waiting for the commit), "
+            "produce, offsets, end (the commit call), state (local state written after it).",
+            meters.phase_seconds,
+            ["phase"],
         )
         skew = engine.clock.skew_ms()
         yield gauge(

@@ -195,6 +195,16 @@ def test_every_service_serves_metrics_that_move_under_a_real_workload(
         0.2,
         "commit latencies and transactions never matched",
     )
+    # where the transactions' time went: the parts of the commit call are inside each
+    # commit's latency (a scrape may land between the two: the phases lag, never lead)
+    t = scrape(scheduler)
+    phase = {
+        name: value(t, "jobwheel_scheduler_transaction_phase_seconds_total", phase=name)
+        for name in ("open", "produce", "offsets", "end", "state")
+    }
+    assert all(seconds > 0 for seconds in phase.values()), phase
+    inside = phase["produce"] + phase["offsets"] + phase["end"]
+    assert inside <= value(t, "jobwheel_scheduler_commit_seconds_sum"), phase
     assert value(s, "jobwheel_scheduler_transaction_aborts_total") == 0
     assert value(s, "jobwheel_scheduler_stuck_partitions") == 0
     assert value(s, "jobwheel_scheduler_restore_seconds_count") == 4

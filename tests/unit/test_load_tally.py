@@ -23,6 +23,7 @@ from load.e2e import (
     service_env,
     tally,
     thread_family,
+    transactions_delta,
 )
 
 
@@ -159,3 +160,16 @@ def test_pools_share_out_jobs_and_workers_and_every_pool_gets_a_worker() -> None
     assert Config().queue_names == ["default"]
     with pytest.raises(SystemExit):
         main(["--queues", "3", "--workers", "2"])
+
+
+def test_transactions_of_several_schedulers_are_summed_and_a_missing_sample_says_so():
+    a0 = {"count": 10.0, "open": 0.2, "end": 0.1}
+    a1 = {"count": 30.0, "open": 0.6, "end": 0.5}
+    b0 = {"count": 0.0, "open": 0.0, "end": 0.0}
+    b1 = {"count": 20.0, "open": 0.6, "end": 0.2}
+    got = transactions_delta([(a0, a1), (b0, b1)])
+    assert got is not None and got["count"] == 40
+    # (0.4 + 0.6) s over 40 transactions; (0.4 + 0.2) s over 40
+    assert got["ms_each"] == pytest.approx({"open": 25.0, "end": 15.0})
+    assert transactions_delta([(a0, a1), (b0, None)]) is None  # a scheduler not read
+    assert transactions_delta([(a0, a0)]) is None  # none committed

@@ -76,7 +76,7 @@ def test_every_metric_a_panel_queries_is_exported(tmp_path: Path):
     not_shown = {"jobwheel_sink_records", "jobwheel_sink_batches", "jobwheel_sink_commit_failures",
                  "jobwheel_sink_last_insert_timestamp_seconds", "jobwheel_sink_partitions",
                  "jobwheel_scheduler_rejected",
-                 "jobwheel_scheduler_job_events", "jobwheel_scheduler_transactions",
+                 "jobwheel_scheduler_job_events",
                  "jobwheel_scheduler_last_commit_timestamp_seconds",
                  "jobwheel_scheduler_partition_phase", "jobwheel_scheduler_restored_records",
                  "jobwheel_worker_handed_back", "jobwheel_worker_partitions",

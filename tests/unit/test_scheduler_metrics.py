@@ -184,3 +184,16 @@ def test_a_command_replayed_from_the_dead_letters_is_counted():
     got = samples(SchedulerCollector(engine))
     assert got[("jobwheel_scheduler_replays_total", ())] == 1
     assert got[("jobwheel_scheduler_commands_total", ())] == 2
+
+
+def test_transaction_phases_add_up_per_phase_over_the_commits():
+    engine = engine_with(Phase.READY)
+    collector = SchedulerCollector(engine)
+    name = "jobwheel_scheduler_transaction_phase_seconds_total"
+    phases = ("open", "produce", "offsets", "end", "state")
+    assert {samples(collector)[(name, (("phase", p),))] for p in phases} == {0.0}
+    engine.meters.phases(0.020, 0.001, 0.002, 0.015, 0.004)
+    engine.meters.phases(0.010, 0.003, 0.002, 0.005, 0.001)
+    got = samples(collector)
+    spent = [round(got[(name, (("phase", p),))], 6) for p in phases]
+    assert spent == [0.03, 0.004, 0.004, 0.02, 0.005]
