@@ -297,21 +297,18 @@ def jit_cpu_s(before: dict[str, float] | None, after: dict[str, float] | None) -
     return sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items())
 
 
-#: The scheduler's transaction phases (``jobwheel_scheduler_transaction_phase_seconds_total``,
-#: :data:`jobwheel.streams.metrics.TRANSACTION_PHASES`): where a due run waits before a worker
-#: can see it, which is after ``end``.
-TRANSACTIONS = "jobwheel_scheduler_transactions_total"
-PHASE_SECONDS = "jobwheel_scheduler_transaction_phase_seconds_total"
-
-
 def scheduler_transactions(url: str | None) -> dict[str, float] | None:
     """A scheduler's committed transactions (``count``) and the seconds they spent in each
-    phase, read from its metrics; None when it cannot be read."""
+    phase (:data:`jobwheel.streams.metrics.TRANSACTION_PHASES`: where a due run waits before a
+    worker can see it, which is after ``end``), read from its metrics; None when it cannot be
+    read."""
     if url is None:
         return None
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
+
+    from jobwheel.streams.metrics import TRANSACTION_PHASE_SECONDS, TRANSACTIONS_TOTAL
 
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -321,9 +318,9 @@ def scheduler_transactions(url: str | None) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == TRANSACTIONS:
+            if sample.name == TRANSACTIONS_TOTAL:
                 out["count"] = sample.value
-            elif sample.name == PHASE_SECONDS:
+            elif sample.name == TRANSACTION_PHASE_SECONDS:
                 out[sample.labels["phase"]] = sample.value
     return out if "count" in out else None
 
@@ -975,8 +972,8 @@ def _drive(
     firing = False
     while True:
         if not firing and time.time() * 1000 >= first_due_ms:
-            # The transactions from here on are the firing's (the burst of commands before
-            # it commits in larger ones, behind: a different figure).
+            # The transactions of the firing: the commands' burst before it commits in larger
+            # transactions (behind, at the backlog interval), a figure of its own.
             firing = True
             for s in schedulers:
                 s.transactions_start = scheduler_transactions(s.metrics_url)

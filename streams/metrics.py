@@ -99,6 +99,9 @@ RESTORE_MS = (100, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000, 900_0
 MS = 0.001
 #: The parts of a committed transaction's time, in order (:meth:`EngineMeters.phases`).
 TRANSACTION_PHASES = ("open", "produce", "offsets", "end", "state")
+#: Names read outside the process too (``load.e2e`` sums the phases over a run).
+TRANSACTIONS_TOTAL = PREFIX + "transactions_total"
+TRANSACTION_PHASE_SECONDS = PREFIX + "transaction_phase_seconds_total"
 
 
 @dataclass
@@ -314,7 +317,7 @@ class SchedulerCollector(Collector):
         """Transactions and their aborts, resets, commit time, the clock against the broker's."""
         engine, stats, meters = self.engine, self.engine.stats, self.engine.meters
         n = PREFIX
-        yield counter(n + "transactions_total", "Transactions committed.", stats.transactions)
+        yield counter(TRANSACTIONS_TOTAL, "Transactions committed.", stats.transactions)
         yield counter(
             n + "transaction_aborts_total",
             "Transactions aborted (their batch is processed again).",
@@ -329,7 +332,7 @@ class SchedulerCollector(Collector):
             n + "commit_seconds", "One transaction, begin to committed.", meters.commit, scale=MS
         )
         yield counter(
-            n + "transaction_phase_seconds_total",
+            TRANSACTION_PHASE_SECONDS,
             "Committed transactions' time by phase: open (its work waiting for the commit), "
             "produce, offsets, end (the commit call), state (local state written after it).",
             meters.phase_seconds,
