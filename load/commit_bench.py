@@ -4,11 +4,11 @@
 
 The scheduler's own transactional producer (:class:`~jobwheel.streams.kafka.TransactionalProducer`,
 its config and its phases: ``produce``, ``offsets``, ``end``) on a fresh local broker (or
-``--bootstrap``): each transaction produces ``--records`` records of 200 bytes over 12
-partitions, adds one consumed offset and commits, 10 ms apart. What ``load.e2e``'s "scheduler
-transactions" line shows beyond these figures is the load (the broker and the scheduler
-sharing two cores with everything else); the ``open`` phase is not here, it is the commit
-interval and the loop. Numbers, not assertions.
+``--bootstrap``): each transaction produces ``--records`` records of 200 bytes over the
+topics' default partitions, adds one consumed offset and commits, 10 ms apart. What
+``load.e2e``'s "scheduler transactions" line shows beyond these figures is the load (the
+broker and the scheduler sharing two cores with everything else); the ``open`` phase is not
+here, it is the commit interval and the loop. Numbers, not assertions.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-PARTITIONS = 12
+from jobwheel.schemas.topics import DEFAULT_PARTITIONS as PARTITIONS
 
 
 def measure(bootstrap: str, transactions: int, records: int) -> dict[str, list[float]]:
