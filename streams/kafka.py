@@ -127,6 +127,32 @@ def consumer_config(
     return config
 
 
+def _watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
+    """``(first offset, end offset)`` of a partition, asked of its leader; the end is the last
+    stable offset for a ``read_committed`` consumer, the high watermark otherwise.
+
+    librdkafka finds the leader in its metadata cache, and takes a cached "no leader" (an
+    answer given while the leader's broker was restarting) for a permanent error: it fails at
+    once with "Unknown partition" without asking again, and a client with no partition of the
+    topic assigned has nothing else that would ask, so the answer stayed until the cache
+    expired (15 minutes). After a failure the topic's metadata is asked for again
+    (``list_topics`` refreshes the cache) and the offsets asked once more, so a leader that is
+    back is found at once."""
+    tp = TopicPartition(topic, partition)
+    deadline = time.monotonic() + timeout_s
+    try:
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+    except KafkaException as first:
+        try:
+            consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
+            low, high = consumer.get_watermark_offsets(
+                tp, timeout=max(0.1, deadline - time.monotonic())
+            )
+        except KafkaException as exc:
+            raise broker_error(exc, f"reading the offsets of {topic}/{partition}") from first
+    return int(low), int(high)
+
+
 _warned_static = threading.Event()
 PartitionsCallback = Callable[[list[int]], None]
 
@@ -354,32 +380,9 @@ class _AssignedConsumer(_TopicReader):
             raise broker_error(exc, f"consuming {self._what} failed") from exc
 
     def watermarks(self, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
-        """``(first offset, end offset)`` of the partition, asked of the partition's leader.
-
-        librdkafka finds the leader in its metadata cache, and takes a cached "no leader"
-        (an answer given while the leader's broker was restarting) for a permanent error:
-        it fails at once with "Unknown partition" without asking again, and a client with no
-        partition of the topic assigned has nothing else that would ask, so the answer
-        stayed until the cache expired (15 minutes). After a failure the topic's metadata is
-        asked for again (``list_topics`` refreshes the cache) and the offsets asked once
-        more, so a leader that is back is found at once."""
-        tp = TopicPartition(self.topic, partition)
-        deadline = time.monotonic() + timeout_s
-        try:
-            low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout_s)
-        except KafkaException as first:
-            try:
-                self._consumer.list_topics(
-                    self.topic, timeout=max(0.1, deadline - time.monotonic())
-                )
-                low, high = self._consumer.get_watermark_offsets(
-                    tp, timeout=max(0.1, deadline - time.monotonic())
-                )
-            except KafkaException as exc:
-                raise broker_error(
-                    exc, f"reading the offsets of {self.topic}/{partition}"
-                ) from first
-        return int(low), int(high)
+        """``(first offset, end offset)`` of the partition, asked of the partition's leader
+        (the end as this consumer's isolation level sees it: :func:`_watermarks`)."""
+        return _watermarks(self._consumer, self.topic, partition, timeout_s)
 
     def close(self) -> None:
         try:
@@ -414,7 +417,20 @@ class AcksConsumer(_AssignedConsumer):
 
 
 class ChangelogReader(_AssignedConsumer):
-    """Reads the job store's changelog to restore partitions (``read_committed``)."""
+    """Reads the job store's changelog to restore partitions (``read_committed``).
+
+    Its :meth:`watermarks` give the end as the *high watermark*, not the last stable offset
+    its own ``read_committed`` reads would give. A transaction that has committed can still
+    be undecided on the changelog partition: the coordinator writes the commit markers after
+    ``commit_transaction`` returns, and a marker for a partition whose leader has just moved
+    (a broker cut off) comes seconds later. Until it does, the last stable offset stops before
+    that transaction's records, although its consumed offsets are committed. A claim that
+    restored only that far had offsets past inputs whose state it never read: the jobs they
+    fired were fired again, and a local checkpoint past that end was taken for a changelog
+    that had lost records, and wiped. Reading to the high watermark, a restore waits until
+    every transaction under it is decided (committed ones are applied, aborted ones skipped).
+    A client of its own measures that end: a consumer's isolation level is its whole config's.
+    """
 
     def poll_changes(
         self, max_records: int, timeout_s: float
@@ -463,6 +479,29 @@ class ChangelogReader(_AssignedConsumer):
             },
         )
         super().__init__(settings.topics.changelog(settings.scheduler_app_id), config, "changelog")
+        self._ends_config = {**config, "isolation.level": "read_uncommitted"}
+        self._ends = _client(Consumer, self._ends_config, "changelog end reader")
+
+    def watermarks(self, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
+        """``(first offset, high watermark)`` (see the class doc)."""
+        return _watermarks(self._ends, self.topic, partition, timeout_s)
+
+    def rebuild(self) -> None:
+        """A new reading client (see :meth:`_AssignedConsumer.rebuild`) and a new measuring
+        one: a stale metadata cache can hold either back."""
+        super().rebuild()
+        self._close_ends()
+        self._ends = _client(Consumer, self._ends_config, "changelog end reader")
+
+    def close(self) -> None:
+        super().close()
+        self._close_ends()
+
+    def _close_ends(self) -> None:
+        try:
+            self._ends.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the changelog end reader failed", extra={"error": str(exc)})
 
 
 class TransactionalProducer:

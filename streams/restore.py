@@ -101,7 +101,16 @@ class Restorer(EngineCore):
         changelog records it never restored: the inputs they covered were lost. Read first
         (``require_stable``: the read waits for a pending transactional offset commit to end),
         every offset seen belongs to a transaction whose changelog records are below the end
-        measured afterwards."""
+        measured afterwards.
+
+        That end is the high watermark, and the restore is done when the ``read_committed``
+        reader's position reaches it: only then is every transaction under it decided on the
+        changelog. A transaction whose offsets are committed can still be undecided there (its
+        marker waits for a partition leader that has just moved); the last stable offset stops
+        before it, and a restore to it lost what that transaction changed
+        (:class:`~jobwheel.streams.kafka.ChangelogReader`). The price: a claim behind a
+        transaction left open by a killed owner waits until the broker aborts it (the
+        transaction timeout), as its partition's workers already wait to read past it."""
         assert self.changelog is not None
         if isinstance(task, PartitionTask) and not task.offsets_read:
             if not self._read_committed(task):

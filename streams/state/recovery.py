@@ -2,9 +2,10 @@
 
 The changelog is the truth; the local database is a cache of it with a checkpoint (the next
 changelog offset it has not applied). On claim the engine reads the changelog partition from the
-checkpoint to its end (``read_committed``: aborted transactions are skipped) and hands the
-records here in batches. Each batch is applied in one atomic write together with the new
-checkpoint, so a restore interrupted by a crash resumes where it stopped.
+checkpoint to its end, the high watermark (``read_committed``: aborted transactions are skipped,
+and the read waits for the ones still undecided) and hands the records here in batches. Each
+batch is applied in one atomic write together with the new checkpoint, so a restore interrupted
+by a crash resumes where it stopped.
 
 The wheels are an index of the records' timers, which come from each record's header
 (``jobstate.peek_timers``), so a million records are indexed without parsing a million JSON
@@ -15,8 +16,10 @@ one scan that indexes what is left (:func:`rebuild_index`); an ``index pending``
 database says a crash interrupted it, and the next claim starts over.
 
 The checkpoint is trusted only when it fits the changelog: a checkpoint below the changelog's
-first offset or beyond its end (the topic was recreated, records were deleted) means the local
-state cannot be brought up to date, and it is wiped and rebuilt from the start.
+first offset or beyond its high watermark (the topic was recreated, records were deleted) means
+the local state cannot be brought up to date, and it is wiped and rebuilt from the start. (Past
+the last stable offset is no such sign: the owner's last transaction may be committed and its
+marker not written yet.)
 
 Pure of Kafka: the engine reads the topic; this module only applies what it is given.
 """

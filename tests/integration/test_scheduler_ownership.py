@@ -14,11 +14,13 @@ import os
 import secrets
 import signal
 import struct
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
@@ -37,7 +39,7 @@ from tests.integration.scheduler_support import (
     start_scheduler,
     wait_owns_all,
 )
-from tests.support import HarnessError, log_tail, scaled, wait_until
+from tests.support import HarnessError, log_tail, scaled, stop, wait_until
 
 CODEC = default_codec()
 #: No run expires by time alone during a test: a second attempt is a wrong expiry.
@@ -365,5 +367,103 @@ def test_a_claim_reads_the_committed_offsets_before_it_measures_the_changelog(
         f"the new owner never made the partition ready:\n{log_tail(new.log_path)}",
     )
     assert ready[0]["next_due_ms"] == due, "the new owner restored state without the job"
+    tail.wait(lambda: tail.runs_of(job), scaled(90), "the job never fired")
+    assert len(tail.runs_of(job)) == 1
+
+
+def hold_transaction_open(settings: Settings, topic: str, partition: int) -> Producer:
+    """A transaction of another producer, open on ``topic``/``partition`` with one record: the
+    partition's last stable offset stops before it until the transaction is decided, as it does
+    while a committed transaction's marker waits for a leader that has just moved (the marker
+    is written after ``commit_transaction`` returns). The caller aborts it."""
+    producer = Producer(
+        settings.librdkafka(
+            **{
+                "transactional.id": f"{settings.scheduler_app_id}-test-undecided",
+                "transaction.timeout.ms": 300_000,
+            }
+        )
+    )
+    producer.init_transactions(scaled(30))
+    producer.begin_transaction()
+    # A tombstone of a key no job has: harmless even if read.
+    producer.produce(topic, key=b"test-undecided", value=None, partition=partition)
+    if producer.flush(scaled(30)) != 0:
+        raise HarnessError("the undecided transaction's record was not delivered")
+    return producer
+
+
+@pytest.mark.parametrize("disk", ["new", "same"])
+def test_a_claim_restores_the_committed_changelog_behind_an_undecided_transaction(
+    settings, jobwheel_env, procs, tmp_path, tail, disk
+):
+    """A transaction undecided on a changelog partition hides the records committed after it
+    from a ``read_committed`` reader's end (the last stable offset). In a broker cut off mid-
+    commit that is the owner's own committed transaction, whose marker waits for a new leader;
+    here another producer holds one open. A claim that restored to the last stable offset lost
+    the job committed behind it (its command's offset was committed, its state never read): on
+    a new disk it restored too little, on the same disk it took its checkpoint, past that end,
+    for a changelog that had lost records and wiped it. The claim must read to the high
+    watermark, and so waits until the transaction is decided; then the job is restored and
+    fires once."""
+    changelog = settings.topics.changelog(settings.scheduler_app_id)
+    old = start_scheduler(procs, jobwheel_env, tmp_path / "old")
+    wait_owns_all(old, settings.partitions)
+    job = f"behind-undecided-{disk}"
+    p = partition_for(job, settings.partitions)
+    undecided = hold_transaction_open(settings, changelog, p)
+    try:
+        due = now_ms() + int(scaled(30_000))
+        with JobClient(settings) as client:
+            client.schedule(
+                job,
+                task="demo.echo",
+                at=datetime.fromtimestamp(due / 1000, UTC),
+                visibility_timeout=VISIBILITY,
+            )
+        # Committed by the owner (its status event comes in the same transaction as its
+        # changelog record, past the undecided one), then the owner stops cleanly.
+        tail.wait(lambda: tail.events(job, State.SCHEDULED), scaled(60), f"{job} never scheduled")
+        assert stop(old, signal.SIGTERM, 30) == 0, log_tail(old.log_path)
+        new = start_scheduler(
+            procs,
+            jobwheel_env,
+            tmp_path / ("new" if disk == "new" else "old"),
+            wait=False,
+            log_name=f"claim-{disk}",
+        )
+
+        def ready(partition: int) -> list[dict]:
+            return [
+                e
+                for e in log_events(new.log_path, "partition ready")
+                if e["partition"] == partition
+            ]
+
+        # Every other partition restores; this one waits for the transaction to be decided.
+        others = [q for q in range(settings.partitions) if q != p]
+        wait_until(
+            lambda: all(ready(q) for q in others),
+            scaled(60),
+            0.1,
+            f"the new owner never made the other partitions ready:\n{log_tail(new.log_path)}",
+        )
+        measured = [
+            e for e in log_events(new.log_path, "changelog measured") if e["partition"] == p
+        ]
+        assert measured, log_tail(new.log_path)
+        time.sleep(2)  # the negative check's span: the partition is still restoring
+        assert ready(p) == [], "restored before the transaction under its end was decided"
+        undecided.abort_transaction(scaled(30))
+    finally:
+        undecided.flush(0)
+    restored = wait_until(
+        lambda: ready(p),
+        scaled(60),
+        0.1,
+        f"the new owner never made the partition ready:\n{log_tail(new.log_path)}",
+    )
+    assert restored[0]["next_due_ms"] == due, "the claim restored state without the job"
+    assert not log_events(new.log_path, "local state does not fit the changelog")
     tail.wait(lambda: tail.runs_of(job), scaled(90), "the job never fired")
     assert len(tail.runs_of(job)) == 1
