@@ -6,10 +6,17 @@ worker and the status sink (the scheduler's own are in ``streams/kafka.py``)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from jobwheel.errors import BrokerError
 from jobwheel.kafka.config import Service
@@ -159,6 +166,18 @@ def with_static_assignor(config: dict[str, Any], *, chosen: bool) -> dict[str, A
 Pairs = list[tuple[str, int]]
 PairsCallback = Callable[[Pairs], None]
 
+#: How long after its assignment a partition that has given no record may be assigned again
+#: when its committed offset was not fetched (:meth:`GroupConsumer._fetch_offsets_again`).
+#: The failed fetch is reported within seconds of the assignment.
+FRESH_S = 120.0
+
+
+def offsets_not_fetched(err: KafkaError) -> bool:
+    """The consumer error librdkafka reports when the committed offsets of newly assigned
+    partitions could not be fetched because the group coordinator had moved ("Failed to fetch
+    committed offsets for 0 partition(s) ...: Broker: Not coordinator")."""
+    return err.code() == KafkaError.NOT_COORDINATOR and "committed offsets" in err.str()
+
 
 class GroupConsumer:
     """A consumer group member that speaks ``(topic, partition)`` pairs and :class:`Record`
@@ -172,6 +191,10 @@ class GroupConsumer:
         except KafkaException as exc:
             raise broker_error(exc, f"could not create the {what}; check kafka_config") from exc
         self._closed = False
+        #: Assigned partitions that have given no record yet -> when they were assigned.
+        self._fresh: dict[tuple[str, int], float] = {}
+        #: Partitions the caller paused (kept paused when they are assigned again).
+        self._paused: set[tuple[str, int]] = set()
 
     def subscribe(
         self,
@@ -186,11 +209,23 @@ class GroupConsumer:
         def pairs(tps: list[TopicPartition]) -> Pairs:
             return [(tp.topic, tp.partition) for tp in tps]
 
+        def assigned(tps: list[TopicPartition]) -> None:
+            now = time.monotonic()
+            for pair in pairs(tps):
+                self._fresh[pair] = now
+            on_assign(pairs(tps))
+
+        def gone(callback: PairsCallback, tps: list[TopicPartition]) -> None:
+            for pair in pairs(tps):
+                self._fresh.pop(pair, None)
+                self._paused.discard(pair)
+            callback(pairs(tps))
+
         self._consumer.subscribe(
             topics,
-            on_assign=lambda _c, tps: on_assign(pairs(tps)),
-            on_revoke=lambda _c, tps: on_revoke(pairs(tps)),
-            on_lost=lambda _c, tps: on_lost(pairs(tps)),
+            on_assign=lambda _c, tps: assigned(tps),
+            on_revoke=lambda _c, tps: gone(on_revoke, tps),
+            on_lost=lambda _c, tps: gone(on_lost, tps),
         )
 
     def consume(self, max_records: int, timeout_s: float) -> list[Record]:
@@ -199,7 +234,54 @@ class GroupConsumer:
             messages = self._consumer.consume(max_records, timeout_s)
         except KafkaException as exc:
             raise broker_error(exc, f"{self.what}: consuming failed") from exc
-        return records(messages, f"{self.what}: consuming")
+        out = records(messages, f"{self.what}: consuming")
+        if self._fresh:
+            self._forget_fresh(out)
+            if len(out) < len(messages) and any(
+                (err := msg.error()) is not None and offsets_not_fetched(err) for msg in messages
+            ):
+                self._fetch_offsets_again()
+        return out
+
+    def _forget_fresh(self, out: list[Record]) -> None:
+        """Partitions that gave a record (or were assigned long ago) are fetching."""
+        fresh = self._fresh
+        for record in out:
+            fresh.pop((record.topic, record.partition), None)
+        oldest = time.monotonic() - FRESH_S
+        for pair in [pair for pair, at in fresh.items() if at < oldest]:
+            del fresh[pair]
+
+    def _fetch_offsets_again(self) -> None:
+        """Assign the partitions that have given no record since their assignment again, so
+        librdkafka fetches their committed offsets once more.
+
+        When that fetch fails as a whole with "Not coordinator" (a broker that woke from a
+        freeze, a coordinator that moved), librdkafka leaves the partitions waiting for an
+        answer that never comes and never asks again (librdkafka issue 5586): they are owned,
+        never fetched, and their runs never run, while the consumer stays a healthy member.
+        Those partitions gave no record yet, so assigning them again skips and repeats
+        nothing: each starts at its committed offset, where it would have started. A partition
+        that is fetching and merely idle is among them, harmlessly. A new failure is reported
+        again and answered the same way."""
+        again = [TopicPartition(t, p) for t, p in self._fresh]
+        paused = [tp for tp in again if (tp.topic, tp.partition) in self._paused]
+        try:
+            self._consumer.incremental_unassign(again)
+            self._consumer.incremental_assign(again)
+            if paused:
+                self._consumer.pause(paused)
+        except KafkaException as exc:
+            log.warning(
+                f"{self.what}: assigning partitions again to fetch their offsets failed",
+                extra={"error": str(exc)},
+            )
+            return
+        log.warning(
+            f"{self.what}: the committed offsets of assigned partitions were not fetched "
+            "(the group coordinator moved); assigning them again",
+            extra={"partitions": sorted(self._fresh)},
+        )
 
     def commit(
         self,
@@ -244,10 +326,12 @@ class GroupConsumer:
     def pause(self, pairs: Pairs) -> None:
         if pairs:
             self._consumer.pause([TopicPartition(t, p) for t, p in pairs])
+            self._paused.update(pairs)
 
     def resume(self, pairs: Pairs) -> None:
         if pairs:
             self._consumer.resume([TopicPartition(t, p) for t, p in pairs])
+            self._paused.difference_update(pairs)
 
     def assignment(self) -> Pairs:
         return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
