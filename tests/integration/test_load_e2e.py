@@ -55,7 +55,7 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
         assert 0.5 * total <= sum(families.values()) <= total + ticks, (role, total, families)
     scheduler = result.cpu_s_per_job_by_family["scheduler"]
     assert scheduler["python"] > 0 and scheduler["librdkafka"] > 0, scheduler
-    # Where a due run waited in the scheduler, from its metrics over the measured span: the
+    # Where a due run waited in the scheduler, from its metrics from the first due time on: the
     # measured jobs' runs went out in transactions, each with time in every phase.
     transactions = result.transactions
     assert transactions is not None and transactions["count"] >= 1, transactions
