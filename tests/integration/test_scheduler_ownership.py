@@ -87,6 +87,17 @@ def job_in(partition: int, partitions: int, prefix: str) -> str:
     )
 
 
+def schedule_echo(settings: Settings, job: str, due_ms: int) -> None:
+    """One ``demo.echo`` job due at ``due_ms`` that no deadline expires during a test."""
+    with JobClient(settings) as client:
+        client.schedule(
+            job,
+            task="demo.echo",
+            at=datetime.fromtimestamp(due_ms / 1000, UTC),
+            visibility_timeout=VISIBILITY,
+        )
+
+
 def reclaim(engine: SchedulerEngine, partition: int) -> None:
     """The partition is revoked (a standby copy is left) and assigned here again."""
     engine._on_revoke([partition])
@@ -106,13 +117,7 @@ def test_a_reclaimed_partition_does_not_count_the_acks_its_last_ownership_droppe
     p = 0
     job = job_in(p, settings.partitions, "beat")
     with engine_of(settings, clock) as engine:
-        with JobClient(settings) as client:
-            client.schedule(
-                job,
-                task="demo.echo",
-                at=datetime.fromtimestamp(dispatched / 1000, UTC),
-                visibility_timeout=VISIBILITY,
-            )
+        schedule_echo(settings, job, dispatched)
         step_until(engine, lambda: tail.runs_of(job), "the job never fired")
         [run] = tail.runs_of(job)
 
@@ -330,13 +335,7 @@ def test_a_claim_reads_the_committed_offsets_before_it_measures_the_changelog(
     job = "stalled-claim"
     due = now_ms() + 40_000
     p = partition_for(job, settings.partitions)
-    with JobClient(settings) as client:
-        client.schedule(
-            job,
-            task="demo.echo",
-            at=datetime.fromtimestamp(due / 1000, UTC),
-            visibility_timeout=VISIBILITY,
-        )
+    schedule_echo(settings, job, due)
     # The transaction that schedules it is open: stop its owner in the hook before its commit.
     changelog = settings.topics.changelog(settings.scheduler_app_id)
     wait_written(settings, changelog, p, job.encode(), timeout_s=90)
@@ -414,13 +413,7 @@ def test_a_claim_restores_the_committed_changelog_behind_an_undecided_transactio
     undecided = hold_transaction_open(settings, changelog, p)
     try:
         due = now_ms() + int(scaled(30_000))
-        with JobClient(settings) as client:
-            client.schedule(
-                job,
-                task="demo.echo",
-                at=datetime.fromtimestamp(due / 1000, UTC),
-                visibility_timeout=VISIBILITY,
-            )
+        schedule_echo(settings, job, due)
         # Committed by the owner (its status event comes in the same transaction as its
         # changelog record, past the undecided one), then the owner stops cleanly.
         tail.wait(lambda: tail.events(job, State.SCHEDULED), scaled(60), f"{job} never scheduled")
