@@ -177,13 +177,18 @@ class Restorer(EngineCore):
         stalled_s = now - seen[1]
         if stalled_s < self.settings.scheduler_restore_stall_ms / 1000:
             return False
+        task = self.tasks.get(partition)
         log.error(
             "restore made no progress; replacing the changelog consumer",
             extra={
                 "partition": partition,
                 "position": position,
+                "end": task.restore.end if task is not None and task.restore.reading else None,
                 "stalled_s": round(stalled_s, 1),
                 "setting": "JOBWHEEL_SCHEDULER_RESTORE_STALL_MS",
+                "causes": "a transaction under the end not decided yet (its commit marker "
+                "waiting for a partition leader, or one left open until the transaction "
+                "timeout aborts it), or a client's stale state",
             },
         )
         self.stats.changelog_rebuilds += 1
