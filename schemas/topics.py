@@ -28,6 +28,9 @@ DEFAULT_PARTITIONS = 12
 DEFAULT_REPLICATION_FACTOR: int | None = None
 
 DAY_MS = 24 * 3600 * 1000
+#: How long the changelog keeps a deletion (tombstone) once compaction has reached it (Kafka's
+#: default, declared so that the scheduler's bound on a stale local state follows it).
+CHANGELOG_DELETE_RETENTION_MS = DAY_MS
 
 #: The scheduler's state store: job id -> job state, backed by the compacted changelog topic
 #: ``<scheduler app id>-jobs-changelog`` with the requests topic's partition count (partition
@@ -224,7 +227,13 @@ class Topics:
     def changelog_specs(self, app_id: str) -> list[TopicSpec]:
         # Compacted: a restore reads each job's latest record, not its history. Segments roll
         # at 64 MiB so the history of busy partitions gets compacted away soon.
-        config = {"cleanup.policy": "compact", "segment.bytes": str(64 * 1024 * 1024)}
+        # A tombstone is kept CHANGELOG_DELETE_RETENTION_MS after compaction reaches it; a local
+        # state older than half of that is rebuilt rather than caught up (streams.state.recovery).
+        config = {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(64 * 1024 * 1024),
+            "delete.retention.ms": str(CHANGELOG_DELETE_RETENTION_MS),
+        }
         return [TopicSpec(self.changelog(app_id), self.partitions, self.replication_factor, config)]
 
     def runs_spec(self, queue: str) -> TopicSpec:

@@ -139,7 +139,7 @@ class Restorer(EngineCore):
             start = task.backend.checkpoint()
             plan_start, fresh = (start if start is not None else low), True
         else:
-            plan = plan_restore(task.backend, low, high)
+            plan = plan_restore(task.backend, low, high, now_ms=self.clock.now_ms())
             plan_start, fresh = plan.start, plan.fresh
         task.restore.end = high
         task.restore.next = plan_start

@@ -180,7 +180,7 @@ class TaskManager(EngineCore):
 
     def _open_standby(self, partition: int) -> StandbyTask:
         """Open a partition's local state, not owned (yet)."""
-        backend = RocksDBBackend(self.directory.partition(partition), self.resources)
+        backend = RocksDBBackend(self.directory.partition(partition), self.resources, self.clock)
         state = PartitionState(backend, self.settings.scheduler_record_cache)
         return StandbyTask(partition, backend, state)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import rocksdict
 
+from jobwheel.clock import Clock, SystemClock
 from jobwheel.errors import RecordTooLargeError
 from jobwheel.streams.jobstate import (
     DEADLINES,
@@ -52,6 +53,9 @@ WHEEL_VALUE = encode_value(b"")
 _CHECKPOINT = b"changelog.checkpoint"
 _INDEX_PENDING = b"index.pending"
 _OFFSET = struct.Struct(">q")
+#: The checkpoint's value since the state writes no log: the offset and the wall-clock
+#: milliseconds it was written at (a value of ``_OFFSET`` alone: written before, time unknown).
+_STAMPED = struct.Struct(">qq")
 
 #: ``{wheel: {key: value or None}}``: changes to the two wheels, as a batch.
 WheelChanges = dict[int, dict[bytes, bytes | None]]
@@ -93,6 +97,11 @@ class StateBackend(ABC):
         """The changelog offset the state has applied up to (next offset to read), or None."""
 
     @abstractmethod
+    def checkpoint_written_ms(self) -> int | None:
+        """When the checkpoint was written, by the clock the backend was given (None: not
+        known, a checkpoint written by an older release)."""
+
+    @abstractmethod
     def wipe(self) -> None:
         """Forget everything (the changelog is replayed from its start)."""
 
@@ -115,11 +124,13 @@ class StateBackend(ABC):
 class MemoryBackend(StateBackend):
     """The same contract in dicts, for unit tests and tools."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.jobs = MemoryKeyValueStore()
         self.timers = MemoryWheelStore()
         self.deadlines = MemoryWheelStore()
+        self._clock = clock or SystemClock()
         self._checkpoint: int | None = None
+        self._written_ms: int | None = None
         self._index_pending = False
 
     def index_pending(self) -> bool:
@@ -146,14 +157,18 @@ class MemoryBackend(StateBackend):
                     store.put(key, value)
         if checkpoint is not None:
             self._checkpoint = checkpoint
+            self._written_ms = self._clock.now_ms()
 
     def checkpoint(self) -> int | None:
         return self._checkpoint
 
+    def checkpoint_written_ms(self) -> int | None:
+        return self._written_ms
+
     def wipe(self) -> None:
         for store in (self.jobs, self.timers, self.deadlines):
             store.clear()
-        self._checkpoint = None
+        self._checkpoint = self._written_ms = None
         self._index_pending = False
 
 
@@ -166,9 +181,10 @@ class RocksDBBackend(StateBackend):
 
     FAMILIES = ("timers", "deadlines", "meta")
 
-    def __init__(self, path: Path, resources: RocksDBResources) -> None:
+    def __init__(self, path: Path, resources: RocksDBResources, clock: Clock | None = None) -> None:
         self.path = path
         self.resources = resources
+        self._clock = clock or SystemClock()
         self._open()
         self.jobs = RocksDBKeyValueStore(self.db)
         self.timers = RocksDBWheelStore(self._cf["timers"])
@@ -198,13 +214,18 @@ class RocksDBBackend(StateBackend):
                 else:
                     batch.put(key, value, handle)
         if checkpoint is not None:
-            batch.put(_CHECKPOINT, _OFFSET.pack(checkpoint), self._handles["meta"])
+            stamped = _STAMPED.pack(checkpoint, self._clock.now_ms())
+            batch.put(_CHECKPOINT, stamped, self._handles["meta"])
         if not batch.is_empty():
             self.db.write(batch)
 
     def checkpoint(self) -> int | None:
         raw = self._cf["meta"].get(_CHECKPOINT)
-        return None if raw is None else int(_OFFSET.unpack(raw)[0])
+        return None if raw is None else int(_OFFSET.unpack_from(raw)[0])
+
+    def checkpoint_written_ms(self) -> int | None:
+        raw = self._cf["meta"].get(_CHECKPOINT)
+        return int(_STAMPED.unpack(raw)[1]) if raw and len(raw) == _STAMPED.size else None
 
     def index_pending(self) -> bool:
         return self._cf["meta"].get(_INDEX_PENDING) is not None

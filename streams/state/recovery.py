@@ -19,7 +19,11 @@ The checkpoint is trusted only when it fits the changelog: a checkpoint below th
 first offset or beyond its high watermark (the topic was recreated, records were deleted) means
 the local state cannot be brought up to date, and it is wiped and rebuilt from the start. (Past
 the last stable offset is no such sign: the owner's last transaction may be committed and its
-marker not written yet.)
+marker not written yet.) Nor is a checkpoint older than :data:`MAX_CHECKPOINT_AGE_MS` with
+records after it: compaction may have dropped deletions it would miss. A state can be that old
+on a disk left alone (a scheduler stopped for days) and, since the database writes no log of its
+own (:mod:`jobwheel.streams.state.rocksdb`), in a killed process that had written little since
+its memtables were last flushed.
 
 Pure of Kafka: the engine reads the topic; this module only applies what it is given.
 """
@@ -30,6 +34,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jobwheel.schemas.topics import CHANGELOG_DELETE_RETENTION_MS
 from jobwheel.streams.jobstate import DEADLINES, TIMERS, peek_timers
 from jobwheel.streams.state.partition import WHEEL_VALUE, StateBackend, WheelChanges, index_changes
 from jobwheel.streams.wheel import entry_key
@@ -51,13 +56,29 @@ class RestorePlan:
     fresh: bool
 
 
-def plan_restore(backend: StateBackend, low: int, high: int) -> RestorePlan:
+def plan_restore(backend: StateBackend, low: int, high: int, *, now_ms: int) -> RestorePlan:
     """Decide where to read from, given the changelog partition's first (``low``) and end
     (``high``) offsets; wipes a local state that cannot be caught up."""
     checkpoint = backend.checkpoint()
     pending = backend.index_pending()
     if checkpoint is not None and low <= checkpoint <= high and not pending:
-        return RestorePlan(checkpoint, high, wiped=False, fresh=False)
+        written = backend.checkpoint_written_ms()
+        age_ms = None if written is None else now_ms - written
+        if checkpoint == high or (age_ms is not None and age_ms <= MAX_CHECKPOINT_AGE_MS):
+            return RestorePlan(checkpoint, high, wiped=False, fresh=False)
+        log.warning(
+            "local state is older than the changelog keeps deletions; rebuilding it from the "
+            "changelog",
+            extra={
+                "checkpoint": checkpoint,
+                "checkpoint_age_ms": age_ms,  # None: written by a release that kept no time
+                "max_age_ms": MAX_CHECKPOINT_AGE_MS,
+                "changelog_end": high,
+            },
+        )
+        backend.wipe()
+        backend.set_index_pending(True)
+        return RestorePlan(low, high, wiped=True, fresh=True)
     wiped = checkpoint is not None
     if wiped:
         log.warning(
@@ -75,6 +96,12 @@ def plan_restore(backend: StateBackend, low: int, high: int) -> RestorePlan:
 
 
 _NO_WHEELS: WheelChanges = {TIMERS: {}, DEADLINES: {}}
+
+#: The oldest checkpoint caught up from rather than rebuilt from scratch. Compaction drops a
+#: deleted job's older records at once and its tombstone CHANGELOG_DELETE_RETENTION_MS later:
+#: a local state older than that could read neither, keep the job as it once was, and fire a
+#: job that finished and was forgotten long ago. Half of it leaves a margin for clocks.
+MAX_CHECKPOINT_AGE_MS = CHANGELOG_DELETE_RETENTION_MS // 2
 
 
 def apply_batch(

@@ -9,6 +9,19 @@ an RSS that grows with the number of partitions and jobs. :class:`RocksDBLimits`
 the bounds are chosen, and :class:`RocksDBResources` shares ONE block cache and ONE memtable
 budget (a write buffer manager charged to that cache) between every database of the process, so
 memory stays flat whatever the number of partitions or pending jobs.
+
+Durability: no write-ahead log. The changelog is the state's log and the database a cache of
+it with a checkpoint, so RocksDB's own log only made every commit's batch be written twice
+(Kafka Streams' stores write none either): a third of committing the state, measured
+(``load.processor_bench --commit-every 25``). A process killed loses what RocksDB had not
+flushed from its memtables yet, however old: a quiet partition flushes rarely, and the claim
+rebuilds a state too old to catch up (``recovery.MAX_CHECKPOINT_AGE_MS``). Flushes are atomic
+across the column families (``atomic_flush``), so what survives is the database as an earlier
+batch left it, records, wheel entries and checkpoint together, and the next claim restores the
+rest from the changelog. Without atomic flushes a column family could survive newer than
+another (the records past the checkpoint, the wheels behind the records). A clean close flushes
+everything. A manual flush would not keep that promise (it flushes one column family): none is
+made.
 """
 
 from __future__ import annotations
@@ -21,6 +34,10 @@ from pathlib import Path
 import rocksdict
 
 from jobwheel.streams.state.base import KeyValueStore, WheelStore
+
+#: Every write of a database opened here: no write-ahead log (see the module doc).
+_NO_LOG = rocksdict.WriteOptions()
+_NO_LOG.disable_wal = True
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,7 @@ class RocksDBResources:
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
         options.create_missing_column_families(True)
+        options.set_atomic_flush(True)  # a database-wide option: see the module doc
         options.set_write_buffer_size(self.limits.write_buffer_bytes)
         options.set_max_write_buffer_number(self.limits.max_write_buffers)
         options.set_write_buffer_manager(self.write_buffers)
@@ -90,9 +108,11 @@ class RocksDBResources:
         """Open (creating if needed) a database and its column families; the default family
         holds point-looked-up records, the others are scanned."""
         families = {name: self.options() for name in column_families}
-        return rocksdict.Rdict(
+        db = rocksdict.Rdict(
             str(path), options=self.options(point_lookups=True), column_families=families or None
         )
+        db.set_write_options(_NO_LOG)  # before its column families are taken: they inherit it
+        return db
 
 
 class RocksDBKeyValueStore(KeyValueStore):

@@ -254,8 +254,8 @@ def test_a_finished_job_leaves_the_state_the_changelog_and_the_topics(
         tail.wait(lambda: tail.events("kept", State.PAUSED), 30, "the job was not PAUSED")
 
         # Compaction leaves nothing of the deleted job but its tombstone (kept for the topic's
-        # delete.retention.ms, a day by default); the live job keeps its latest record (the
-        # positive in the same read as the negative).
+        # delete.retention.ms, a day, declared by its spec); the live job keeps its latest
+        # record (the positive in the same read as the negative).
         def compacted() -> list[tuple[bytes | None, bytes | None]] | None:
             records = read_records(settings, changelog)
             return records if values_of(records, "gone") == [None] else None

@@ -4,11 +4,16 @@ built (memory and real RocksDB)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from jobwheel.clock import ManualClock
 from jobwheel.schemas.models import At, Every, JobCommand, Now, ScheduleJob, State, StatusEvent
 from jobwheel.streams.jobstate import decode_job, encode_job, peek_timers, timers_of
 from jobwheel.streams.processor import SchedulerProcessor
@@ -18,19 +23,25 @@ from jobwheel.streams.state.partition import (
     RocksDBBackend,
     StateBackend,
 )
-from jobwheel.streams.state.recovery import apply_batch, plan_restore, rebuild_index
+from jobwheel.streams.state.recovery import (
+    MAX_CHECKPOINT_AGE_MS,
+    apply_batch,
+    plan_restore,
+    rebuild_index,
+)
 from jobwheel.streams.state.rocksdb import RocksDBLimits
 
-T0 = 1_800_000_000_000
+T0 = 1_800_000_000_000  # fixed date: the processor and the checkpoints get it passed in
 LIMITS = RocksDBLimits(
     block_cache_bytes=1 << 20, write_buffer_bytes=1 << 20, total_write_buffer_bytes=4 << 20
 )
 
 
 def make_backend(kind: str, path: Path) -> StateBackend:
+    """A backend whose checkpoints are stamped T0 (``plan_restore(..., now_ms=T0)``)."""
     if kind == "memory":
-        return MemoryBackend()
-    return RocksDBBackend(path, LIMITS.resources())
+        return MemoryBackend(ManualClock(T0))
+    return RocksDBBackend(path, LIMITS.resources(), ManualClock(T0))
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -228,6 +239,62 @@ def test_rocksdb_state_survives_reopen(tmp_path: Path) -> None:
         reopened.close()
 
 
+#: A process that commits one job per transaction to a partition's RocksDB state, the way the
+#: engine does (records, wheel entries and checkpoint in one batch), then is SIGKILLed.
+_KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from jobwheel.schemas.models import At, JobCommand, ScheduleJob
+from jobwheel.streams.processor import SchedulerProcessor
+from jobwheel.streams.state.partition import PartitionState, RocksDBBackend
+from jobwheel.streams.state.rocksdb import RocksDBLimits
+
+path, jobs, t0 = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+limits = RocksDBLimits(block_cache_bytes=1 << 20, write_buffer_bytes=64 << 10,
+                       total_write_buffer_bytes=1 << 20)
+state = PartitionState(RocksDBBackend(path, limits.resources()))
+processor = SchedulerProcessor(0, state)
+for i in range(jobs):
+    job = f"job-{i:06d}"
+    processor.on_command(JobCommand(f"c-{i}", job, t0, ScheduleJob("demo.echo", At(t0 + i))), t0)
+    state.commit(checkpoint=i + 1)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_process_leaves_its_state_as_an_earlier_commit_left_it(tmp_path: Path) -> None:
+    """The local state writes no log of its own (the changelog is its log): a SIGKILL loses
+    the commits RocksDB had not flushed yet. What survives must be one earlier commit's state
+    whole, its records, their wheel entries and its checkpoint together, for the claim to
+    restore the rest from the checkpoint on."""
+    path, jobs = tmp_path / "p0", 6000
+    writer = subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(path), str(jobs), str(T0)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert writer.returncode == -signal.SIGKILL, writer.stderr
+    backend = RocksDBBackend(path, LIMITS.resources())
+    try:
+        checkpoint = backend.checkpoint()
+        assert checkpoint is not None, "no commit survived: the writer never flushed"
+        records = {key: decode_job(value) for key, value in backend.job_items()}
+        assert sorted(job.job_id for job in records.values()) == [
+            f"job-{i:06d}" for i in range(checkpoint)
+        ], f"the records are not those of the commits under checkpoint {checkpoint}"
+        state = PartitionState(backend)
+        expected = sorted(
+            (due, job.job_id) for job in records.values() for _w, due, _t in timers_of(job)
+        )
+        found = sorted((entry.due_ms, entry.job_id) for entry in state.timers.due(2**62, jobs + 1))
+        assert found == expected, "the wheel entries are not those of the surviving records"
+        plan = plan_restore(backend, 0, jobs, now_ms=int(time.time() * 1000))
+        assert (plan.start, plan.wiped, plan.fresh) == (checkpoint, False, False)
+    finally:
+        backend.close()
+
+
 def test_a_second_process_cannot_open_the_same_partition(tmp_path: Path) -> None:
     first = RocksDBBackend(tmp_path / "p1", LIMITS.resources())
     try:
@@ -264,7 +331,7 @@ def test_restore_rebuilds_exactly_what_the_live_path_built(kind: str, tmp_path: 
     jobs = {f"j{i}".encode() for i in range(30)}
     # From scratch (a new owner's empty disk): records first, the index at the end.
     restored = make_backend(kind, tmp_path / "restored")
-    plan = plan_restore(restored, 0, len(changelog))
+    plan = plan_restore(restored, 0, len(changelog), now_ms=T0)
     assert (plan.start, plan.end, plan.wiped, plan.fresh) == (0, len(changelog), False, True)
     for start in range(0, len(changelog), 7):  # in batches, as the engine reads them
         batch = changelog[start : start + 7]
@@ -277,10 +344,10 @@ def test_restore_rebuilds_exactly_what_the_live_path_built(kind: str, tmp_path: 
     # Catching up a tail: each record re-indexed as it is applied.
     tail = make_backend(kind, tmp_path / "tail")
     half = len(changelog) // 2
-    plan = plan_restore(tail, 0, half)
+    plan = plan_restore(tail, 0, half, now_ms=T0)
     apply_batch(tail, changelog[:half], half, fresh=True)
     rebuild_index(tail)
-    plan = plan_restore(tail, 0, len(changelog))
+    plan = plan_restore(tail, 0, len(changelog), now_ms=T0)
     assert (plan.start, plan.fresh) == (half, False)
     for start in range(half, len(changelog), 5):
         batch = changelog[start : start + 5]
@@ -295,10 +362,45 @@ def test_a_checkpoint_that_does_not_fit_the_changelog_is_wiped(backend: StateBac
     state = PartitionState(backend)
     SchedulerProcessor(0, state).on_command(cmd("a", Now()), T0)
     state.commit(checkpoint=500)
-    assert plan_restore(backend, 0, 800).start == 500  # fits: only the tail is read
-    plan = plan_restore(backend, 0, 100)  # the changelog is shorter: it was recreated
+    assert plan_restore(backend, 0, 800, now_ms=T0).start == 500  # fits: only the tail is read
+    plan = plan_restore(backend, 0, 100, now_ms=T0)  # the changelog is shorter: it was recreated
     assert plan.wiped and plan.fresh and plan.start == 0
     assert backend.checkpoint() is None and backend.jobs.get(b"a") is None
+
+
+def test_a_checkpoint_older_than_the_changelog_keeps_deletions_is_rebuilt(
+    backend: StateBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Compaction drops a deleted job's records at once and its tombstone a day later: a state
+    older than that could replay neither and keep a finished job as it once was (due, to fire
+    again). Past the bound with records to read it is rebuilt; up to date, it is kept."""
+    state = PartitionState(backend)
+    SchedulerProcessor(0, state).on_command(cmd("a", At(T0 + 1000)), T0)
+    state.commit(checkpoint=500)
+    old = T0 + MAX_CHECKPOINT_AGE_MS + 1
+    assert plan_restore(backend, 0, 800, now_ms=T0 + MAX_CHECKPOINT_AGE_MS).start == 500
+    assert plan_restore(backend, 0, 500, now_ms=old).start == 500  # nothing after it to miss
+    plan = plan_restore(backend, 0, 800, now_ms=old)
+    assert (plan.start, plan.wiped, plan.fresh) == (0, True, True)
+    assert backend.checkpoint() is None and backend.jobs.get(b"a") is None
+    assert "older than the changelog keeps deletions" in caplog.text
+
+
+def test_a_checkpoint_written_without_its_time_is_rebuilt(tmp_path: Path) -> None:
+    """A state written by a release that kept no time with its checkpoint: its age is not
+    known, so it is rebuilt once (a new checkpoint carries its time)."""
+    backend = RocksDBBackend(tmp_path / "p0", LIMITS.resources(), ManualClock(T0))
+    try:
+        state = PartitionState(backend)
+        SchedulerProcessor(0, state).on_command(cmd("a", At(T0 + 1000)), T0)
+        state.commit(checkpoint=500)
+        assert backend.checkpoint_written_ms() == T0
+        backend.db.get_column_family("meta").put(b"changelog.checkpoint", (500).to_bytes(8, "big"))
+        assert (backend.checkpoint(), backend.checkpoint_written_ms()) == (500, None)
+        assert plan_restore(backend, 0, 500, now_ms=T0).start == 500
+        assert plan_restore(backend, 0, 800, now_ms=T0).wiped
+    finally:
+        backend.close()
 
 
 def test_a_rollback_undoes_one_key_and_keeps_the_rest_of_the_transaction(backend) -> None:
