@@ -295,6 +295,39 @@ def test_a_killed_process_leaves_its_state_as_an_earlier_commit_left_it(tmp_path
         backend.close()
 
 
+_KILLED_MARKER = """
+import os, signal, sys
+from pathlib import Path
+from jobwheel.streams.state.partition import RocksDBBackend
+from jobwheel.streams.state.rocksdb import RocksDBLimits
+
+backend = RocksDBBackend(Path(sys.argv[1]), RocksDBLimits().resources())
+backend.set_index_pending(True)  # a restore from scratch begins: the mark, then the records
+backend.write({b"job": b"record"}, {0: {}, 1: {}}, 7)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_index_mark_is_not_kept_without_what_it_marks(tmp_path: Path) -> None:
+    """Writes outside a batch (the index mark of a restore from scratch, written on the meta
+    column family directly) go without the log too: a mark that survived a kill through a log
+    while the records after it did not would order the database's history differently from how
+    it was written (a mark cleared through the log, the index it vouches for lost)."""
+    writer = subprocess.run(
+        [sys.executable, "-c", _KILLED_MARKER, str(tmp_path / "p0")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert writer.returncode == -signal.SIGKILL, writer.stderr
+    backend = RocksDBBackend(tmp_path / "p0", LIMITS.resources())
+    try:
+        kept = (backend.index_pending(), backend.checkpoint(), list(backend.job_items()))
+        assert kept in ((False, None, []), (True, 7, [(b"job", b"record")])), kept
+    finally:
+        backend.close()
+
+
 def test_a_second_process_cannot_open_the_same_partition(tmp_path: Path) -> None:
     first = RocksDBBackend(tmp_path / "p1", LIMITS.resources())
     try:
