@@ -19,6 +19,7 @@ from jobwheel.deploy.broker import free_port
 from jobwheel.producers.client import JobClient, JobSpec
 from jobwheel.schemas.models import State
 from jobwheel.schemas.partitioning import partition_for
+from jobwheel.streams.metrics import PREFIX
 from tests.integration.scheduler_support import (
     RESET,
     log_events,
@@ -198,7 +199,14 @@ def test_a_takeover_restores_only_the_tail_from_a_standby_copy(
     # Started side by side (each start costs seconds of imports); both own partitions once
     # the group has settled with the two of them.
     a = start_scheduler(procs, jobwheel_env, tmp_path / "a", wait=False, extra_env=extra)
-    b = start_scheduler(procs, jobwheel_env, tmp_path / "b", wait=False, extra_env=extra)
+    b_metrics = f"http://127.0.0.1:{(port := free_port())}"
+    b = start_scheduler(
+        procs,
+        jobwheel_env,
+        tmp_path / "b",
+        wait=False,
+        extra_env={**extra, "JOBWHEEL_METRICS_PORT": str(port)},
+    )
     wait_until(
         lambda: (
             (held := (owned(a.log_path), owned(b.log_path)))[0]
@@ -214,11 +222,23 @@ def test_a_takeover_restores_only_the_tail_from_a_standby_copy(
     due = now_ms() + int(scaled(5_000 if sig == signal.SIGTERM else 12_000))
     started = log_events(b.log_path, "scheduler started")
     assert [(e["protocol"], e["static_member"]) for e in started] == [(protocol, static)]
+    read_before = metric(b_metrics, f"{PREFIX}restored_records_total")
     with JobClient(settings) as client:
         job_ids = client.schedule_many(at_jobs("standby", due, 40, 1000))
     tail.wait(
         lambda: len(tail.events(state=State.SCHEDULED)) >= 40, 30, "jobs were not all SCHEDULED"
     )
+    if standby:
+        # The owner is stopped once the copies have read its jobs' records (one each): what
+        # is measured is where the takeover starts from, not how soon a copy reads. Stopped
+        # at once, a loaded host once had the copies read none (25 records left, 17 jobs).
+        on_a = sum(partition_for(j, settings.partitions) in owned(a.log_path) for j in job_ids)
+        wait_until(
+            lambda: metric(b_metrics, f"{PREFIX}restored_records_total") - read_before >= on_a,
+            scaled(30),
+            0.1,
+            f"the standby copies never read the {on_a} job records of the owner's partitions",
+        )
     assignments_before = len(log_events(b.log_path, "partitions assigned; restoring"))
     assert stop(a, sig, scaled(30)) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
 
