@@ -157,6 +157,10 @@ def test_the_broker_holds_the_topic_configs_operations_md_states(settings):
         if retention_cell.startswith("none"):
             # Compaction alone: nothing is deleted by age.
             assert "delete" not in config["cleanup.policy"].value.split(","), doc_name
+        tombstones = re.search(r"`delete\.retention\.ms`, (\d+ \S+)\)", retention_cell)
+        if tombstones:  # how long a deletion stays readable (the scheduler's stale-state bound)
+            wanted = _amount(tombstones.group(1), _DURATIONS_MS)
+            assert config["delete.retention.ms"].value == wanted, doc_name
         else:
             wanted = _amount(retention_cell.split(" (")[0], _DURATIONS_MS)
             assert config["retention.ms"].value == wanted, doc_name
