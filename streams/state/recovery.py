@@ -76,11 +76,7 @@ def plan_restore(backend: StateBackend, low: int, high: int, *, now_ms: int) -> 
                 "changelog_end": high,
             },
         )
-        backend.wipe()
-        backend.set_index_pending(True)
-        return RestorePlan(low, high, wiped=True, fresh=True)
-    wiped = checkpoint is not None
-    if wiped:
+    elif checkpoint is not None:
         log.warning(
             "local state does not fit the changelog; rebuilding it from the changelog",
             extra={
@@ -92,7 +88,7 @@ def plan_restore(backend: StateBackend, low: int, high: int, *, now_ms: int) -> 
         )
     backend.wipe()
     backend.set_index_pending(True)
-    return RestorePlan(low, high, wiped=wiped, fresh=True)
+    return RestorePlan(low, high, wiped=checkpoint is not None, fresh=True)
 
 
 _NO_WHEELS: WheelChanges = {TIMERS: {}, DEADLINES: {}}
