@@ -239,6 +239,17 @@ def test_rocksdb_state_survives_reopen(tmp_path: Path) -> None:
         reopened.close()
 
 
+def run_killed(script: str, *args: object) -> None:
+    """Run ``script`` in a process of its own, which must end SIGKILLed (by itself)."""
+    writer = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert writer.returncode == -signal.SIGKILL, writer.stderr
+
+
 #: A process that commits one job per transaction to a partition's RocksDB state, the way the
 #: engine does (records, wheel entries and checkpoint in one batch), then is SIGKILLed.
 _KILLED_WRITER = """
@@ -268,13 +279,7 @@ def test_a_killed_process_leaves_its_state_as_an_earlier_commit_left_it(tmp_path
     whole, its records, their wheel entries and its checkpoint together, for the claim to
     restore the rest from the checkpoint on."""
     path, jobs = tmp_path / "p0", 6000
-    writer = subprocess.run(
-        [sys.executable, "-c", _KILLED_WRITER, str(path), str(jobs), str(T0)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert writer.returncode == -signal.SIGKILL, writer.stderr
+    run_killed(_KILLED_WRITER, path, jobs, T0)
     backend = RocksDBBackend(path, LIMITS.resources())
     try:
         checkpoint = backend.checkpoint()
@@ -313,13 +318,7 @@ def test_the_index_mark_is_not_kept_without_what_it_marks(tmp_path: Path) -> Non
     column family directly) go without the log too: a mark that survived a kill through a log
     while the records after it did not would order the database's history differently from how
     it was written (a mark cleared through the log, the index it vouches for lost)."""
-    writer = subprocess.run(
-        [sys.executable, "-c", _KILLED_MARKER, str(tmp_path / "p0")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert writer.returncode == -signal.SIGKILL, writer.stderr
+    run_killed(_KILLED_MARKER, tmp_path / "p0")
     backend = RocksDBBackend(tmp_path / "p0", LIMITS.resources())
     try:
         kept = (backend.index_pending(), backend.checkpoint(), list(backend.job_items()))
