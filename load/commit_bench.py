@@ -1,11 +1,16 @@
 """Print what one scheduler transaction's commit costs on a broker with nothing else to do.
 
     .venv/bin/python -m load.commit_bench [--transactions 200] [--records 300] [--bootstrap B]
+                                          [--topics 1] [--partitions 12]
 
 The scheduler's own transactional producer (:class:`~jobwheel.streams.kafka.TransactionalProducer`,
 its config and its phases: ``produce``, ``offsets``, ``end``) on a fresh local broker (or
-``--bootstrap``): each transaction produces ``--records`` records of 200 bytes over the
-topics' default partitions, adds one consumed offset and commits, 10 ms apart. What
+``--bootstrap``): each transaction produces ``--records`` records of 200 bytes spread over
+every partition of ``--topics`` topics of ``--partitions`` partitions, adds one consumed offset
+and commits, 10 ms apart. ``--topics 3`` is the scheduler's own fan-out: a transaction of one
+scheduler writes runs, status events and changelog records to each partition it owns that
+had work, and librdkafka sends one produce request per partition (BENCHMARKS.md, "The
+partition count"). What
 ``load.e2e``'s "scheduler transactions" line shows beyond these figures is the load (the
 broker and the scheduler sharing two cores with everything else); the ``open`` phase is not
 here, it is the commit interval and the loop. Numbers, not assertions.
@@ -23,7 +28,13 @@ from pathlib import Path
 from jobwheel.schemas.topics import DEFAULT_PARTITIONS as PARTITIONS
 
 
-def measure(bootstrap: str, transactions: int, records: int) -> dict[str, list[float]]:
+def measure(
+    bootstrap: str,
+    transactions: int,
+    records: int,
+    topics: int = 1,
+    partitions: int = PARTITIONS,
+) -> dict[str, list[float]]:
     """Seconds per phase of each transaction, on fresh topics."""
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -32,10 +43,13 @@ def measure(bootstrap: str, transactions: int, records: int) -> dict[str, list[f
     from jobwheel.streams.kafka import TransactionalProducer
 
     run = uuid.uuid4().hex[:8]
-    source, sink = f"commit-bench-in-{run}", f"commit-bench-out-{run}"
+    source = f"commit-bench-in-{run}"
+    sinks = [f"commit-bench-out-{run}-{i}" for i in range(topics)]
+    # every (topic, partition) a transaction writes to, each record to the next
+    targets = [(t, p) for t in sinks for p in range(partitions)]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics(
-        [NewTopic(t, PARTITIONS, 1) for t in (source, sink)]
+        [NewTopic(source, PARTITIONS, 1), *(NewTopic(t, partitions, 1) for t in sinks)]
     ).values():
         future.result()
     settings = Settings(_env_file=None, bootstrap_servers=bootstrap)  # type: ignore[call-arg]
@@ -56,7 +70,8 @@ def measure(bootstrap: str, transactions: int, records: int) -> dict[str, list[f
             began = time.perf_counter()
             producer.begin()
             for r in range(records):
-                producer.produce(sink, r % PARTITIONS, str(r).encode(), value)
+                topic, partition = targets[r % len(targets)]
+                producer.produce(topic, partition, str(r).encode(), value)
             produced = time.perf_counter() - began
             offsets_s, end_s = producer.commit(
                 [(source, 0, i + 1, "")], consumer.consumer_group_metadata()
@@ -75,6 +90,10 @@ def main() -> None:
     parser.add_argument("--transactions", type=int, default=200)
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--bootstrap", help="a broker to use instead of a fresh local one")
+    parser.add_argument(
+        "--topics", type=int, default=1, help="topics written (3: the scheduler's fan-out)"
+    )
+    parser.add_argument("--partitions", type=int, default=PARTITIONS, help="of each topic")
     args = parser.parse_args()
     from load.e2e import own_broker
 
@@ -82,10 +101,12 @@ def main() -> None:
         bootstrap,
         _pids,
     ):
-        measure(bootstrap, 20, args.records)  # connections made, the broker's JIT warmed
-        spent = measure(bootstrap, args.transactions, args.records)
+        shape = (args.topics, args.partitions)
+        measure(bootstrap, 20, args.records, *shape)  # connections made, the broker's JIT warmed
+        spent = measure(bootstrap, args.transactions, args.records, *shape)
     print(
-        f"commit, {args.transactions} transactions of {args.records} records: ms p50/p90 "
+        f"commit, {args.transactions} transactions of {args.records} records over "
+        f"{args.topics} x {args.partitions} partitions: ms p50/p90 "
         + ", ".join(
             f"{phase} {statistics.median(v) * 1000:.1f}/"
             f"{statistics.quantiles(v, n=10)[-1] * 1000:.1f}"

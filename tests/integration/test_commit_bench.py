@@ -3,11 +3,16 @@ by the scheduler's own producer (the figures BENCHMARKS.md compares the e2e's wi
 
 from __future__ import annotations
 
+import pytest
+
 from load.commit_bench import measure
 
 
-def test_each_committed_transaction_is_timed_in_each_phase(kafka_bootstrap: str) -> None:
-    spent = measure(kafka_bootstrap, 3, 10)
+@pytest.mark.parametrize("topics, partitions", [(1, 12), (3, 2)])
+def test_each_committed_transaction_is_timed_in_each_phase(
+    kafka_bootstrap: str, topics: int, partitions: int
+) -> None:
+    spent = measure(kafka_bootstrap, 3, 10, topics, partitions)
     assert set(spent) == {"produce", "offsets", "end"}
     for phase, seconds in spent.items():
         assert len(seconds) == 3, phase
