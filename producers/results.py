@@ -20,6 +20,7 @@ job has finished, and how.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,10 @@ from jobwheel.schemas.topics import STATE_HEADER
 
 if TYPE_CHECKING:
     from jobwheel.kafka.consumer import Record
+    from jobwheel.kafka.reader import TopicReader
     from jobwheel.settings import Settings
+
+log = logging.getLogger(__name__)
 
 #: How far before the scheduling command reading starts (producer and broker clocks differ).
 CLOCK_MARGIN_MS = 60_000
@@ -128,7 +132,6 @@ def wait_for_result(
 
     codec = codec or default_codec(settings.schema_registry_url)
     topics = settings.topics
-    p = partition_for(job_id, topics.partitions)
     key = job_id.encode("utf-8")
     now = time.time_ns() // 1_000_000
     start = (now - DEFAULT_LOOKBACK_MS) if since_ms is None else since_ms - CLOCK_MARGIN_MS
@@ -137,6 +140,7 @@ def wait_for_result(
     deadline = time.monotonic() + timeout_s
     try:
         lookup_s = min(10.0, max(1.0, timeout_s))
+        p = partition_for(job_id, _partition_count(reader, settings, lookup_s))
         next_offset = {
             t: reader.offsets_at(t, [p], start, lookup_s)[p] for t in (topics.status, topics.acks)
         }
@@ -163,6 +167,30 @@ def wait_for_result(
                 )
     finally:
         reader.close()
+
+
+def _partition_count(reader: TopicReader, settings: Settings, timeout_s: float) -> int:
+    """How many partitions the job's topics have: the status topic's own count, which is the
+    one the producer's partitioner used for the command and the scheduler uses for the job.
+    ``JOBWHEEL_PARTITIONS`` only when the broker does not say (a missing topic): a client
+    left on the default 12 against a deployment made with 4 would otherwise read the wrong
+    partition and wait until its timeout for an answer that came long before."""
+    status = settings.topics.status
+    found = reader.partitions(status, timeout_s)
+    if not found:
+        return settings.partitions
+    if len(found) != settings.partitions:
+        log.warning(
+            "the topics have another partition count than this client's JOBWHEEL_PARTITIONS; "
+            "using the topics'",
+            extra={
+                "topic": status,
+                "partitions": len(found),
+                "jobwheel_partitions": settings.partitions,
+                "fix": f"set JOBWHEEL_PARTITIONS={len(found)} where this client runs",
+            },
+        )
+    return len(found)
 
 
 def _feed(outcome: Outcome, codec: Codec, record: Record) -> None:

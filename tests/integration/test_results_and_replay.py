@@ -9,6 +9,7 @@ the scheduler rejected for a transient reason is replayed, one it would reject a
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ def stack(settings: Any, jobwheel_env: dict[str, str], procs: Procs, tmp_path: P
 
 
 @pytest.mark.timeout(400)
-def test_results_waiting_and_a_dead_run_replayed_after_its_task_is_fixed(stack: Stack) -> None:
+def test_results_waiting_and_a_dead_run_replayed_after_its_task_is_fixed(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
     broken = stack.tmp / "task-is-broken"
     broken.touch()
     with JobClient(stack.settings) as client:
@@ -37,6 +40,28 @@ def test_results_waiting_and_a_dead_run_replayed_after_its_task_is_fixed(stack: 
         echo = client.schedule(task="demo.echo", args={"x": 1, "word": "ü"}, now=True)
         assert client.wait(echo, scaled(60)) == {"x": 1, "word": "ü"}
 
+    # A client left on another partition count than the deployment's topics (the default 12
+    # against these 4) still gets the answer: its job's events are where the topics' own count
+    # puts them, and the partition its own count names is not there at all.
+    topics_count = stack.settings.partitions
+    client_count = 12
+    assert topics_count != client_count
+    moved = next(
+        job_id
+        for job_id in (f"counted-{i}" for i in range(1000))
+        if partition_for(job_id, client_count) != partition_for(job_id, topics_count)
+    )
+    other = stack.settings.model_copy(update={"partitions": client_count})
+    with JobClient(other) as client:
+        client.schedule(moved, task="demo.echo", args={"counted": True}, now=True)
+        with caplog.at_level(logging.WARNING, logger="jobwheel.producers.results"):
+            assert client.wait(moved, scaled(60)) == {"counted": True}
+    [said] = [r for r in caplog.records if r.name == "jobwheel.producers.results"]
+    assert (
+        getattr(said, "fix", "") == f"set JOBWHEEL_PARTITIONS={topics_count} where this client runs"
+    )
+
+    with JobClient(stack.settings) as client:
         # a run that fails without a retry left: DEAD; wait says so, naming the error
         job = client.schedule(
             task="test.switch", args={"fail_if": str(broken)}, now=True, max_attempts=1
