@@ -915,6 +915,14 @@ def _check_broker(settings: Settings, timeout_s: float) -> tuple[bool, str]:
     detail = f"{settings.bootstrap_servers}: {len(meta.brokers)} broker(s)"
     if not has_topic:
         return False, f"{detail}; topic {status_topic} missing (run `jobwheel topics ensure`)"
+    count = len(meta.topics[status_topic].partitions)
+    if count and count != settings.partitions:
+        # Every per-partition check would read partitions that are not there (or miss some).
+        return False, (
+            f"{detail}; topic {status_topic} has {count} partitions but JOBWHEEL_PARTITIONS is "
+            f"{settings.partitions} here: set JOBWHEEL_PARTITIONS={count} where this command "
+            "runs (every process of a deployment needs the topics' count)"
+        )
     return True, detail
 
 

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from jobwheel.consumers.status import cluster
-from jobwheel.consumers.status.cli import _check_scheduler_partitions
+from jobwheel.consumers.status.cli import _check_broker, _check_scheduler_partitions
 from jobwheel.deploy.broker import LocalBroker, free_port
 from jobwheel.kafka.admin import ensure_topics
 from jobwheel.settings import Settings
@@ -85,6 +85,21 @@ while not stop.exists():
 
 
 @pytest.mark.timeout(900)
+def test_a_count_of_partitions_other_than_the_topics_is_named_with_its_fix(
+    settings: Settings,
+) -> None:
+    """`jobwheel health` run where JOBWHEEL_PARTITIONS is left at another count than the
+    deployment's topics (the default 12 against topics made with 4) says so and names the
+    setting, instead of failing its per-partition checks on partitions that are not there."""
+    ok, detail = _check_broker(settings, 10.0)
+    assert ok, detail  # the same count: the broker check passes
+    other = settings.model_copy(update={"partitions": 12})
+    ok, detail = _check_broker(other, 10.0)
+    assert not ok
+    assert f"has {settings.partitions} partitions but JOBWHEEL_PARTITIONS is 12" in detail
+    assert f"set JOBWHEEL_PARTITIONS={settings.partitions}" in detail
+
+
 def test_health_never_dies_of_a_signal_while_the_broker_starts_stops_and_restarts(
     tmp_path: Path, procs: Procs
 ) -> None:
