@@ -10,10 +10,10 @@ every partition of ``--topics`` topics of ``--partitions`` partitions, adds one 
 and commits, 10 ms apart. ``--topics 3`` is the scheduler's own fan-out: a transaction of one
 scheduler writes runs, status events and changelog records to each partition it owns that
 had work, and librdkafka sends one produce request per partition (BENCHMARKS.md, "The
-partition count"). What
-``load.e2e``'s "scheduler transactions" line shows beyond these figures is the load (the
-broker and the scheduler sharing two cores with everything else); the ``open`` phase is not
-here, it is the commit interval and the loop. Numbers, not assertions.
+partition count"). What ``load.e2e``'s "scheduler transactions" line shows beyond these
+figures is the load (the broker and the scheduler sharing two cores with everything else);
+the ``open`` phase is not here, it is the commit interval and the loop. Numbers, not
+assertions.
 """
 
 from __future__ import annotations

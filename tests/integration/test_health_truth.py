@@ -84,7 +84,6 @@ while not stop.exists():
 """
 
 
-@pytest.mark.timeout(900)
 def test_a_count_of_partitions_other_than_the_topics_is_named_with_its_fix(
     settings: Settings,
 ) -> None:
@@ -100,6 +99,7 @@ def test_a_count_of_partitions_other_than_the_topics_is_named_with_its_fix(
     assert f"set JOBWHEEL_PARTITIONS={settings.partitions}" in detail
 
 
+@pytest.mark.timeout(900)
 def test_health_never_dies_of_a_signal_while_the_broker_starts_stops_and_restarts(
     tmp_path: Path, procs: Procs
 ) -> None:
