@@ -313,7 +313,12 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._send(200, content_type, encoder(self.server.registry))
+            try:
+                body = encoder(self.server.registry)
+            except Exception as exc:  # a collector's bug: named, never a dropped connection
+                self._scrape_failed(exc)
+                return
+            self._send(200, content_type, body)
         elif path in ("/health/live", "/health/ready"):
             report = self.server.health.report(path.rsplit("/", 1)[1])
             report["service"] = self.server.service
@@ -326,6 +331,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/plain; charset=utf-8", body)
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics\n")
+
+    def _scrape_failed(self, exc: Exception) -> None:
+        """A collector raised: answer 500 with the error (a scraper records a failed scrape and
+        what failed) and log it with its traceback. Left to http.server, the connection was
+        closed without an answer and the traceback went to stderr outside the JSON log."""
+        what = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "metrics scrape failed",
+            exc_info=exc,
+            extra={"error": what, "service": self.server.service},
+        )
+        body = (
+            f"collecting the metrics failed: {what}. The service goes on; this is a bug in "
+            "jobwheel's metrics, report it with the service's log.\n"
+        ).encode()
+        self._send(500, "text/plain; charset=utf-8", body)
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)

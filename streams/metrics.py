@@ -416,12 +416,14 @@ class SchedulerCollector(Collector):
 
     def _lag(self, tasks: list[tuple[int, Any]]) -> dict[tuple[str, str], float]:
         """Requests and acks records not yet read, by (topic, partition), of the partitions
-        whose input ends the loop has sampled."""
+        owned now whose input ends the loop has sampled. The sample is up to half a second
+        old: a partition revoked since is a standby copy here (no input positions) while the
+        sample still names it."""
         lag: dict[tuple[str, str], float] = {}
         ends = self._ends()
         t = self.settings.topics
         for p, task in tasks:
-            if p not in ends:
+            if p not in ends or task.phase.value == "standby":
                 continue
             requests = task.requests_next
             acks = task.acks_next if task.acks_next is not None else task.acks_committed

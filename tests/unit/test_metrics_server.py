@@ -134,6 +134,33 @@ def test_a_check_that_raises_is_a_failed_check_not_a_failed_server(served):
     )
 
 
+def test_a_collector_that_raises_is_a_500_naming_the_error_not_a_dropped_connection(served, caplog):
+    """A collector's bug (a scheduler's once read a partition revoked since its input ends were
+    sampled) failed the scrape: http.server closed the connection without an answer, and a
+    test reading a metric saw only RemoteDisconnected."""
+    server, collector, _ = served
+    registry = server._server.registry
+
+    class Broken(Collector):
+        def collect(self) -> Iterator:
+            raise AttributeError("'StandbyTask' object has no attribute 'requests_next'")
+
+    broken = Broken()
+    registry.register(broken)
+    try:
+        code, body, content_type = _get(server.url + "/metrics")
+    finally:
+        registry.unregister(broken)
+    assert code == 500 and content_type.startswith("text/plain")
+    assert "AttributeError: 'StandbyTask' object has no attribute 'requests_next'" in (
+        body.decode()
+    )
+    (logged,) = [r for r in caplog.records if r.getMessage() == "metrics scrape failed"]
+    assert logged.levelname == "ERROR" and logged.exc_info
+    collector.n = 7  # and the server goes on serving
+    assert "jobwheel_test_things_total 7.0" in _get(server.url + "/metrics")[1].decode()
+
+
 def test_unknown_paths_are_404(served):
     server, _, _ = served
     assert _get(server.url + "/nope")[0] == 404

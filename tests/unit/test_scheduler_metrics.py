@@ -197,3 +197,21 @@ def test_transaction_phases_add_up_per_phase_over_the_commits():
     got = samples(collector)
     spent = [round(got[(name, (("phase", p),))], 6) for p in phases]
     assert spent == [0.03, 0.004, 0.004, 0.02, 0.005]
+
+
+def test_a_partition_revoked_since_the_input_ends_were_sampled_is_scraped_as_a_standby():
+    """The loop samples its input ends twice a second; a partition revoked in between (a
+    second scheduler joined) is a standby copy in the engine's tasks while the sample still
+    names it. The scrape then reports the partitions it owns, not an error: a failed scrape
+    closed the metrics connection without an answer (found in a takeover test)."""
+    engine = engine_with(Phase.READY, Phase.READY)
+    engine.tasks[0].requests_committed = engine.tasks[1].requests_committed = 10
+    engine.input_ends = {0: (13, None), 1: (12, None)}
+    lag = "jobwheel_scheduler_lag_records"
+    owned = {((lag, (("partition", str(p)), ("topic", TOPICS.requests)))) for p in (0, 1)}
+    assert owned <= samples(SchedulerCollector(engine)).keys()
+    engine.tasks[1] = engine.tasks[1].standby()  # revoked: a warm copy again
+    got = samples(SchedulerCollector(engine))
+    assert got[(lag, (("partition", "0"), ("topic", TOPICS.requests)))] == 3
+    assert (lag, (("partition", "1"), ("topic", TOPICS.requests))) not in got
+    assert got[("jobwheel_scheduler_partitions", (("phase", "standby"),))] == 1
