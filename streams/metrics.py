@@ -192,15 +192,21 @@ class SchedulerCollector(Collector):
         sampled by the engine's loop (twice a second while it turns)."""
         return self.engine.input_ends
 
-    def partition_report(self) -> tuple[dict[int, int | None], dict[int, str], list[int]]:
+    def partition_report(
+        self, tasks: list[tuple[int, Any]] | None = None
+    ) -> tuple[dict[int, int | None], dict[int, str], list[int]]:
         """``(restoring {partition: records left, None before the changelog is measured},
-        stuck {partition: why}, ready)``."""
+        stuck {partition: why}, ready)``, of ``tasks`` (a scrape's one snapshot of the engine's
+        tasks: the engine's thread replaces a task object on every claim and revoke) or of the
+        tasks now."""
         now = int(time.time() * 1000)
         ends = self._ends()
         restoring: dict[int, int | None] = {}
         stuck: dict[int, str] = {}
         ready: list[int] = []
-        for p, task in sorted(list(self.engine.tasks.items())):
+        if tasks is None:
+            tasks = sorted(list(self.engine.tasks.items()))
+        for p, task in tasks:
             phase = task.phase.value
             if phase == "restoring":
                 progress = task.restore
@@ -373,7 +379,7 @@ class SchedulerCollector(Collector):
             {(str(p), t.phase.value): 1 for p, t in tasks},
             ("partition", "phase"),
         )
-        restoring, stuck, ready = self.partition_report()
+        restoring, stuck, ready = self.partition_report(tasks)
         yield gauge(
             n + "restore_remaining_records",
             "Changelog offsets left to restore, per restoring partition.",

@@ -215,3 +215,26 @@ def test_a_partition_revoked_since_the_input_ends_were_sampled_is_scraped_as_a_s
     assert got[(lag, (("partition", "0"), ("topic", TOPICS.requests)))] == 3
     assert (lag, (("partition", "1"), ("topic", TOPICS.requests))) not in got
     assert got[("jobwheel_scheduler_partitions", (("phase", "standby"),))] == 1
+
+
+def test_a_scrape_reads_every_partition_family_from_one_snapshot_of_the_tasks():
+    """The engine's thread replaces a partition's task object on a claim and a revoke while a
+    scrape runs. A scrape that read the tasks twice could see a standby copy first and the
+    ready task of its claim next, and ask the copy for a commit note it does not have."""
+    engine = engine_with(Phase.READY, Phase.STANDBY)
+    claimed = engine_with(Phase.READY, Phase.READY).tasks[1]
+    claimed.committed_note = Progress(int(__import__("time").time() * 1000), None, "i")
+
+    class ClaimedMidScrape(dict):
+        """Partition 1 is claimed and ready once its first reader has read the tasks."""
+
+        def items(self):  # type: ignore[override]
+            got = list(super().items())
+            self[1] = claimed
+            return got
+
+    engine.tasks = ClaimedMidScrape(engine.tasks)
+    got = samples(SchedulerCollector(engine))
+    assert got[("jobwheel_scheduler_partitions", (("phase", "standby"),))] == 1
+    age = "jobwheel_scheduler_partition_commit_age_seconds"
+    assert not [key for key in got if key[0] == age and key[1] == (("partition", "1"),)]
