@@ -42,6 +42,37 @@ def test_migrations_apply_once_and_are_safe_to_rerun(store: StatusStore) -> None
     assert LOCK_TABLE not in tables
 
 
+def test_the_store_every_test_gets_is_the_schema_the_migrations_make(
+    engine_dsn: str, store: StatusStore
+) -> None:
+    """The ``store`` fixture copies a template database migrated once per session (running
+    the migrations per test cost minutes of the suite). Every object, engine, setting and
+    migration record of the copy is what the migrations make from nothing: a migration that
+    adds something the copy leaves out fails here, not as a schema that only tests lack."""
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    migrated = StatusStore.open(engine_dsn, database=database, ttl_days=30)
+    try:
+
+        def schema(db: str) -> list[tuple[str, ...]]:
+            rows = migrated.client.query(
+                "SELECT name, engine, engine_full, create_table_query FROM system.tables "
+                "WHERE database = {db:String} ORDER BY name",
+                parameters={"db": db},
+            ).result_rows
+            return [tuple(str(x).replace(f"{db}.", "<db>.") for x in r) for r in rows]
+
+        def history(db: str) -> list[tuple[int, str, str]]:
+            query = f"SELECT version, name, checksum FROM {db}.schema_migrations FINAL"
+            return sorted(migrated.client.query(query).result_rows)
+
+        assert len(schema(database)) >= 8  # the tables and views the migrations make
+        assert schema(store.database) == schema(database)
+        assert history(store.database) == history(database) != []
+    finally:
+        migrated.client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+        migrated.close()
+
+
 def test_concurrent_starters_apply_each_migration_once(engine_dsn: str) -> None:
     """Four starters (threads) at once against one embedded engine: each file is recorded
     exactly once and nobody fails (the migration lock makes the others wait, then find nothing
