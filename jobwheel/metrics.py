@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from bisect import bisect_left
@@ -364,6 +365,21 @@ class _Server(ThreadingHTTPServer):
     registry: CollectorRegistry
     health: Health
     service: str
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that failed outside the handler's own answers: socketserver prints the
+        traceback to stderr, a service's JSON log. A scraper that hung up (its timeout) is
+        routine and logged at debug; anything else is an error with its traceback."""
+        exc = sys.exc_info()[1]
+        client = ":".join(str(part) for part in client_address[:2])
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("metrics client went away", extra={"client": client, "error": repr(exc)})
+            return
+        log.error(
+            "metrics request failed",
+            exc_info=True,
+            extra={"client": client, "service": self.service},
+        )
 
 
 class MetricsServer:

@@ -161,6 +161,24 @@ def test_a_collector_that_raises_is_a_500_naming_the_error_not_a_dropped_connect
     assert "jobwheel_test_things_total 7.0" in _get(server.url + "/metrics")[1].decode()
 
 
+def test_a_request_that_fails_outside_the_handler_is_logged_not_printed(served, caplog, capfd):
+    """socketserver prints a failed request's traceback to stderr, outside the JSON log; a
+    scraper that hung up is routine (debug), anything else an error with its traceback."""
+    server, _, _ = served
+    caplog.set_level("DEBUG", logger="jobwheel.metrics")
+    for exc in (BrokenPipeError(32, "Broken pipe"), ValueError("odd")):
+        try:
+            raise exc
+        except Exception:
+            server._server.handle_error(None, ("127.0.0.1", 4242))
+    gone, failed = [r for r in caplog.records if r.name == "jobwheel.metrics"]
+    assert (gone.levelname, gone.getMessage()) == ("DEBUG", "metrics client went away")
+    assert (failed.levelname, failed.getMessage()) == ("ERROR", "metrics request failed")
+    assert failed.exc_info and failed.client == "127.0.0.1:4242"
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
 def test_unknown_paths_are_404(served):
     server, _, _ = served
     assert _get(server.url + "/nope")[0] == 404
