@@ -192,20 +192,22 @@ class SchedulerCollector(Collector):
         sampled by the engine's loop (twice a second while it turns)."""
         return self.engine.input_ends
 
+    def _snapshot(self) -> list[tuple[int, Any]]:
+        """The engine's tasks by partition, read once: the engine's thread replaces a task
+        object on every claim and revoke, so a scrape or a probe reads all it reports from
+        one snapshot."""
+        return sorted(list(self.engine.tasks.items()))
+
     def partition_report(
-        self, tasks: list[tuple[int, Any]] | None = None
+        self, tasks: list[tuple[int, Any]]
     ) -> tuple[dict[int, int | None], dict[int, str], list[int]]:
         """``(restoring {partition: records left, None before the changelog is measured},
-        stuck {partition: why}, ready)``, of ``tasks`` (a scrape's one snapshot of the engine's
-        tasks: the engine's thread replaces a task object on every claim and revoke) or of the
-        tasks now."""
+        stuck {partition: why}, ready)`` of a :meth:`_snapshot`."""
         now = int(time.time() * 1000)
         ends = self._ends()
         restoring: dict[int, int | None] = {}
         stuck: dict[int, str] = {}
         ready: list[int] = []
-        if tasks is None:
-            tasks = sorted(list(self.engine.tasks.items()))
         for p, task in tasks:
             phase = task.phase.value
             if phase == "restoring":
@@ -253,7 +255,8 @@ class SchedulerCollector(Collector):
         return True, f"member of the group {group}"
 
     def _ready_parts(self) -> tuple[bool, str]:
-        restoring, stuck, ready = self.partition_report()
+        tasks = self._snapshot()
+        restoring, stuck, ready = self.partition_report(tasks)
         problems = [f"partition {p}: {why}" for p, why in sorted(stuck.items())]
         if restoring:
             known = [n for n in restoring.values() if n is not None]
@@ -261,7 +264,7 @@ class SchedulerCollector(Collector):
             problems.append(f"restoring partitions {sorted(restoring)} ({left})")
         if problems:
             return False, "; ".join(problems)
-        standby = sum(1 for t in list(self.engine.tasks.values()) if t.phase.value == "standby")
+        standby = sum(1 for _, t in tasks if t.phase.value == "standby")
         if not ready:
             return True, f"owns no partition (standby copies: {standby})"
         return True, f"partitions {ready} ready, none stuck (standby copies: {standby})"
@@ -368,7 +371,7 @@ class SchedulerCollector(Collector):
         snapshot of the engine's tasks for all of them."""
         meters = self.engine.meters
         n = PREFIX
-        tasks = sorted(list(self.engine.tasks.items()))
+        tasks = self._snapshot()
         phases = {("ready",): 0, ("restoring",): 0, ("standby",): 0}
         for _, task in tasks:
             phases[(task.phase.value,)] += 1
