@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from jobwheel.consumers.status.store import StatusStore, load_migrations
+from jobwheel.consumers.status.store import MIGRATIONS_TABLE, StatusStore, load_migrations
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State, StatusEvent
 from jobwheel.schemas.partitioning import key_for
@@ -48,7 +48,7 @@ def _template(store: StatusStore) -> list[tuple[str, str]]:
     """``(name, CREATE statement)`` of each object of the template database, tables first;
     the template is migrated the first time it is asked for in this process."""
     rows = _template_rows(store)
-    if not any(name == "schema_migrations" for name, _ in rows):
+    if not any(name == MIGRATIONS_TABLE for name, _ in rows):
         StatusStore.open(store.dsn, database=TEMPLATE_DATABASE, ttl_days=30).close()
         rows = _template_rows(store)
     return rows
@@ -76,10 +76,10 @@ def fresh_store(dsn: str) -> Iterator[StatusStore]:
     try:
         for name, create in _template(maker):
             maker.client.command(create.replace(f"{TEMPLATE_DATABASE}.", f"{database}."))
-            if name == "schema_migrations":
+            if name == MIGRATIONS_TABLE:
                 maker.client.command(
-                    f"INSERT INTO {database}.schema_migrations "
-                    f"SELECT * FROM {TEMPLATE_DATABASE}.schema_migrations"
+                    f"INSERT INTO {database}.{MIGRATIONS_TABLE} "
+                    f"SELECT * FROM {TEMPLATE_DATABASE}.{MIGRATIONS_TABLE}"
                 )
     finally:
         maker.close()

@@ -16,6 +16,7 @@ from jobwheel.consumers.status.store import (
     EMBEDDED_TABLE_SETTINGS,
     LOCK_TABLE,
     MIGRATIONS_DIR,
+    MIGRATIONS_TABLE,
     StatusStore,
     load_migrations,
 )
@@ -62,7 +63,7 @@ def test_the_store_every_test_gets_is_the_schema_the_migrations_make(
             return [tuple(str(x).replace(f"{db}.", "<db>.") for x in r) for r in rows]
 
         def history(db: str) -> list[tuple[int, str, str]]:
-            query = f"SELECT version, name, checksum FROM {db}.schema_migrations FINAL"
+            query = f"SELECT version, name, checksum FROM {db}.{MIGRATIONS_TABLE} FINAL"
             return sorted(migrated.client.query(query).result_rows)
 
         assert len(schema(database)) >= 8  # the tables and views the migrations make
