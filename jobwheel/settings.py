@@ -189,6 +189,12 @@ class Settings(BaseSettings):
     clickhouse_database: str = "jobwheel"
     status_batch_size: int = 50_000
     status_batch_ms: int = 500
+    # A busy sink inserts less often: a batch that holds status_busy_rows rows by the time it
+    # is status_batch_ms old keeps growing until it is status_busy_batch_ms old (or full). An
+    # embedded insert costs about 40 ms of CPU whatever its size, plus merging the parts it
+    # makes (consumers/status/sink.py, BENCHMARKS.md "The status sink's inserts under load").
+    status_busy_rows: int = Field(default=2_500, ge=1)
+    status_busy_batch_ms: int = Field(default=2_000, ge=0)
     # The status service's memory budget (the sink process, or `jobwheel serve`): the embedded
     # engine's limit and caches, the consumer's fetch queue and the largest insert batch are
     # derived from it (consumers/status/memory.py; docs/operations.md, "Memory").

@@ -330,6 +330,10 @@ class StatusSink:
         #: are alive at once, one filling while the other is inserted).
         self.batch_size = min(batch_size or settings.status_batch_size, memory.batch_rows)
         self.batch_ms = batch_ms if batch_ms is not None else settings.status_batch_ms
+        #: A batch this large at ``batch_ms`` marks the sink busy: it then waits until
+        #: ``busy_batch_ms`` (never sooner than ``batch_ms``; see :meth:`_batch_due_ms`).
+        self.busy_rows = settings.status_busy_rows
+        self.busy_batch_ms = max(self.batch_ms, settings.status_busy_batch_ms)
         self.stats = SinkStats()
         self._overrides = dict(consumer_overrides or {})
         self._stop = threading.Event()
@@ -426,7 +430,7 @@ class StatusSink:
         wait_s = 1.0 if self._inflight is None else 0.05
         if self._batch and self._inflight is None:
             age_ms = (time.monotonic() - self._batch.started) * 1000
-            wait_s = min(wait_s, max(0.0, (self.batch_ms - age_ms) / 1000))
+            wait_s = min(wait_s, max(0.0, (self._batch_due_ms() - age_ms) / 1000))
         room = max(1, self.batch_size - len(self._batch.rows))
         for record in consumer.consume(min(room, 10_000), min(wait_s, 1.0)):
             self.handle(record.topic, record.partition, record.offset, record.value)
@@ -437,7 +441,7 @@ class StatusSink:
         if not self._batch:
             return
         full = len(self._batch.rows) >= self.batch_size
-        due = (time.monotonic() - self._batch.started) * 1000 >= self.batch_ms
+        due = (time.monotonic() - self._batch.started) * 1000 >= self._batch_due_ms()
         # A batch that is due while the previous insert is still running keeps growing until
         # that insert returns (or it is full): under load the batches size themselves to the
         # insert time, and an embedded insert costs much less per row in large batches
@@ -446,6 +450,21 @@ class StatusSink:
         busy = self._inflight is not None and not self._inflight[1].done()
         if full or (due and not busy):
             self._flush(consumer, wait=False)
+
+    def _batch_due_ms(self) -> int:
+        """How old the open batch may grow before it is inserted: ``batch_ms``, or
+        ``busy_batch_ms`` once it holds ``busy_rows``.
+
+        Why: an embedded insert costs about 40 ms of CPU whatever its size (measured: 36 ms
+        for 5 rows, 80 for 5,000; the two materialized views' queries and a part per table),
+        about 10 us per row on top, and its parts are merged again later. A busy sink that
+        inserted twice a second paid that on every batch; four times fewer inserts took a
+        tenth to a fifth off its CPU per job (BENCHMARKS.md, "The status sink's inserts under
+        load"). A light sink keeps its batches at ``batch_ms``: what users look at stays
+        fresh where fresh is cheap."""
+        if len(self._batch.rows) >= self.busy_rows:
+            return self.busy_batch_ms
+        return self.batch_ms
 
     def handle(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         """One record of ``topic``: its rows go into the batch, or it is logged with the reason

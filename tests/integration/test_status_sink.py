@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.support import (
     Tail,
     log_tail,
     metric,
+    scaled,
     stop,
     wait_until,
 )
@@ -278,6 +280,51 @@ def test_a_forged_event_with_an_absurd_seq_cannot_rewrite_the_job_view(
     assert metrics["jobwheel_sink_seq_refused"].samples[0].value == 1
     (run,) = queries.job_runs(store, "recreated")
     assert run["state"] == "DISPATCHED" and run["attempts"] == 2
+
+
+def test_a_busy_sink_inserts_less_often_and_a_light_one_at_batch_ms(
+    settings: Settings, store: StatusStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch still smaller than ``status_busy_rows`` when it is ``batch_ms`` old is
+    inserted then; one that is larger waits for ``status_busy_batch_ms``, taking in what comes
+    meanwhile, because each embedded insert costs about 40 ms of CPU however few its rows.
+    Either way every event is stored once."""
+    insert = store.insert_events
+    calls: list[int] = []
+
+    def counted(rows: Any, **kwargs: Any) -> int:
+        calls.append(len(rows))
+        return insert(rows, **kwargs)
+
+    monkeypatch.setattr(store, "insert_events", counted)
+    busy = settings.model_copy(
+        update={"status_busy_rows": 40, "status_busy_batch_ms": int(scaled(60) * 1000)}
+    )
+    sink = StatusSink(busy, store, batch_size=10_000, batch_ms=50)
+    thread = threading.Thread(target=sink.run, daemon=True)
+    thread.start()
+    try:
+        light = [e for i in range(2) for e in lifecycle(f"light-{i}", now_ms())]  # 12 rows
+        produce(busy, light)
+        wait_until(lambda: len(calls) == 1, 30, message="a light batch was not inserted")
+        first = [e for i in range(20) for e in lifecycle(f"busy-{i}", now_ms())]  # 120 rows
+        produce(busy, first)
+        read = len(light) + len(first)
+        wait_until(lambda: sink.stats.consumed >= read, 30, message="the sink stopped reading")
+        time.sleep(0.5)  # ten times batch_ms: a light batch would have been inserted by now
+        later = [e for i in range(3) for e in lifecycle(f"later-{i}", now_ms())]
+        produce(busy, later)
+        read += len(later)
+        wait_until(lambda: sink.stats.consumed >= read, 30, message="the sink stopped reading")
+    finally:
+        sink.stop()  # its last batch is inserted as it stops: the end this test reads to
+        thread.join(30)
+    assert not thread.is_alive()
+    assert len(calls) == 2, calls  # the light batch alone, then everything read since
+    assert calls[0] < 40 <= calls[1]
+    (n,) = store.query("SELECT count() FROM status_events FINAL")[2][0]
+    assert n == sum(calls)
+    assert committed(settings) == read
 
 
 def test_a_slow_insert_lets_the_next_batch_grow_instead_of_stalling_the_consumer(
