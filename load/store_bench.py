@@ -1,11 +1,12 @@
 """The embedded status store at a steady ingest rate: CPU per row, inserts and merges apart.
 
 ``load.status_bench`` measures a sink catching up (batches as large as they come); a sink that
-keeps up with a busy pipeline inserts a batch every ``JOBWHEEL_STATUS_BATCH_MS`` instead, and
-then the engine's background merges cost as much as the inserts. This inserts the five rows of
-``--rate`` one-off jobs per second (SCHEDULED, DISPATCHED, STARTED, the verdict, COMPLETED) in
-one batch every ``--batch-ms`` into a fresh embedded store for ``--seconds``, then prints the
-process's CPU split by thread (ClickHouse names its threads: ``MergeMutate`` merges,
+keeps up inserts a batch every ``JOBWHEEL_STATUS_BATCH_MS``, or every
+``JOBWHEEL_STATUS_BUSY_BATCH_MS`` once its batches are busy (``--batch-ms`` picks as the sink
+would), and then the engine's background merges cost as much as the inserts. This inserts the
+five rows of ``--rate`` one-off jobs per second (SCHEDULED, DISPATCHED, STARTED, the verdict,
+COMPLETED) in one batch every ``--batch-ms`` into a fresh embedded store for ``--seconds``,
+then prints the process's CPU split by thread (ClickHouse names its threads: ``MergeMutate`` merges,
 ``ThreadPool`` and the main thread run the inserts and their materialized views).
 
     python -m load.store_bench                              # 5,000 jobs/s for 50 s
@@ -25,6 +26,7 @@ from collections import Counter
 
 from jobwheel.consumers.status.store import TTL_TABLES, StatusStore, event_row
 from jobwheel.schemas.models import State
+from jobwheel.settings import get_settings
 from load.e2e import proc_thread_cpu
 from load.status_bench import job_events
 
@@ -45,7 +47,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=5000, help="jobs per second (5,000)")
     parser.add_argument("--seconds", type=float, default=50.0)
-    parser.add_argument("--batch-ms", type=int, default=500)
+    parser.add_argument(
+        "--batch-ms",
+        type=int,
+        default=None,
+        help="one batch every this long (default: as the sink's settings pick for the rate)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -55,6 +62,10 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    if args.batch_ms is None:
+        settings = get_settings()
+        light = args.rate * 5 * settings.status_batch_ms // 1000 < settings.status_busy_rows
+        args.batch_ms = settings.status_batch_ms if light else settings.status_busy_batch_ms
     jobs_per_batch = max(1, args.rate * args.batch_ms // 1000)
     batches = max(1, int(args.seconds * 1000 / args.batch_ms))
     with tempfile.TemporaryDirectory(prefix="jobwheel-store-bench-") as tmp:
