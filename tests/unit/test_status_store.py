@@ -97,7 +97,8 @@ def test_concurrent_starters_apply_each_migration_once(engine_dsn: str) -> None:
     stores = [r for r in results if isinstance(r, StatusStore)]
     assert len(stores) == 4, results
     try:
-        rows = stores[0].query("SELECT version, count() FROM schema_migrations GROUP BY version")[2]
+        query = f"SELECT version, count() FROM {MIGRATIONS_TABLE} GROUP BY version"
+        rows = stores[0].query(query)[2]
         assert all(n == 1 for _, n in rows), rows
         assert len(rows) == len(load_migrations())
     finally:
@@ -113,7 +114,7 @@ def test_stale_migration_lock_is_broken(store: StatusStore) -> None:
     # a starter died in the middle of the newest migration (it rebuilds job_state_mv)
     newest = load_migrations()[-1].version
     store.client.command("DROP TABLE job_state_mv")
-    store.client.command(f"ALTER TABLE schema_migrations DELETE WHERE version = {newest}")
+    store.client.command(f"ALTER TABLE {MIGRATIONS_TABLE} DELETE WHERE version = {newest}")
     assert store.migrate(lock_stale_s=60) == [newest]
     assert store.query("EXISTS TABLE job_state_mv")[2] == [(1,)]
 
@@ -123,7 +124,7 @@ def test_a_held_lock_times_out_with_advice(store: StatusStore) -> None:
         f"CREATE TABLE {LOCK_TABLE} (x UInt8) ENGINE = Memory COMMENT 'other:2 {now_ms()}'"
     )
     newest = load_migrations()[-1].version
-    store.client.command(f"ALTER TABLE schema_migrations DELETE WHERE version = {newest}")
+    store.client.command(f"ALTER TABLE {MIGRATIONS_TABLE} DELETE WHERE version = {newest}")
     with pytest.raises(Exception, match="held by other:2"):
         store.migrate(lock_timeout_s=0.3)
 
