@@ -24,6 +24,7 @@ acknowledgements once (one flush instead of one round trip per job).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -68,6 +69,13 @@ REMEMBERED_JOBS = 10_000
 #: How long the probe before a client's first command waits for each bootstrap server to
 #: accept a TCP connection (a refused one answers at once).
 CONNECT_TIMEOUT_S = 2.0
+#: A command still unsent this long after it was issued is issued again as it is sent. Why: a
+#: large ``schedule_many`` builds, checks and encodes every command before it sends the first
+#: (50,000 took 2.7 s), and the scheduler holds an issue time to within
+#: ``JOBWHEEL_SCHEDULER_CLOCK_TOLERANCE_MS`` (2 s) of its record's broker time, logging a warning
+#: each time as if this machine's clock were wrong. Triggers then count from when a command is
+#: sent, as ``jobwheel submit``'s do.
+REISSUE_AFTER_MS = 500
 #: Delivery failures that may mean Kafka is gone: the client then probes, and says so if it is.
 _UNREACHABLE_CODES = frozenset({"_MSG_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN"})
 
@@ -196,6 +204,15 @@ class _Commands:
 
     def encode(self, command: JobCommand) -> tuple[bytes, bytes]:
         return key_for(command.job_id), self.codec.encode(command)
+
+    def as_sent(self, command: JobCommand, record: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+        """The record of ``command`` (``record``, its :meth:`encode`) as it is sent now: issued
+        again now when it was issued more than :data:`REISSUE_AFTER_MS` ago. Its encoding was
+        checked already; only the issue time differs."""
+        now_ms = self.clock.now_ms()
+        if now_ms - command.issued_at_ms <= REISSUE_AFTER_MS:
+            return record
+        return self.encode(dataclasses.replace(command, issued_at_ms=now_ms))
 
 
 def _caller_level() -> int:
@@ -438,7 +455,8 @@ class JobClient(_Client):
 
             return done
 
-        for command, (key, value) in zip(commands, encoded, strict=True):
+        for command, record in zip(commands, encoded, strict=True):
+            key, value = self._c.as_sent(command, record)
             try:
                 self._c.producer.produce(self._c.topic, value, key, callback(command.job_id))
             except DeliveryError as exc:
@@ -551,7 +569,8 @@ class AsyncJobClient(_Client):
         waiting: list[tuple[str, asyncio.Future[Delivered]]] = []
         failures: list[tuple[str, DeliveryError]] = []
         deadline = time.monotonic() + self.delivery_timeout_s
-        for command, (key, value) in zip(commands, encoded, strict=True):
+        for command, record in zip(commands, encoded, strict=True):
+            key, value = self._c.as_sent(command, record)
             future: asyncio.Future[Delivered] = loop.create_future()
             callback = _threadsafe_resolver(loop, future)
             try:

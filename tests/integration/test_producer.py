@@ -147,6 +147,45 @@ def test_async_client_commands_arrive_decodable_in_the_right_partition(settings:
     _check_round_trip(settings, asyncio.run(main()))
 
 
+class _SlowBuild(ManualClock):
+    """A clock whose first reading is the batch's issue time and whose later ones are 3 s on:
+    building, checking and encoding the batch took that long before the first was sent."""
+
+    def __init__(self, start_ms: int) -> None:
+        super().__init__(start_ms)
+        self.readings = 0
+
+    def now_ms(self) -> int:
+        self.readings += 1
+        return super().now_ms() + (0 if self.readings == 1 else 3000)
+
+
+def test_a_command_sent_long_after_it_was_issued_is_issued_again_as_it_is_sent(
+    settings: Any,
+) -> None:
+    """A command that waited more than REISSUE_AFTER_MS between its issue and its send goes out
+    issued as it is sent: the scheduler would otherwise hold its issue time to the record's
+    broker time and warn of a wrong clock (a schedule_many of 50,000 takes seconds before its
+    first send). Its trigger then counts from the send. One sent at once keeps its time."""
+    specs = [
+        JobSpec(job_id=f"slow-{i}", task="demo.echo", in_=timedelta(seconds=5)) for i in range(3)
+    ]
+    with JobClient(settings, clock=ManualClock(NOW_MS)) as client:
+        client.schedule_many([JobSpec(job_id="prompt", task="demo.echo", in_=timedelta(seconds=5))])
+    with JobClient(settings, clock=_SlowBuild(NOW_MS)) as client:
+        client.schedule_many(specs)
+
+    async def main() -> None:
+        async with AsyncJobClient(settings, clock=_SlowBuild(NOW_MS)) as client:
+            await client.schedule_many([dataclasses.replace(specs[0], job_id="slow-async")])
+
+    asyncio.run(main())
+    issued = {c.job_id: (c.issued_at_ms, c.body) for _, c in _decoded(settings, 5)}
+    assert issued["prompt"] == (NOW_MS, ScheduleJob("demo.echo", After(5000)))
+    for job_id in ("slow-0", "slow-1", "slow-2", "slow-async"):
+        assert issued[job_id] == (NOW_MS + 3000, ScheduleJob("demo.echo", After(5000)))
+
+
 def test_batch_lands_every_job_in_its_murmur2_partition(settings: Any) -> None:
     specs = [JobSpec(task="demo.echo", in_=timedelta(seconds=i + 1)) for i in range(300)]
     specs[0] = dataclasses.replace(specs[0], job_id="fixed-id")
