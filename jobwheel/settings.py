@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # A partition whose changelog could not be measured, or was read no further while
     # restoring, for this long gets a new changelog consumer (a client's stale metadata, e.g.
     # "no leader" cached during a broker restart, otherwise holds it "restoring" for minutes).
+    # A claim that cannot read its committed offsets or rewind its input this long (and at
+    # least the transaction timeout + 15 s), with Kafka reachable, gets every client replaced
+    # and joins the group again (scheduler_claim_stall_s).
     scheduler_restore_stall_ms: int = Field(default=30_000, ge=1_000)
     # The transactional producer is replaced by a new one when it could not register
     # (init_transactions) for this long: a new client looks its coordinator up afresh.
@@ -305,6 +308,18 @@ class Settings(BaseSettings):
         if self.scheduler_call_deadline_ms:
             return self.scheduler_call_deadline_ms / 1000
         return 3 * self.scheduler_call_timeout_s
+
+    @property
+    def scheduler_claim_stall_s(self) -> float:
+        """How long a claim may fail to read the group's committed offsets or to rewind its
+        input, with Kafka reachable, before every client is replaced: the restore stall, and
+        never less than the longest wait a healthy claim can have there (behind a previous
+        owner's open transaction until the broker aborts it: the transaction timeout, plus
+        the broker's check for timed-out transactions, 10 s by default, and 5 s of margin)."""
+        return max(
+            self.scheduler_restore_stall_ms / 1000,
+            self.scheduler_transaction_timeout_ms / 1000 + 15.0,
+        )
 
     @property
     def topics(self) -> Topics:

@@ -35,6 +35,7 @@ from jobwheel.streams.kafka import (
 from jobwheel.streams.metrics import EngineMeters
 from jobwheel.streams.state.directory import StateDirectory
 from jobwheel.streams.state.rocksdb import RocksDBLimits
+from jobwheel.watchdog import kafka_reachable
 
 if TYPE_CHECKING:
     from jobwheel.streams.commit import _Out
@@ -57,6 +58,7 @@ class EngineStats:
     aborts: int = 0
     resets: int = 0
     changelog_rebuilds: int = 0
+    stuck_claims: int = 0  # claims given up on with every client replaced (Restorer)
     last_commit_ms: int = 0
 
 
@@ -134,6 +136,8 @@ class EngineCore:
         # Restoring partition -> (changelog position, or None: not measured; since when it
         # has not moved): see _restore_stalled.
         self._stalled_since: dict[int, tuple[int | None, float]] = {}
+        # Does a bootstrap server accept connections (a stuck claim counts only such time).
+        self._kafka_reachable = kafka_reachable(settings)
 
     def _topic_names(self, timeout_s: float) -> list[str]:
         """The broker's topics, for :attr:`queues` (asked on the loop's thread, which alone

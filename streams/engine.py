@@ -244,6 +244,10 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
         self._restore(
             RESTORE_SLICE_S if any(t.phase is Phase.READY for t in self.tasks.values()) else 1.0
         )
+        stuck = self.stuck_claim()
+        if stuck is not None:  # what was polled is read again from the committed offsets
+            self._reset(stuck, rejoin=True)
+            return
         self._standby_all()
         self._observe_broker_time(requests, acks)
         now = self.clock.now_ms()

@@ -10,7 +10,8 @@ Restoring partitions are read first, the standby copies (:mod:`jobwheel.streams.
 time left. A claim reads the group's committed offsets before it measures the changelog's end
 (:meth:`Restorer._start_restore` says why), and a restore that makes no progress for
 ``JOBWHEEL_SCHEDULER_RESTORE_STALL_MS`` gets a new changelog consumer
-(:meth:`Restorer._restore_stalled`).
+(:meth:`Restorer._restore_stalled`). A claim that cannot read those offsets or rewind its
+input for as long is given up with every client (:meth:`Restorer.stuck_claim`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class Restorer(EngineCore):
                 )
                 task.restore.applied += applied
                 task.restore.next = batch[-1][0] + 1
+                if isinstance(task, PartitionTask):
+                    task.claim_failing_since = None  # the claim is moving
                 self.meters.restored_records += applied
             self.turned_at = time.monotonic()  # a long restore is the loop at work, not hung
 
@@ -205,14 +208,61 @@ class Restorer(EngineCore):
             requests = self.input.committed(self.topics.requests, [p])[p]
             acks = self.input.committed(self.topics.acks, [p])[p]
         except BrokerError as exc:
-            log.warning(
-                "cannot read committed offsets yet", extra={"partition": p, "error": str(exc)}
-            )
+            self._claim_failed(task, "cannot read committed offsets yet", exc)
             return False
         task.requests_committed = requests if requests >= 0 else None
         task.acks_committed = acks if acks >= 0 else None
         task.offsets_read = True
         return True
+
+    def _claim_failed(self, task: PartitionTask, what: str, exc: BrokerError) -> None:
+        """Log a failed step of a claim and keep the time it has been failing, counted only
+        while a bootstrap server accepts connections (a claim waiting out an outage is not
+        stuck, and a client replaced then could not tell the broker it leaves)."""
+        now = time.monotonic()
+        if task.claim_failing_since is None or not self._kafka_reachable():
+            task.claim_failing_since = now
+        log.warning(
+            what,
+            extra={
+                "partition": task.partition,
+                "error": str(exc),
+                "failing_s": round(now - task.claim_failing_since, 1),
+            },
+        )
+
+    def stuck_claim(self) -> str | None:
+        """Why the partitions must be given up with every client, or None: a claim has failed
+        to read the group's committed offsets or to rewind its input for
+        ``Settings.scheduler_claim_stall_s`` with Kafka reachable.
+
+        Both are asks of the group consumer, retried every iteration, so the loop goes on
+        turning and neither its liveness nor the call watchdog sees a claim that never ends.
+        Seen after broker restarts under commits: reading the offsets timed out for 300 s
+        with the broker up, or the input could not be rewound (``Erroneous state``: the client
+        no longer fetched the partition it was assigned) for 120 s; the partitions stayed
+        "restoring", their jobs unfired. What is wrong is the client's own
+        state, and the group consumer cannot be replaced on its own: the caller replaces every
+        client and joins the group again (the broker is reachable, so the old member leaves)."""
+        bound_s = self.settings.scheduler_claim_stall_s
+        now = time.monotonic()
+        for task in self.tasks.values():
+            if not isinstance(task, PartitionTask) or task.claim_failing_since is None:
+                continue
+            failing_s = now - task.claim_failing_since
+            if failing_s >= bound_s:
+                self.stats.stuck_claims += 1
+                log.error(
+                    "a claim has been failing with Kafka reachable; replacing every client "
+                    "and joining the group again",
+                    extra={
+                        "partition": task.partition,
+                        "failing_s": round(failing_s, 1),
+                        "setting": "JOBWHEEL_SCHEDULER_RESTORE_STALL_MS",
+                    },
+                )
+                return f"the claim of partition {task.partition} failed for {failing_s:.0f} s"
+        return None
 
     def _finish_restore(self, task: PartitionTask) -> None:
         assert self.changelog is not None and self.input is not None and self.acks is not None
@@ -223,9 +273,7 @@ class Restorer(EngineCore):
             except BrokerError as exc:
                 # Not ready: the committed offsets are read and the changelog measured again
                 # next iteration (a partition taken meanwhile is revoked at the next poll).
-                log.warning(
-                    "cannot rewind the input yet", extra={"partition": p, "error": str(exc)}
-                )
+                self._claim_failed(task, "cannot rewind the input yet", exc)
                 task.restore.reading = task.offsets_read = False
                 return
         self.changelog.unassign(task.partition)

@@ -116,6 +116,9 @@ class PartitionTask:
     # The group's committed offsets were read for this claim (before the changelog's end is
     # measured: see SchedulerEngine._start_restore).
     offsets_read: bool = False
+    # Since when (monotonic) this claim has failed to read its committed offsets or to rewind
+    # its input, counting only while Kafka accepts connections (Restorer._claim_failed).
+    claim_failing_since: float | None = None
     # Health: the progress note of the open transaction, and of the last commit (or, before
     # the first, of the moment the partition became ready).
     pending_note: Progress | None = None

@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from jobwheel.clock import ManualClock
+from jobwheel.errors import BrokerError
 from jobwheel.kafka.admin import admin_client
 from jobwheel.producers.client import JobClient
 from jobwheel.schemas.codec import default_codec
@@ -220,6 +221,55 @@ def test_a_claim_whose_first_transaction_aborts_still_changelogs_its_epoch(setti
     [run] = tail.runs_of(job)
     assert run.fencing_token == token == first_token + 1
     assert changelog_epoch(settings, p) == token, "the claim's epoch is not in the changelog"
+
+
+@pytest.mark.parametrize("call", ["committed", "seek"])
+def test_a_claim_its_consumer_cannot_finish_is_given_up_with_every_client(settings, tail, call):
+    """After a broker restart under commits, a claim (a producer timed out, every partition
+    claimed again) was seen failing for good in the group consumer, with the broker up:
+    reading the committed offsets timed out for 300 s, or rewinding the input
+    was refused with ``Erroneous state`` for 120 s. The claim retried every iteration, the
+    loop kept turning, nothing turned red, and the partitions stayed "restoring", their jobs
+    unfired. Here the consumer's call refuses as it did, until the consumer is replaced: the
+    claim must be given up with every client after the claim stall bound, the group joined
+    again, and the partitions must claim, restore and fire on the new clients. What refuses
+    is the test's stand-in for the client's stuck state; the broker, the group and the
+    transactions are real."""
+    settings = settings.model_copy(
+        # the bound: max(restore stall 1 s, transaction timeout 1 s + 15 s) = 16 s
+        update={"scheduler_restore_stall_ms": 1_000, "scheduler_transaction_timeout_ms": 1_000}
+    )
+    clock = ManualClock(now_ms())
+    job = job_in(2, settings.partitions, "stuck")
+    with engine_of(settings, clock) as engine:
+        stuck = engine.input
+        assert stuck is not None
+        refusals: list[float] = []
+
+        def refuse(*_args: object, **_kwargs: object) -> None:
+            refusals.append(time.monotonic())
+            code = "_TIMED_OUT" if call == "committed" else "_STATE"
+            raise BrokerError(f"{call} refused by the test (as a stuck client)", code=code)
+
+        setattr(stuck, call, refuse)  # this client only: a new one asks the broker
+        engine._reset("test: a commit timed out", rejoin=False)  # claims every partition again
+        step_until(engine, lambda: refusals, f"the claim never called {call}")
+        assert engine.owned() == {p: "restoring" for p in range(settings.partitions)}
+        step_until(
+            engine,
+            lambda: (
+                engine.input is not stuck
+                and engine.owned() == {p: "ready" for p in range(settings.partitions)}
+            ),
+            "the stuck claim was never given up and made again on new clients",
+            timeout_s=120,
+        )
+        # Given up once, after the bound: refused all along until then.
+        assert engine.stats.stuck_claims == 1
+        assert refusals[-1] - refusals[0] >= settings.scheduler_claim_stall_s - 1
+        schedule_echo(settings, job, clock.now_ms())
+        step_until(engine, lambda: tail.runs_of(job), "the new claim never fired a job")
+    assert len(tail.runs_of(job)) == 1
 
 
 def _alter(admin, topic: str, entry: ConfigEntry) -> None:  # type: ignore[no-untyped-def]
