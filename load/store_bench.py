@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections import Counter
 
+from jobwheel.consumers.status.sink import batch_due_ms
 from jobwheel.consumers.status.store import TTL_TABLES, StatusStore, event_row
 from jobwheel.schemas.models import State
 from jobwheel.settings import get_settings
@@ -64,8 +65,12 @@ def main() -> None:
 
     if args.batch_ms is None:
         settings = get_settings()
-        light = args.rate * 5 * settings.status_batch_ms // 1000 < settings.status_busy_rows
-        args.batch_ms = settings.status_batch_ms if light else settings.status_busy_batch_ms
+        args.batch_ms = batch_due_ms(  # 5 events a job: what its batch holds at batch_ms
+            args.rate * 5 * settings.status_batch_ms // 1000,
+            settings.status_batch_ms,
+            settings.status_busy_rows,
+            settings.status_busy_batch_ms,
+        )
     jobs_per_batch = max(1, args.rate * args.batch_ms // 1000)
     batches = max(1, int(args.seconds * 1000 / args.batch_ms))
     with tempfile.TemporaryDirectory(prefix="jobwheel-store-bench-") as tmp:

@@ -106,6 +106,13 @@ class SinkStats:
         return asdict(self)
 
 
+def batch_due_ms(rows: int, batch_ms: int, busy_rows: int, busy_batch_ms: int) -> int:
+    """How old a batch of ``rows`` may grow before it is inserted: ``batch_ms``, or
+    ``busy_batch_ms`` (never less) once it holds ``busy_rows`` (see
+    :meth:`StatusSink._batch_due_ms`; ``load.store_bench`` picks its interval by it)."""
+    return max(batch_ms, busy_batch_ms) if rows >= busy_rows else batch_ms
+
+
 def consumer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     """The sink's consumer settings over the pass-through ``kafka_config``.
 
@@ -462,9 +469,9 @@ class StatusSink:
         tenth to a fifth off its CPU per job (BENCHMARKS.md, "The status sink's inserts under
         load"). A light sink keeps its batches at ``batch_ms``: what users look at stays
         fresh where fresh is cheap."""
-        if len(self._batch.rows) >= self.busy_rows:
-            return self.busy_batch_ms
-        return self.batch_ms
+        return batch_due_ms(
+            len(self._batch.rows), self.batch_ms, self.busy_rows, self.busy_batch_ms
+        )
 
     def handle(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         """One record of ``topic``: its rows go into the batch, or it is logged with the reason
