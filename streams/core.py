@@ -122,6 +122,9 @@ class EngineCore:
         self._txn_backlog = False  # the open transaction began or grew behind its input
         self._last_status_log = 0.0
         self._clamp_lines = Sampled()
+        # A claim's failed asks of the group consumer: a broker answering NOT_COORDINATOR at
+        # once was asked dozens of times a second, each a warning line (see _claim_failed).
+        self._claim_lines = Sampled(5.0)
         self._logged_counters: tuple[int, ...] = ()
         self._closing = False
         # The largest job record the processors write; lowered when the producer refuses a

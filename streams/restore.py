@@ -216,20 +216,23 @@ class Restorer(EngineCore):
         return True
 
     def _claim_failed(self, task: PartitionTask, what: str, exc: BrokerError) -> None:
-        """Log a failed step of a claim and keep the time it has been failing, counted only
-        while a bootstrap server accepts connections (a claim waiting out an outage is not
-        stuck, and a client replaced then could not tell the broker it leaves)."""
+        """Keep the time a claim has been failing, counted only while a bootstrap server
+        accepts connections (a claim waiting out an outage is not stuck, and a client replaced
+        then could not tell the broker it leaves), and log it (a line per 5 s at most)."""
         now = time.monotonic()
         if task.claim_failing_since is None or not self._kafka_reachable():
             task.claim_failing_since = now
-        log.warning(
-            what,
-            extra={
-                "partition": task.partition,
-                "error": str(exc),
-                "failing_s": round(now - task.claim_failing_since, 1),
-            },
-        )
+        times = self._claim_lines.due()
+        if times:
+            log.warning(
+                what,
+                extra={
+                    "partition": task.partition,
+                    "error": str(exc),
+                    "failing_s": round(now - task.claim_failing_since, 1),
+                    "times": times,  # failures of claims this line stands for
+                },
+            )
 
     def stuck_claim(self) -> str | None:
         """Why the partitions must be given up with every client, or None: a claim has failed
