@@ -275,26 +275,30 @@ class InputConsumer(_TopicReader):
     def pause(self, partition: int) -> None:
         self._consumer.pause([TopicPartition(self.topic, partition)])
 
-    def committed(self, topic: str, partitions: Sequence[int], timeout_s: float = 10.0) -> dict:
-        """The group's committed offsets of ``topic`` (``NO_OFFSET`` where there is none).
+    def committed(
+        self, pairs: Sequence[tuple[str, int]], timeout_s: float = 10.0
+    ) -> dict[tuple[str, int], int]:
+        """The group's committed offsets of ``(topic, partition)`` pairs (``NO_OFFSET`` where
+        there is none), in one request.
 
         Stable offsets only: this consumer is ``read_committed``, so librdkafka asks with
         ``require_stable`` (KIP-447) and the broker holds the answer back while a transaction
         with offsets for the partition is still open (a previous owner's, committing or about
         to be aborted); past ``timeout_s`` this raises, and the caller asks again."""
-        tps = [TopicPartition(topic, p) for p in partitions]
+        tps = [TopicPartition(topic, p) for topic, p in pairs]
+        names = ", ".join(sorted({topic for topic, _p in pairs}))
         try:
             found = self._consumer.committed(tps, timeout=timeout_s)
         except KafkaException as exc:
-            raise broker_error(exc, f"reading the committed offsets of {topic} failed") from exc
+            raise broker_error(exc, f"reading the committed offsets of {names} failed") from exc
         for tp in found:
             if tp.error is not None:
                 raise BrokerError(
-                    f"reading the committed offset of {topic}/{tp.partition} failed: "
+                    f"reading the committed offset of {tp.topic}/{tp.partition} failed: "
                     f"{tp.error.str()}",
                     code=tp.error.name(),
                 )
-        return {tp.partition: tp.offset for tp in found}
+        return {(tp.topic, tp.partition): tp.offset for tp in found}
 
     def topic_names(self, timeout_s: float) -> list[str]:
         """The names of every topic on the broker (a metadata request for all of them: naming

@@ -10,7 +10,7 @@ from jobwheel.errors import BrokerError
 from jobwheel.settings import Settings
 from jobwheel.streams.engine import SchedulerEngine
 from jobwheel.streams.state.partition import MemoryBackend, PartitionState
-from jobwheel.streams.tasks import PartitionTask
+from jobwheel.streams.tasks import PartitionTask, Phase
 
 SETTINGS = Settings(_env_file=None, topic_prefix="p", partitions=1)  # type: ignore[call-arg]
 BOUND_S = SETTINGS.scheduler_claim_stall_s
@@ -64,3 +64,16 @@ def test_the_bound_is_never_below_what_a_healthy_claim_can_wait() -> None:
     long = Settings(_env_file=None, scheduler_restore_stall_ms=120_000)  # type: ignore[call-arg]
     assert long.scheduler_claim_stall_s == 120.0
     assert SETTINGS.scheduler_claim_stall_s == 30.0  # the defaults: 30 s, 10 s + 15 s
+
+
+def test_a_claim_that_failed_and_then_came_through_is_not_stuck() -> None:
+    """Failures that end are not a stuck claim: a claim that waited behind a previous owner's
+    transaction, then became ready, was given up 30 s after its first failure, its partitions
+    processing by then, and every client replaced for nothing."""
+    engine, task = claiming_engine([True])
+    engine._claim_failed(task, "cannot read committed offsets yet", TIMED_OUT)
+    assert task.claim_failing_since is not None
+    task.claim_failing_since -= BOUND_S + 5
+    task.phase = Phase.READY
+    assert engine.stuck_claim() is None
+    assert engine.stats.stuck_claims == 0
