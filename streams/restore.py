@@ -259,9 +259,9 @@ class Restorer(EngineCore):
         Seen after broker restarts under commits: reading the offsets timed out for 300 s
         with the broker up, or the input could not be rewound (``Erroneous state``: the client
         no longer fetched the partition it was assigned) for 120 s; the partitions stayed
-        "restoring", their jobs unfired. What is wrong is the client's own
-        state, and the group consumer cannot be replaced on its own: the caller replaces every
-        client and joins the group again (the broker is reachable, so the old member leaves)."""
+        "restoring", their jobs unfired. What is wrong is the client's own state, and the
+        group consumer cannot be replaced on its own: the caller replaces every client and
+        joins the group again (the broker is reachable, so the old member leaves)."""
         bound_s = self.settings.scheduler_claim_stall_s
         now = time.monotonic()
         for task in self.tasks.values():
