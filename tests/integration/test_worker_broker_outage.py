@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -280,14 +281,29 @@ def test_a_run_finished_while_the_broker_is_frozen_is_not_run_again_by_another_w
             # The verdict was on its way before the freeze ended: the broker has it now.
             (verdict,) = tail.wait_for(held.run_id, State.SUCCEEDED, timeout_s=60)
             assert verdict.worker.endswith(f":{first.pid}")
+            # The first worker's commit past the run, sent into the freeze, can be accepted
+            # when the broker wakes (before the broker expires its session): the second worker
+            # then starts past the run and has nothing to decide. Seen once in a full run;
+            # the run must still run once, and the acks lookup is checked when it applies.
+            # Both went into the freeze together and are handled as it ends: a second after
+            # the verdict is seen, the commit has been taken or refused.
+            time.sleep(scaled(1))
+            late_commit = committed_offsets(settings).get(partition, -1) > held_offset
             second = start_worker(procs, env, second_log)
-            # The known end: the second worker's commit past the run's record (it fetched it
-            # and is done with it, by running it or not).
+            # The known end: the second worker owns the partition and the group's offset is
+            # past the run's record (the second fetched it and is done with it, by running it
+            # or not; or the first's late commit put it there).
             wait_until(
-                lambda: committed_offsets(settings).get(partition, -1) > held_offset,
+                lambda: (
+                    committed_offsets(settings).get(partition, -1) > held_offset
+                    and any(
+                        partition in e["partitions"]
+                        for e in log_events(second_log, "partitions assigned")
+                    )
+                ),
                 90,
                 interval_s=0.3,
-                message="the second worker never committed past the run",
+                message="the second worker never took the partition and committed past the run",
             )
         finally:
             os.kill(first.pid, signal.SIGCONT)
@@ -295,7 +311,8 @@ def test_a_run_finished_while_the_broker_is_frozen_is_not_run_again_by_another_w
         assert first.poll() is None and second.poll() is None
         assert file_lines(started) == [f"{held.run_id}:1"], "the run was executed again"
         assert len(tail.of(held.run_id, State.SUCCEEDED)) == 1
-        (lookup,) = log_events(second_log, "acks since the previous owners' last commits read")
-        assert partition in lookup["partitions"] and lookup["runs_decided"] >= 1, lookup
+        if not late_commit:
+            (lookup,) = log_events(second_log, "acks since the previous owners' last commits read")
+            assert partition in lookup["partitions"] and lookup["runs_decided"] >= 1, lookup
     finally:
         tail.close()
