@@ -130,8 +130,11 @@ class EngineCore:
         # The largest job record the processors write; lowered when the producer refuses a
         # smaller changelog record (see _produce).
         self._record_limit = settings.scheduler_max_record_bytes
+        # Does a bootstrap server accept connections: one probe for the call watchdog and the
+        # stuck-claim bound (only such time counts for either).
+        self._kafka_reachable = kafka_reachable(settings)
         # Every blocking transactional call runs under this deadline (streams/kafka.py).
-        self.watchdog = scheduler_watchdog(settings)
+        self.watchdog = scheduler_watchdog(settings, self._kafka_reachable)
         self.producer: TransactionalProducer | None = None
         self.input: InputConsumer | None = None
         self.acks: AcksConsumer | None = None
@@ -139,8 +142,6 @@ class EngineCore:
         # Restoring partition -> (changelog position, or None: not measured; since when it
         # has not moved): see _restore_stalled.
         self._stalled_since: dict[int, tuple[int | None, float]] = {}
-        # Does a bootstrap server accept connections (a stuck claim counts only such time).
-        self._kafka_reachable = kafka_reachable(settings)
 
     def _topic_names(self, timeout_s: float) -> list[str]:
         """The broker's topics, for :attr:`queues` (asked on the loop's thread, which alone

@@ -85,14 +85,16 @@ def broker_error(exc: KafkaException, what: str) -> BrokerError:
     return BrokerError(message, code=err.name())
 
 
-def scheduler_watchdog(settings: Settings) -> CallWatchdog:
+def scheduler_watchdog(
+    settings: Settings, reachable: Callable[[], bool] | None = None
+) -> CallWatchdog:
     """The deadline of the scheduler's blocking Kafka calls (one per process: it outlives the
-    producers a reset replaces)."""
+    producers a reset replaces); ``reachable``: the process's probe, when it has one."""
     return CallWatchdog(
         settings.scheduler_call_deadline_s,
         what="scheduler",
         setting="JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS",
-        reachable=kafka_reachable(settings),
+        reachable=reachable or kafka_reachable(settings),
     )
 
 
