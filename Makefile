@@ -17,11 +17,12 @@ MVN_FETCH := mvn -B -q -f $(CURDIR)/deploy/pom.xml \
 
 setup: $(VENV)/.installed $(LIB)/.fetched $(VENV)/.compose $(VENV)/.chromium
 
-# The editable install also compiles schemas/_flat.c next to it (the flat codec's C half,
-# optional: without a compiler the install succeeds and the codec runs on its Python).
+# The editable install also compiles schemas/_flat.c and schemas/_murmur2.c next to it (the
+# C halves of the flat codec and of the partitioner; optional: without a compiler the install
+# succeeds and both run on their Python).
 # setuptools warns at every editable install of a package mapped from several folders
 # ("Editable installation ... folders ... with the same name"): that one warning is silenced.
-$(VENV)/.installed: pyproject.toml setup.py schemas/_flat.c
+$(VENV)/.installed: pyproject.toml setup.py schemas/_flat.c schemas/_murmur2.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[all,dev]'

@@ -1,14 +1,61 @@
 """Every producer must put a job in the partition the Java client (and librdkafka's
-``murmur2_random``) would: the scheduler owns jobs by that partition."""
+``murmur2_random``) would: the scheduler owns jobs by that partition. Each murmur2 test runs on
+the C (``schemas/_murmur2.c``, what a built install uses) and on the Python reference; the
+first test fails when the C could have been built and was not."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import random
+import shlex
+import shutil
+import sysconfig
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from jobwheel.schemas.partitioning import key_for, murmur2, partition_for, partition_for_key
+from jobwheel.schemas import partitioning
+from jobwheel.schemas.partitioning import (
+    key_for,
+    murmur2,
+    murmur2_python,
+    partition_for,
+    partition_for_key,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+_native = importlib.util.find_spec("jobwheel.schemas._murmur2")
+#: Each implementation of murmur2, by name; a test takes ``impl``.
+IMPLS: dict[str, Callable[[bytes], int]] = {"python": murmur2_python}
+if _native is not None:
+    IMPLS["c"] = importlib.import_module("jobwheel.schemas._murmur2").murmur2
+impls = pytest.mark.parametrize("impl", ["c", "python"])
+
+
+def _impl(name: str) -> Callable[[bytes], int]:
+    if name not in IMPLS:
+        pytest.skip("schemas/_murmur2.c is not built (the first test says whether it should be)")
+    return IMPLS[name]
+
+
+def test_the_c_murmur2_is_built_and_is_what_the_partitioner_uses() -> None:
+    if _native is None:
+        compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+        if shutil.which(compiler) is None:
+            pytest.skip(f"no C compiler ({compiler}): the partitioner runs on its Python")
+        pytest.fail(
+            f"schemas/_murmur2.c is not built although {compiler} is here: run `make setup` "
+            "(or .venv/bin/pip install -v -e . and read why the build failed)"
+        )
+    assert murmur2 is IMPLS["c"] and partitioning.murmur2 is IMPLS["c"]
+    built, source = Path(str(_native.origin)), REPO / "schemas" / "_murmur2.c"
+    if built.parent == source.parent:  # the editable install builds it next to its source
+        assert built.stat().st_mtime >= source.stat().st_mtime, (
+            f"{built.name} is older than schemas/_murmur2.c: run `make setup` to rebuild it"
+        )
 
 
 def _keys() -> list[str]:
@@ -51,8 +98,9 @@ def test_key_is_raw_utf8_of_the_job_id() -> None:
         (b"abc", 479470107),
     ],
 )
-def test_murmur2_matches_the_java_client(data: bytes, expected: int) -> None:
-    assert murmur2(data) == expected & 0xFFFFFFFF
+@impls
+def test_murmur2_matches_the_java_client(impl: str, data: bytes, expected: int) -> None:
+    assert _impl(impl)(data) == expected & 0xFFFFFFFF
 
 
 def _java_partition(key: bytes, partitions: int) -> int:
@@ -96,6 +144,26 @@ def test_partition_matches_the_java_default_partitioner(partitions: int) -> None
         expected = _java_partition(key_for(job_id), partitions)
         assert partition_for(job_id, partitions) == expected, job_id
         assert partition_for_key(key_for(job_id), partitions) == expected
+
+
+@impls
+def test_murmur2_matches_an_independent_reading_of_the_java_client(impl: str) -> None:
+    """Every key length modulo 4, bytes of every value (the C reads them unsigned), and keys
+    long enough for many rounds."""
+    rnd = random.Random(11)
+    keys = [bytes(rnd.randrange(256) for _ in range(n)) for n in range(70) for _ in range(20)]
+    keys += [bytes([b]) * n for b in (0, 0x7F, 0x80, 0xFF) for n in range(1, 9)]
+    keys.append(bytes(range(256)) * 40)
+    for key in keys:
+        expected = _java_partition(key, 0x7FFFFFFF)
+        assert (_impl(impl)(key) & 0x7FFFFFFF) % 0x7FFFFFFF == expected, key
+
+
+def test_the_c_murmur2_takes_only_bytes() -> None:
+    c = _impl("c")
+    for wrong in ("job-1", bytearray(b"job-1"), memoryview(b"job-1"), None, 7):
+        with pytest.raises(TypeError, match="takes bytes"):
+            c(wrong)  # type: ignore[arg-type]
 
 
 def test_partitions_must_be_positive() -> None:
