@@ -119,6 +119,9 @@ class PartitionTask:
     # Since when (monotonic) this claim has failed to read its committed offsets or to rewind
     # its input, counting only while Kafka accepts connections (Restorer._claim_failed).
     claim_failing_since: float | None = None
+    # When (monotonic) this claim last asked for its committed offsets: the claims that waited
+    # longest ask first (Restorer._restore).
+    offsets_asked_at: float = 0.0
     # Health: the progress note of the open transaction, and of the last commit (or, before
     # the first, of the moment the partition became ready).
     pending_note: Progress | None = None
