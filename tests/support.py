@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -662,3 +663,33 @@ def docker_engine() -> bool:
             client.close()
     except Exception:
         return False
+
+
+def built_c_module(name: str, source: Path) -> ModuleType:
+    """The C module ``name`` the install builds from ``source``: skips the test when there is
+    no C compiler here (the package then runs on its Python), fails it when there is one and
+    the module was not built, or was built from an older ``source`` (a broken build would
+    otherwise pass on the Python alone)."""
+    import importlib
+    import importlib.util
+    import shlex
+    import shutil
+    import sysconfig
+
+    import pytest
+
+    if importlib.util.find_spec(name) is None:
+        compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+        if shutil.which(compiler) is None:
+            pytest.skip(f"no C compiler ({compiler}): {name} runs on its Python")
+        pytest.fail(
+            f"{source.name} is not built although {compiler} is here: run `make setup` "
+            "(or .venv/bin/pip install -v -e . and read why the build failed)"
+        )
+    module = importlib.import_module(name)  # a broken build: its own error
+    built = Path(str(module.__file__))
+    if built.parent == source.parent:  # the editable install builds it next to its source
+        assert built.stat().st_mtime >= source.stat().st_mtime, (
+            f"{built.name} is older than {source.name}: run `make setup` to rebuild it"
+        )
+    return module

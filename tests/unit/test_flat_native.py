@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import enum
 import gc
-import importlib
-import importlib.util
 import io
-import shlex
-import shutil
 import sys
-import sysconfig
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +30,7 @@ from jobwheel.schemas import flat
 from jobwheel.schemas.codec import Codec, SchemaCatalogue
 from jobwheel.schemas.flat import FlatError, FlatRecord
 from jobwheel.schemas.models import ConcurrencyPolicy, Run, State, StatusEvent
+from tests.support import built_c_module
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = SchemaCatalogue.load()
@@ -46,21 +42,8 @@ LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 
 
 def test_the_c_module_is_built_and_is_what_the_codec_uses() -> None:
-    if importlib.util.find_spec("jobwheel.schemas._flat") is None:
-        compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
-        if shutil.which(compiler) is None:
-            pytest.skip(f"no C compiler ({compiler}): the codec runs on the generated Python")
-        pytest.fail(
-            f"schemas/_flat.c is not built although {compiler} is here: run `make setup` "
-            "(or .venv/bin/pip install -v -e . and read why the build failed)"
-        )
-    module = importlib.import_module("jobwheel.schemas._flat")  # a broken build: its own error
+    module = built_c_module("jobwheel.schemas._flat", REPO / "schemas" / "_flat.c")
     assert flat._flat is module
-    built, source = Path(str(module.__file__)), REPO / "schemas" / "_flat.c"
-    if built.parent == source.parent:  # the editable install builds it next to its source
-        assert built.stat().st_mtime >= source.stat().st_mtime, (
-            f"{built.name} is older than schemas/_flat.c: run `make setup` to rebuild it"
-        )
     codec = Codec()
     for model in (Run, StatusEvent):
         write = codec._writers[model].write

@@ -8,9 +8,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import random
-import shlex
-import shutil
-import sysconfig
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +22,7 @@ from jobwheel.schemas.partitioning import (
     partition_for,
     partition_for_key,
 )
+from tests.support import built_c_module
 
 REPO = Path(__file__).resolve().parents[2]
 _native = importlib.util.find_spec("jobwheel.schemas._murmur2")
@@ -42,20 +40,8 @@ def _impl(name: str) -> Callable[[bytes], int]:
 
 
 def test_the_c_murmur2_is_built_and_is_what_the_partitioner_uses() -> None:
-    if _native is None:
-        compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
-        if shutil.which(compiler) is None:
-            pytest.skip(f"no C compiler ({compiler}): the partitioner runs on its Python")
-        pytest.fail(
-            f"schemas/_murmur2.c is not built although {compiler} is here: run `make setup` "
-            "(or .venv/bin/pip install -v -e . and read why the build failed)"
-        )
-    assert murmur2 is IMPLS["c"] and partitioning.murmur2 is IMPLS["c"]
-    built, source = Path(str(_native.origin)), REPO / "schemas" / "_murmur2.c"
-    if built.parent == source.parent:  # the editable install builds it next to its source
-        assert built.stat().st_mtime >= source.stat().st_mtime, (
-            f"{built.name} is older than schemas/_murmur2.c: run `make setup` to rebuild it"
-        )
+    module = built_c_module("jobwheel.schemas._murmur2", REPO / "schemas" / "_murmur2.c")
+    assert murmur2 is module.murmur2 and partitioning.murmur2 is module.murmur2
 
 
 def _keys() -> list[str]:
