@@ -27,7 +27,7 @@ def test_fetching_the_broker_jars_prints_no_escape_codes_and_keeps_maven_s_exit(
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     shutil.copy(ROOT / "deploy" / "pom.xml", tmp_path / "deploy" / "pom.xml")
     # The fetch rule's order-only prerequisites, as a set-up checkout has them.
-    for name in ("pyproject.toml", "setup.py", "schemas/_flat.c"):
+    for name in ("pyproject.toml", "setup.py", "schemas/_flat.c", "schemas/_murmur2.c"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).touch()
     (tmp_path / ".venv").mkdir()

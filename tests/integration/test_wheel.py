@@ -8,8 +8,9 @@ virtual environments, never the editable install of the repository.
 - ``pip install 'jobwheel[all]'``: every module imports, every subcommand answers ``--help``,
   and the package data the servers read (migrations, console files, the broker's pom) is there.
 
-The wheel carries the flat codec's C module (``schemas/_flat.c``), compiled by the build, so it
-is one platform's wheel; the client install checks that the codec runs on it.
+The wheel carries the flat codec's and the partitioner's C modules (``schemas/_flat.c``,
+``schemas/_murmur2.c``), compiled by the build, so it is one platform's wheel; the client
+install checks that the codec runs on it.
 
 The dependencies come from a wheelhouse kept between runs (``JOBWHEEL_TEST_WHEELHOUSE``, by
 default ``~/.cache/jobwheel/test-wheelhouse``), filled from the configured package index the
@@ -167,11 +168,12 @@ def test_the_wheel_holds_one_top_level_package_and_no_benchmarks_or_tests(wheel:
     assert not [n for n in names if n.startswith(("jobwheel/load/", "jobwheel/tests/"))]
 
 
-def test_the_wheel_carries_the_compiled_flat_codec(wheel: Path) -> None:
+@pytest.mark.parametrize("module", ["_flat", "_murmur2"])
+def test_the_wheel_carries_the_compiled_c_modules(wheel: Path, module: str) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    assert f"jobwheel/schemas/_flat{suffix}" in names, sorted(n for n in names if "_flat" in n)
-    assert "jobwheel/schemas/_flat.c" not in names  # the source stays in the sdist
+    assert f"jobwheel/schemas/{module}{suffix}" in names, sorted(n for n in names if module in n)
+    assert f"jobwheel/schemas/{module}.c" not in names  # the source stays in the sdist
 
 
 def test_the_client_install_is_the_sdk_without_the_server_side(
