@@ -125,10 +125,9 @@ class EngineCore:
         # A claim's failed asks of the group consumer: a broker answering NOT_COORDINATOR at
         # once was asked dozens of times a second, each a warning line (see _claim_failed).
         self._claim_lines = Sampled(5.0)
-        #: An ask before a restore (a claim's committed offsets, a changelog's end) came back
-        #: unanswered in this iteration while other partitions process: the other partitions
-        #: ask in the next (Restorer._restore).
-        self._ask_spent = False
+        #: An ask for a claim's committed offsets came back unanswered in this iteration while
+        #: other partitions process: the other claims ask in the next (Restorer._restore).
+        self._offsets_ask_spent = False
         self._logged_counters: tuple[int, ...] = ()
         self._closing = False
         # The largest job record the processors write; lowered when the producer refuses a

@@ -34,10 +34,6 @@ STANDBY_SLICE_S = 0.05
 #: processing (the loop waits in it), and while none is (:meth:`Restorer._read_committed`).
 OFFSETS_ASK_S = 0.2
 OFFSETS_WAIT_S = 10.0
-#: The same for measuring a changelog partition's end (:meth:`Restorer._start_restore`): a
-#: leader answers at once, and with its broker just killed the ask waits for the election.
-END_ASK_S = 1.0
-END_WAIT_S = 10.0
 
 
 class Restorer(EngineCore):
@@ -51,11 +47,11 @@ class Restorer(EngineCore):
         pending = [
             t for t in self.tasks.values() if t.phase is not Phase.READY and not t.restore.reading
         ]
-        # Claims before standby copies, each the longest waiting first: while partitions
-        # process, at most one ask per iteration waits unanswered (_read_committed,
-        # _start_restore), and the partition behind it must not keep the others from asking.
-        pending.sort(key=lambda t: (t.phase is Phase.STANDBY, t.restore.asked_at))
-        self._ask_spent = False
+        # The claims that asked for their committed offsets longest ago first: at most one ask
+        # per iteration waits unanswered (_read_committed), and the claim behind it must not
+        # keep the others from asking.
+        pending.sort(key=lambda t: t.offsets_asked_at if isinstance(t, PartitionTask) else 0.0)
+        self._offsets_ask_spent = False
         for task in pending:
             self._start_restore(task)
         reading = {
@@ -131,17 +127,9 @@ class Restorer(EngineCore):
         if isinstance(task, PartitionTask) and not task.offsets_read:
             if not self._read_committed(task):
                 return  # try again on the next iteration
-        busy = self._busy()
-        if busy and self._ask_spent:
-            return
-        task.restore.asked_at = time.monotonic()
         try:
-            # While partitions process, the loop waits in this ask: 1 s, not 10 (a claim
-            # made just after its changelog leader's broker died waited 10 s here, and every
-            # other such claim 10 s more, the process's own partitions unfired meanwhile).
-            low, high = self.changelog.watermarks(task.partition, END_ASK_S if busy else END_WAIT_S)
+            low, high = self.changelog.watermarks(task.partition)
         except BrokerError as exc:
-            self._ask_spent = busy
             # Asked again every iteration: logged when it starts failing (and again after a
             # new changelog consumer), not on every try (the loop would write megabytes a
             # second while the broker answers at once that it does not know).
@@ -236,10 +224,10 @@ class Restorer(EngineCore):
         asks, 1.2 s, in every iteration, and its own partitions' jobs fired that late."""
         assert self.input is not None
         p = task.partition
-        busy = self._busy()
-        if busy and self._ask_spent:
+        busy = any(t.phase is Phase.READY for t in self.tasks.values())
+        if busy and self._offsets_ask_spent:
             return False
-        task.restore.asked_at = time.monotonic()
+        task.offsets_asked_at = time.monotonic()
         requests_tp, acks_tp = (self.topics.requests, p), (self.topics.acks, p)
         try:
             found = self.input.committed(
@@ -247,17 +235,13 @@ class Restorer(EngineCore):
             )
             requests, acks = found[requests_tp], found[acks_tp]
         except BrokerError as exc:
-            self._ask_spent = busy
+            self._offsets_ask_spent = busy
             self._claim_failed(task, "cannot read committed offsets yet", exc)
             return False
         task.requests_committed = requests if requests >= 0 else None
         task.acks_committed = acks if acks >= 0 else None
         task.offsets_read = True
         return True
-
-    def _busy(self) -> bool:
-        """Are partitions processing (then the loop must not wait long in an ask)?"""
-        return any(t.phase is Phase.READY for t in self.tasks.values())
 
     def _claim_failed(self, task: PartitionTask, what: str, exc: BrokerError) -> None:
         """Keep the time a claim has been failing, counted only while a bootstrap server

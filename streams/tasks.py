@@ -58,9 +58,6 @@ class RestoreProgress:
     fresh: bool = False  # first pass from scratch: records first, the index at the end
     applied: int = 0
     next: int = 0  # next changelog offset to restore (progress, for metrics)
-    # When (monotonic) the partition last asked the broker before reading (a claim's committed
-    # offsets, the changelog's end): the longest waiting asks first (Restorer._restore).
-    asked_at: float = 0.0
 
 
 @dataclass
@@ -122,6 +119,9 @@ class PartitionTask:
     # Since when (monotonic) this claim has failed to read its committed offsets or to rewind
     # its input, counting only while Kafka accepts connections (Restorer._claim_failed).
     claim_failing_since: float | None = None
+    # When (monotonic) this claim last asked for its committed offsets: the claims that waited
+    # longest ask first (Restorer._restore).
+    offsets_asked_at: float = 0.0
     # Health: the progress note of the open transaction, and of the last commit (or, before
     # the first, of the moment the partition became ready).
     pending_note: Progress | None = None
