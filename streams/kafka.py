@@ -51,7 +51,7 @@ from confluent_kafka import (
 )
 
 from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
-from jobwheel.kafka.consumer import STATIC_ASSIGNOR, Record, records
+from jobwheel.kafka.consumer import STATIC_ASSIGNOR, Record, ask_watermarks, records
 from jobwheel.kafka.errors import kafka_error, with_client_logging
 from jobwheel.kafka.producer import PRODUCER_DEFAULTS
 from jobwheel.logs import Throttle
@@ -130,29 +130,12 @@ def consumer_config(
 
 
 def _watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
-    """``(first offset, end offset)`` of a partition, asked of its leader; the end is the last
-    stable offset for a ``read_committed`` consumer, the high watermark otherwise.
-
-    librdkafka finds the leader in its metadata cache, and takes a cached "no leader" (an
-    answer given while the leader's broker was restarting) for a permanent error: it fails at
-    once with "Unknown partition" without asking again, and a client with no partition of the
-    topic assigned has nothing else that would ask, so the answer stayed until the cache
-    expired (15 minutes). After a failure the topic's metadata is asked for again
-    (``list_topics`` refreshes the cache) and the offsets asked once more, so a leader that is
-    back is found at once."""
-    tp = TopicPartition(topic, partition)
-    deadline = time.monotonic() + timeout_s
+    """``(first offset, end offset)`` of a partition (:func:`ask_watermarks`: asked of its
+    leader again after a metadata refresh, so a stale cache neither fails it nor holds it)."""
     try:
-        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
-    except KafkaException as first:
-        try:
-            consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
-            low, high = consumer.get_watermark_offsets(
-                tp, timeout=max(0.1, deadline - time.monotonic())
-            )
-        except KafkaException as exc:
-            raise broker_error(exc, f"reading the offsets of {topic}/{partition}") from first
-    return int(low), int(high)
+        return ask_watermarks(consumer, topic, partition, timeout_s)
+    except KafkaException as exc:
+        raise broker_error(exc, f"reading the offsets of {topic}/{partition}") from exc
 
 
 _warned_static = threading.Event()

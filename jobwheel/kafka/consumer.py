@@ -1,6 +1,7 @@
 """What every consumer of jobwheel shares: fetched messages as plain :class:`Record` values
-(client errors raised or logged the one way), the lag a consumer already knows, the config of a
-consumer that commits only finished work, and :class:`GroupConsumer`, the group member of the
+(client errors raised or logged the one way), the lag a consumer already knows, a partition's
+offsets asked of its leader through a stale metadata cache, the config of a consumer that
+commits only finished work, and :class:`GroupConsumer`, the group member of the
 worker and the status sink (the scheduler's own are in ``streams/kafka.py``)."""
 
 from __future__ import annotations
@@ -20,10 +21,59 @@ from confluent_kafka import (
 
 from jobwheel.errors import BrokerError
 from jobwheel.kafka.config import Service
-from jobwheel.kafka.errors import broker_error, with_client_logging
+from jobwheel.kafka.errors import broker_error, kafka_error, with_client_logging
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+#: The first ask for a partition's offsets waits this long; each later one waits as long as the
+#: asking has taken so far (1, 1, 2, 4 s ...), until the caller's timeout.
+WATERMARKS_FIRST_ASK_S = 1.0
+
+
+def ask_watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
+    """``(first offset, end offset)`` of a partition, asked of its leader; the end is the last
+    stable offset for a ``read_committed`` consumer, the high watermark otherwise.
+
+    librdkafka sends the ask to the leader in its metadata cache, and a consumer with no
+    partition of the topic assigned has nothing else that would refresh that cache:
+
+    - a cached "no leader" (an answer given while the leader's broker was restarting) fails at
+      once with "Unknown partition", and stayed until the cache expired (15 minutes);
+    - a cached leader whose broker was killed gets the ask, and it waits there for the whole
+      timeout (measured on three nodes: 10.03 s of a 10 s timeout) although the partition has
+      had a new leader for seconds; the scheduler's loop waited with it, once per partition.
+
+    So the first ask is short, and after a failure the topic's metadata is asked for again
+    (``list_topics`` refreshes the cache) before the next ask: a new leader, or one that is
+    back, is found within about a second. Asks that time out go on until ``timeout_s``, each
+    waiting as long as the asking has taken so far, so a broker that is slow but answering
+    still answers. An ask that fails at once ("no leader") after a refresh is the cluster's
+    answer now: it is raised, and the caller asks again later rather than wait here. Raises
+    the last ask's :class:`KafkaException`."""
+    tp = TopicPartition(topic, partition)
+    began = time.monotonic()
+    deadline = began + timeout_s
+    failed_at_once = 0
+    while True:
+        asked = time.monotonic()
+        wait = min(max(WATERMARKS_FIRST_ASK_S, asked - began), deadline - asked)
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, wait))
+            return int(low), int(high)
+        except KafkaException as exc:
+            last = exc
+            err = kafka_error(exc)
+            failed_at_once += err is None or err.code() != KafkaError._TIMED_OUT
+        if failed_at_once > 1 or time.monotonic() >= deadline:
+            raise last
+        try:
+            consumer.list_topics(
+                topic, timeout=max(0.1, min(WATERMARKS_FIRST_ASK_S, deadline - time.monotonic()))
+            )
+        except KafkaException:
+            pass  # no broker answered metadata either: the next ask fails or finds the leader
 
 
 class Record(NamedTuple):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
-from jobwheel.kafka.consumer import Record
+from jobwheel.kafka.consumer import Record, ask_watermarks
 from jobwheel.kafka.errors import broker_error, with_client_logging
 from jobwheel.settings import Settings
 
@@ -74,12 +74,9 @@ class TopicReader:
     def watermarks(self, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
         """The partition's first retained offset and the offset its next record will get."""
         try:
-            low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=timeout_s
-            )
+            return ask_watermarks(self._consumer, topic, partition, timeout_s)
         except KafkaException as exc:
             raise BrokerError(f"cannot read the end of {topic}/{partition}: {exc}") from exc
-        return int(low), int(high)
 
     def offsets_at(
         self, topic: str, partitions: list[int], ms: int, timeout_s: float

@@ -1,0 +1,110 @@
+"""How a partition's offsets are asked of its leader (``kafka.consumer.ask_watermarks``), on a clock
+and a consumer that only record what was asked: the first ask is short, the metadata is
+refreshed after each failure, a timed-out ask goes on with longer waits until the timeout, and
+an ask that fails at once after a refresh is raised rather than repeated. On a real cluster the
+test ``test_a_changelog_end_is_read_from_its_new_leader_once_the_old_one_was_killed`` shows what
+that is for: an ask to a killed leader waited its whole timeout (30.0 s of 30), and the
+scheduler's loop with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from jobwheel.errors import BrokerError
+from jobwheel.kafka import consumer as kafka_consumer
+from jobwheel.kafka.consumer import WATERMARKS_FIRST_ASK_S
+from jobwheel.kafka.reader import TopicReader
+from jobwheel.streams.kafka import _watermarks
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class Cluster:
+    """A consumer whose cache names a dead leader until its metadata is refreshed
+    ``refreshes_to_heal`` times; each answer is ``(0, 7)``. ``fails_at_once``: every ask
+    fails at once with "no leader" instead (a partition whose replicas are all down)."""
+
+    def __init__(self, clock: Clock, refreshes_to_heal: int, fails_at_once: bool = False) -> None:
+        self.clock = clock
+        self.refreshes_to_heal = refreshes_to_heal
+        self.fails_at_once = fails_at_once
+        self.calls: list[tuple[str, float]] = []
+
+    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+        self.calls.append(("ask", timeout))
+        if self.fails_at_once:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+        if self.refreshes_to_heal > 0:
+            self.clock.now += timeout  # the dead leader never answers: the ask waits it out
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return 0, 7
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.calls.append(("refresh", timeout))
+        self.refreshes_to_heal -= 1
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(kafka_consumer, "time", clock)
+    return clock
+
+
+def _scheduler_measure(cluster: Cluster) -> tuple[int, int]:
+    return _watermarks(cluster, "t", 0, timeout_s=10.0)
+
+
+def _reader_end(cluster: Cluster) -> tuple[int, int]:
+    reader = TopicReader.__new__(TopicReader)  # its consumer is the fake; nothing else is used
+    reader._consumer = cluster
+    return reader.watermarks("t", 0, timeout_s=10.0)
+
+
+@pytest.mark.parametrize("ask", [_scheduler_measure, _reader_end], ids=["scheduler", "reader"])
+def test_a_dead_cached_leader_costs_one_short_ask_then_the_new_leader_answers(
+    clock: Clock, ask: Any
+) -> None:
+    """Both askers: the scheduler's changelog measure and the SDK's reader (``wait``, the
+    dead-letter listing, the worker's acks lookup)."""
+    cluster = Cluster(clock, refreshes_to_heal=1)
+    assert ask(cluster) == (0, 7)
+    assert cluster.calls == [
+        ("ask", WATERMARKS_FIRST_ASK_S),
+        ("refresh", WATERMARKS_FIRST_ASK_S),
+        ("ask", WATERMARKS_FIRST_ASK_S),
+    ]
+    assert clock.now - 1000.0 == WATERMARKS_FIRST_ASK_S
+
+
+def test_asks_that_time_out_wait_longer_each_time_until_the_timeout(clock: Clock) -> None:
+    cluster = Cluster(clock, refreshes_to_heal=100)
+    with pytest.raises(BrokerError, match="reading the offsets of t/0.*_TIMED_OUT"):
+        _watermarks(cluster, "t", 0, timeout_s=10.0)
+    asks = [wait for what, wait in cluster.calls if what == "ask"]
+    assert asks == [1.0, 1.0, 2.0, 4.0, 2.0]  # the last one: what is left of the 10 s
+    assert clock.now - 1000.0 == 10.0
+
+
+def test_a_slow_leader_that_answers_within_the_timeout_is_waited_for(clock: Clock) -> None:
+    cluster = Cluster(clock, refreshes_to_heal=3)
+    assert _watermarks(cluster, "t", 0, timeout_s=10.0) == (0, 7)
+    assert [wait for what, wait in cluster.calls if what == "ask"] == [1.0, 1.0, 2.0, 4.0]
+
+
+def test_no_leader_after_a_refresh_is_raised_at_once(clock: Clock) -> None:
+    """The cluster's answer now: the caller asks again in its next iteration, and the loop
+    does not wait here for a broker that may be down for minutes."""
+    cluster = Cluster(clock, refreshes_to_heal=0, fails_at_once=True)
+    with pytest.raises(BrokerError, match="_UNKNOWN_PARTITION"):
+        _watermarks(cluster, "t", 0, timeout_s=10.0)
+    assert [what for what, _ in cluster.calls] == ["ask", "refresh", "ask"]
