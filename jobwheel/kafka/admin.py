@@ -359,6 +359,8 @@ def scheduler_progress(
     request still pending whenever an answer timed out. Raises :class:`BrokerError`."""
     from confluent_kafka import KafkaException, TopicPartition
 
+    from jobwheel.kafka.consumer import ask_watermarks
+
     t = settings.topics
     topics = (t.requests, t.acks)
     left = _time_left(timeout_s, "reading the scheduler group's offsets")
@@ -366,7 +368,10 @@ def scheduler_progress(
     try:
         tps = [TopicPartition(topic, p) for topic in topics for p in range(t.partitions)]
         committed = {(tp.topic, tp.partition): tp for tp in consumer.committed(tps, left())}
-        marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, left()) for tp in tps}
+        marks = {
+            (tp.topic, tp.partition): ask_watermarks(consumer, tp.topic, tp.partition, left())
+            for tp in tps
+        }
         now = time.time_ns() // 1_000_000
         out, starts = _partition_progress(settings, committed, marks, now)
         oldest, _ = _first_records(consumer, starts, left)
@@ -442,6 +447,8 @@ def group_backlog(
     wrote to the partition). Raises :class:`BrokerError`."""
     from confluent_kafka import KafkaException, TopicPartition
 
+    from jobwheel.kafka.consumer import ask_watermarks
+
     left = _time_left(timeout_s, f"reading the offsets of the group {group}")
     consumer = _offsets_reader(settings, group, package, eof=True)
     try:
@@ -450,7 +457,7 @@ def group_backlog(
         starts: dict[tuple[str, int], int] = {}
         unfinished: dict[int, int] = {}
         for tp in tps:
-            low, end = consumer.get_watermark_offsets(tp, left())
+            low, end = ask_watermarks(consumer, topic, tp.partition, left())
             start = committed.get(tp.partition, -1)
             start = start if start >= 0 else low
             unfinished[tp.partition] = max(0, end - start)
