@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -25,24 +25,25 @@ from jobwheel.kafka.errors import broker_error, kafka_error, with_client_logging
 from jobwheel.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-#: The first ask for a partition's offsets waits this long; each later one waits as long as the
+#: The first ask of a partition's leader waits this long; each later one waits as long as the
 #: asking has taken so far (1, 1, 2, 4 s ...), until the caller's timeout.
-WATERMARKS_FIRST_ASK_S = 1.0
+LEADER_FIRST_ASK_S = 1.0
 
 
-def ask_watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
-    """``(first offset, end offset)`` of a partition, asked of its leader; the end is the last
-    stable offset for a ``read_committed`` consumer, the high watermark otherwise.
+def ask_leaders(consumer: Any, topic: str, timeout_s: float, ask: Callable[[float], T]) -> T:
+    """``ask(wait_s)``: a request the client sends to the leaders of ``topic``'s partitions
+    (their offsets, the offsets at a time), asked through a stale metadata cache.
 
-    librdkafka sends the ask to the leader in its metadata cache, and a consumer with no
-    partition of the topic assigned has nothing else that would refresh that cache:
+    librdkafka sends it to the leader in its cache, and a consumer with no partition of the
+    topic assigned has nothing else that would refresh that cache:
 
     - a cached "no leader" (an answer given while the leader's broker was restarting) fails at
       once with "Unknown partition", and stayed until the cache expired (15 minutes);
     - a cached leader whose broker was killed gets the ask, and it waits there for the whole
-      timeout (measured on three nodes: 10.03 s of a 10 s timeout) although the partition has
+      timeout (measured on three nodes: 30.0 s of a 30 s timeout) although the partition has
       had a new leader for seconds; the scheduler's loop waited with it, once per partition.
 
     So the first ask is short, and after a failure the topic's metadata is asked for again
@@ -52,16 +53,14 @@ def ask_watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) 
     still answers. An ask that fails at once ("no leader") after a refresh is the cluster's
     answer now: it is raised, and the caller asks again later rather than wait here. Raises
     the last ask's :class:`KafkaException`."""
-    tp = TopicPartition(topic, partition)
     began = time.monotonic()
     deadline = began + timeout_s
     failed_at_once = 0
     while True:
         asked = time.monotonic()
-        wait = min(max(WATERMARKS_FIRST_ASK_S, asked - began), deadline - asked)
+        wait = min(max(LEADER_FIRST_ASK_S, asked - began), deadline - asked)
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, wait))
-            return int(low), int(high)
+            return ask(max(0.1, wait))
         except KafkaException as exc:
             last = exc
             err = kafka_error(exc)
@@ -70,10 +69,21 @@ def ask_watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) 
             raise last
         try:
             consumer.list_topics(
-                topic, timeout=max(0.1, min(WATERMARKS_FIRST_ASK_S, deadline - time.monotonic()))
+                topic, timeout=max(0.1, min(LEADER_FIRST_ASK_S, deadline - time.monotonic()))
             )
         except KafkaException:
             pass  # no broker answered metadata either: the next ask fails or finds the leader
+
+
+def ask_watermarks(consumer: Any, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
+    """``(first offset, end offset)`` of a partition, asked of its leader (:func:`ask_leaders`);
+    the end is the last stable offset for a ``read_committed`` consumer, the high watermark
+    otherwise."""
+    tp = TopicPartition(topic, partition)
+    low, high = ask_leaders(
+        consumer, topic, timeout_s, lambda wait: consumer.get_watermark_offsets(tp, timeout=wait)
+    )
+    return int(low), int(high)
 
 
 class Record(NamedTuple):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
-from jobwheel.kafka.consumer import Record, ask_watermarks
+from jobwheel.kafka.consumer import Record, ask_leaders, ask_watermarks
 from jobwheel.kafka.errors import broker_error, with_client_logging
 from jobwheel.settings import Settings
 
@@ -86,9 +86,13 @@ class TopicReader:
         appended in between (an answer to the command a caller has just sent: ``wait`` then
         never saw the job's events, a race that a fast scheduler made likely)."""
         ends = {p: self.end_offset(topic, p, timeout_s) for p in partitions}
+        at = [TopicPartition(topic, p, max(0, ms)) for p in partitions]
         try:
-            found = self._consumer.offsets_for_times(
-                [TopicPartition(topic, p, max(0, ms)) for p in partitions], timeout=timeout_s
+            found = ask_leaders(
+                self._consumer,
+                topic,
+                timeout_s,
+                lambda wait: self._consumer.offsets_for_times(at, timeout=wait),
             )
         except KafkaException as exc:
             raise BrokerError(f"cannot find where to read {topic}: {exc}") from exc

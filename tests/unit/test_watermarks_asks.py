@@ -1,8 +1,9 @@
-"""How a partition's offsets are asked of its leader (``kafka.consumer.ask_watermarks``), on a clock
-and a consumer that only record what was asked: the first ask is short, the metadata is
-refreshed after each failure, a timed-out ask goes on with longer waits until the timeout, and
-an ask that fails at once after a refresh is raised rather than repeated. On a real cluster the
-test ``test_a_changelog_end_is_read_from_its_new_leader_once_the_old_one_was_killed`` shows what
+"""How a partition's leader is asked (``kafka.consumer.ask_leaders``: its offsets, the
+offsets at a time), on a clock and a consumer that only record what was asked: the first ask is
+short, the metadata is refreshed after each failure, a timed-out ask goes on with longer waits
+until the timeout, and an ask that fails at once after a refresh is raised rather than
+repeated. On a real cluster the test
+``test_a_changelog_end_is_read_from_its_new_leader_once_the_old_one_was_killed`` shows what
 that is for: an ask to a killed leader waited its whole timeout (30.0 s of 30), and the
 scheduler's loop with it."""
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
 from jobwheel.kafka import consumer as kafka_consumer
-from jobwheel.kafka.consumer import WATERMARKS_FIRST_ASK_S
+from jobwheel.kafka.consumer import LEADER_FIRST_ASK_S
 from jobwheel.kafka.reader import TopicReader
 from jobwheel.streams.kafka import _watermarks
 
@@ -79,11 +80,11 @@ def test_a_dead_cached_leader_costs_one_short_ask_then_the_new_leader_answers(
     cluster = Cluster(clock, refreshes_to_heal=1)
     assert ask(cluster) == (0, 7)
     assert cluster.calls == [
-        ("ask", WATERMARKS_FIRST_ASK_S),
-        ("refresh", WATERMARKS_FIRST_ASK_S),
-        ("ask", WATERMARKS_FIRST_ASK_S),
+        ("ask", LEADER_FIRST_ASK_S),
+        ("refresh", LEADER_FIRST_ASK_S),
+        ("ask", LEADER_FIRST_ASK_S),
     ]
-    assert clock.now - 1000.0 == WATERMARKS_FIRST_ASK_S
+    assert clock.now - 1000.0 == LEADER_FIRST_ASK_S
 
 
 def test_asks_that_time_out_wait_longer_each_time_until_the_timeout(clock: Clock) -> None:
@@ -108,3 +109,33 @@ def test_no_leader_after_a_refresh_is_raised_at_once(clock: Clock) -> None:
     with pytest.raises(BrokerError, match="_UNKNOWN_PARTITION"):
         _watermarks(cluster, "t", 0, timeout_s=10.0)
     assert [what for what, _ in cluster.calls] == ["ask", "refresh", "ask"]
+
+
+class LeaderOfTimesKilled(Cluster):
+    """Offsets are answered; the offsets at a time are asked of the killed leader until the
+    metadata is refreshed."""
+
+    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+        self.calls.append(("ask", timeout))
+        return 0, 7
+
+    def offsets_for_times(self, tps: list[TopicPartition], timeout: float) -> list[Any]:
+        self.calls.append(("times", timeout))
+        if self.refreshes_to_heal > 0:
+            self.clock.now += timeout
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return [TopicPartition(tp.topic, tp.partition, 5) for tp in tps]
+
+
+def test_the_readers_offsets_at_a_time_are_asked_the_same_way(clock: Clock) -> None:
+    """``wait`` finds where a job's events start by time: the same short first ask."""
+    cluster = LeaderOfTimesKilled(clock, refreshes_to_heal=1)
+    reader = TopicReader.__new__(TopicReader)
+    reader._consumer = cluster
+    assert reader.offsets_at("t", [0], ms=123, timeout_s=10.0) == {0: 5}
+    assert cluster.calls == [
+        ("ask", LEADER_FIRST_ASK_S),
+        ("times", LEADER_FIRST_ASK_S),
+        ("refresh", LEADER_FIRST_ASK_S),
+        ("times", LEADER_FIRST_ASK_S),
+    ]
