@@ -31,6 +31,19 @@ T = TypeVar("T")
 #: The first ask of a partition's leader waits this long; each later one waits as long as the
 #: asking has taken so far (1, 1, 2, 4 s ...), until the caller's timeout.
 LEADER_FIRST_ASK_S = 1.0
+#: The pause after a leader's "not now" (below), before the metadata refresh and the next ask.
+LEADER_RETRY_PAUSE_S = 0.1
+#: Answers of a leader that moved or was elected a moment ago ("Leader high watermark is not
+#: caught up" comes from a new leader for its first moments): asked again until the timeout.
+_NOT_NOW = frozenset(
+    {
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
 
 
 def ask_leaders(consumer: Any, topic: str, timeout_s: float, ask: Callable[[float], T]) -> T:
@@ -50,9 +63,12 @@ def ask_leaders(consumer: Any, topic: str, timeout_s: float, ask: Callable[[floa
     (``list_topics`` refreshes the cache) before the next ask: a new leader, or one that is
     back, is found within about a second. Asks that time out go on until ``timeout_s``, each
     waiting as long as the asking has taken so far, so a broker that is slow but answering
-    still answers. An ask that fails at once ("no leader") after a refresh is the cluster's
-    answer now: it is raised, and the caller asks again later rather than wait here. Raises
-    the last ask's :class:`KafkaException`."""
+    still answers. So does a leader elected a moment ago, whose first answers are "not
+    caught up" (seen on the cluster right after a kill: two asks in a row got it): a leader's
+    "not now" is asked again after a short pause. An ask that fails at once in any other way
+    ("no leader": every replica down) after a refresh is the cluster's answer now: it is
+    raised, and the caller asks again later rather than wait here. Raises the last ask's
+    :class:`KafkaException`."""
     began = time.monotonic()
     deadline = began + timeout_s
     failed_at_once = 0
@@ -64,7 +80,11 @@ def ask_leaders(consumer: Any, topic: str, timeout_s: float, ask: Callable[[floa
         except KafkaException as exc:
             last = exc
             err = kafka_error(exc)
-            failed_at_once += err is None or err.code() != KafkaError._TIMED_OUT
+            code = None if err is None else err.code()
+        if code in _NOT_NOW:
+            time.sleep(max(0.0, min(LEADER_RETRY_PAUSE_S, deadline - time.monotonic())))
+        elif code != KafkaError._TIMED_OUT:
+            failed_at_once += 1
         if failed_at_once > 1 or time.monotonic() >= deadline:
             raise last
         try:

@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
 from jobwheel.kafka import consumer as kafka_consumer
-from jobwheel.kafka.consumer import LEADER_FIRST_ASK_S
+from jobwheel.kafka.consumer import LEADER_FIRST_ASK_S, LEADER_RETRY_PAUSE_S
 from jobwheel.kafka.reader import TopicReader
 from jobwheel.streams.kafka import _watermarks
 
@@ -28,6 +28,9 @@ class Clock:
     def monotonic(self) -> float:
         return self.now
 
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
 
 class Cluster:
     """A consumer whose cache names a dead leader until its metadata is refreshed
@@ -38,10 +41,15 @@ class Cluster:
         self.clock = clock
         self.refreshes_to_heal = refreshes_to_heal
         self.fails_at_once = fails_at_once
+        #: Asks answered "Leader high watermark is not caught up" first (a new leader).
+        self.not_caught_up = 0
         self.calls: list[tuple[str, float]] = []
 
     def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
         self.calls.append(("ask", timeout))
+        if self.not_caught_up > 0:
+            self.not_caught_up -= 1
+            raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE))
         if self.fails_at_once:
             raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
         if self.refreshes_to_heal > 0:
@@ -100,6 +108,16 @@ def test_a_slow_leader_that_answers_within_the_timeout_is_waited_for(clock: Cloc
     cluster = Cluster(clock, refreshes_to_heal=3)
     assert _watermarks(cluster, "t", 0, timeout_s=10.0) == (0, 7)
     assert [wait for what, wait in cluster.calls if what == "ask"] == [1.0, 1.0, 2.0, 4.0]
+
+
+def test_a_new_leader_not_caught_up_yet_is_asked_again_until_it_answers(clock: Clock) -> None:
+    """What a leader elected a moment ago answers at first; on the cluster, right after a kill,
+    two asks in a row got it, and the measure was raised instead of answered."""
+    cluster = Cluster(clock, refreshes_to_heal=0)
+    cluster.not_caught_up = 5
+    assert _watermarks(cluster, "t", 0, timeout_s=10.0) == (0, 7)
+    assert [what for what, _ in cluster.calls] == ["ask", "refresh"] * 5 + ["ask"]
+    assert clock.now - 1000.0 == pytest.approx(5 * LEADER_RETRY_PAUSE_S)
 
 
 def test_no_leader_after_a_refresh_is_raised_at_once(clock: Clock) -> None:
