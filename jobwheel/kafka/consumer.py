@@ -33,8 +33,12 @@ T = TypeVar("T")
 LEADER_FIRST_ASK_S = 1.0
 #: The pause after a leader's "not now" (below), before the metadata refresh and the next ask.
 LEADER_RETRY_PAUSE_S = 0.1
+#: How long "not now" answers are asked again: a new leader's high watermark catches up within
+#: its followers' next fetches (0.5 s), but one whose followers are down too can say "not
+#: caught up" for as long as they stay in its ISR (30 s), and the scheduler's loop waits here.
+LEADER_NOT_NOW_S = 2.0
 #: Answers of a leader that moved or was elected a moment ago ("Leader high watermark is not
-#: caught up" comes from a new leader for its first moments): asked again until the timeout.
+#: caught up" comes from a new leader for its first moments).
 _NOT_NOW = frozenset(
     {
         KafkaError.OFFSET_NOT_AVAILABLE,
@@ -65,10 +69,10 @@ def ask_leaders(consumer: Any, topic: str, timeout_s: float, ask: Callable[[floa
     waiting as long as the asking has taken so far, so a broker that is slow but answering
     still answers. So does a leader elected a moment ago, whose first answers are "not
     caught up" (seen on the cluster right after a kill: two asks in a row got it): a leader's
-    "not now" is asked again after a short pause. An ask that fails at once in any other way
-    ("no leader": every replica down) after a refresh is the cluster's answer now: it is
-    raised, and the caller asks again later rather than wait here. Raises the last ask's
-    :class:`KafkaException`."""
+    "not now" is asked again after a short pause, for up to :data:`LEADER_NOT_NOW_S`. An ask
+    that fails at once in any other way ("no leader": every replica down), or a "not now"
+    past that, after a refresh is the cluster's answer now: it is raised, and the caller asks
+    again later rather than wait here. Raises the last ask's :class:`KafkaException`."""
     began = time.monotonic()
     deadline = began + timeout_s
     failed_at_once = 0
@@ -81,7 +85,7 @@ def ask_leaders(consumer: Any, topic: str, timeout_s: float, ask: Callable[[floa
             last = exc
             err = kafka_error(exc)
             code = None if err is None else err.code()
-        if code in _NOT_NOW:
+        if code in _NOT_NOW and time.monotonic() - began < LEADER_NOT_NOW_S:
             time.sleep(max(0.0, min(LEADER_RETRY_PAUSE_S, deadline - time.monotonic())))
         elif code != KafkaError._TIMED_OUT:
             failed_at_once += 1

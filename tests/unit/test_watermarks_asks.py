@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from jobwheel.errors import BrokerError
 from jobwheel.kafka import consumer as kafka_consumer
-from jobwheel.kafka.consumer import LEADER_FIRST_ASK_S, LEADER_RETRY_PAUSE_S
+from jobwheel.kafka.consumer import LEADER_FIRST_ASK_S, LEADER_NOT_NOW_S, LEADER_RETRY_PAUSE_S
 from jobwheel.kafka.reader import TopicReader
 from jobwheel.streams.kafka import _watermarks
 
@@ -118,6 +118,16 @@ def test_a_new_leader_not_caught_up_yet_is_asked_again_until_it_answers(clock: C
     assert _watermarks(cluster, "t", 0, timeout_s=10.0) == (0, 7)
     assert [what for what, _ in cluster.calls] == ["ask", "refresh"] * 5 + ["ask"]
     assert clock.now - 1000.0 == pytest.approx(5 * LEADER_RETRY_PAUSE_S)
+
+
+def test_a_leader_that_stays_not_caught_up_is_raised_after_a_while(clock: Clock) -> None:
+    """Its followers down too, a new leader can say "not caught up" for half a minute: the
+    scheduler asks again in its next iteration rather than wait here its whole timeout."""
+    cluster = Cluster(clock, refreshes_to_heal=0)
+    cluster.not_caught_up = 1000
+    with pytest.raises(BrokerError, match="OFFSET_NOT_AVAILABLE"):
+        _watermarks(cluster, "t", 0, timeout_s=10.0)
+    assert clock.now - 1000.0 == pytest.approx(LEADER_NOT_NOW_S)
 
 
 def test_no_leader_after_a_refresh_is_raised_at_once(clock: Clock) -> None:
