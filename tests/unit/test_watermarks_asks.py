@@ -73,10 +73,14 @@ def _scheduler_measure(cluster: Cluster) -> tuple[int, int]:
     return _watermarks(cluster, "t", 0, timeout_s=10.0)
 
 
-def _reader_end(cluster: Cluster) -> tuple[int, int]:
+def _reader_on(cluster: Cluster) -> TopicReader:
     reader = TopicReader.__new__(TopicReader)  # its consumer is the fake; nothing else is used
     reader._consumer = cluster
-    return reader.watermarks("t", 0, timeout_s=10.0)
+    return reader
+
+
+def _reader_end(cluster: Cluster) -> tuple[int, int]:
+    return _reader_on(cluster).watermarks("t", 0, timeout_s=10.0)
 
 
 @pytest.mark.parametrize("ask", [_scheduler_measure, _reader_end], ids=["scheduler", "reader"])
@@ -158,9 +162,7 @@ class LeaderOfTimesKilled(Cluster):
 def test_the_readers_offsets_at_a_time_are_asked_the_same_way(clock: Clock) -> None:
     """``wait`` finds where a job's events start by time: the same short first ask."""
     cluster = LeaderOfTimesKilled(clock, refreshes_to_heal=1)
-    reader = TopicReader.__new__(TopicReader)
-    reader._consumer = cluster
-    assert reader.offsets_at("t", [0], ms=123, timeout_s=10.0) == {0: 5}
+    assert _reader_on(cluster).offsets_at("t", [0], ms=123, timeout_s=10.0) == {0: 5}
     assert cluster.calls == [
         ("ask", LEADER_FIRST_ASK_S),
         ("times", LEADER_FIRST_ASK_S),
