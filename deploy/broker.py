@@ -262,19 +262,6 @@ def replication_of(nodes: int) -> tuple[int, int]:
     return factor, 2 if factor >= 3 else 1
 
 
-#: How soon the controller fences a node of a cluster that stopped heartbeating (a kill -9, a
-#: frozen JVM, a network cut): its partitions get new leaders, and its coordinators move, only
-#: then. Kafka's defaults (a heartbeat every 2 s, fenced after 9 s) made the leader-kill test's
-#: jobs up to 9.6 s late; with these the leaders moved after 2.9 to 4.2 s and every partition
-#: dispatched again 3.4 to 5.3 s after the kill (docs/operations.md, "What each broker fault
-#: does"). A node is fenced only when six heartbeats in a row have not come: a loaded host
-#: delays one, not six. A node alone has nothing to fail over to and keeps the defaults.
-CLUSTER_FENCING = {
-    "broker.heartbeat.interval.ms": "500",
-    "broker.session.timeout.ms": "3000",
-}
-
-
 def server_properties(
     *,
     port: int,
@@ -342,8 +329,6 @@ def server_properties(
         "num.io.threads": "4",
         "num.recovery.threads.per.data.dir": "1",
     }
-    if len(quorum) > 1:
-        props.update(CLUSTER_FENCING)
     lines = ["# Written by jobwheel (deploy/broker.py) on every start; edits are overwritten."]
     lines += [f"{key}={value}" for key, value in props.items()]
     return "\n".join(lines) + "\n"
