@@ -365,7 +365,7 @@ class Settings(BaseSettings):
         (and ``service``), then ``overrides``. Without a role (a tool's ad-hoc client) the
         common config as it is."""
         if role is None:
-            layers = dict(self.kafka_config)
+            layers = {**kafka_keys.CLIENT_DEFAULTS, **self.kafka_config}
         else:
             layers = kafka_keys.layered(
                 self.kafka_config,

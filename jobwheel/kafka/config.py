@@ -106,6 +106,21 @@ PRODUCER_KEYS = frozenset(
 )
 
 
+#: What every jobwheel client starts from, below the pass-through layers (which may change it).
+#:
+#: ``socket.timeout.ms``: how long a request may go unanswered before the client gives up on
+#: it, closes the connection and looks up leaders and coordinators again. librdkafka's 60 s
+#: default is what a broker that went silent (cut off by the network, its host frozen: it
+#: accepts nothing and refuses nothing) costs every client holding a request on it. On a
+#: three-node cluster a broker cut off for 30 s made runs due in the fault 54 to 62 s late:
+#: the worker's offset commit to its group coordinator on the cut node waited, its heartbeats
+#: queued behind it, and its session ran out. A broker that is alive answers in
+#: milliseconds, and Kafka fences a silent one after 9 s, so 10 s gives up on it about when
+#: its leaderships have moved. Fetches wait this plus ``fetch.wait.max.ms``; a produce, this
+#: or what is left of the record's ``message.timeout.ms``, whichever is less.
+CLIENT_DEFAULTS: dict[str, Any] = {"socket.timeout.ms": 10_000}
+
+
 def fits(key: str, role: Role) -> bool:
     """Does a client of ``role`` understand ``key``? Unknown keys count as global."""
     if key in CONSUMER_KEYS:
@@ -131,8 +146,14 @@ def layered(
     service_config: Mapping[str, Any],
     role: Role,
 ) -> dict[str, Any]:
-    """The pass-through a client of ``role`` gets, later layers winning: the common config
-    (only the keys the role understands), the role's, the service's role config. Keys a
+    """The pass-through a client of ``role`` gets, later layers winning: jobwheel's
+    :data:`CLIENT_DEFAULTS`, the common config (only the keys the role understands), the
+    role's, the service's role config. Keys a
     client sets itself (the scheduler's own ``group.instance.id`` and ``transactional.id``)
     are applied by the caller after these."""
-    return {**for_role(common, role), **role_config, **service_config}
+    return {
+        **for_role(CLIENT_DEFAULTS, role),
+        **for_role(common, role),
+        **role_config,
+        **service_config,
+    }

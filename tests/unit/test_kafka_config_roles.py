@@ -128,3 +128,39 @@ def test_a_producer_built_with_a_consumer_key_in_the_common_config_does_not_warn
         del producer
     assert not [r for r in caplog.records if "consumer property" in r.getMessage()]
     assert caplog.records, "the logger saw nothing at all: the check proves nothing"
+
+
+def test_every_client_gives_up_on_a_silent_broker_after_ten_seconds_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker cut off by the network answers nothing and refuses nothing: a client holds a
+    request on it for ``socket.timeout.ms`` before it looks for the partition's new leader or
+    the group's new coordinator. librdkafka's own 60 s made runs due in such a fault on a
+    three-node cluster 54 to 62 s late; jobwheel's clients wait 10 s. Every kind of client of
+    every service gets it, and the pass-through still decides."""
+    built: dict[str, dict[str, Any]] = {}
+    monkeypatch.setattr(
+        scheduler_kafka, "_client", lambda _f, config, what: built.setdefault(what, config)
+    )
+    s = _settings()
+    scheduler_kafka.InputConsumer(s, "scheduler-a")
+    scheduler_kafka.AcksConsumer(s, "scheduler-a")
+    scheduler_kafka.ChangelogReader(s, "scheduler-a")
+    scheduler_kafka.TransactionalProducer(s, "scheduler-a-0")
+    configs = {
+        **built,
+        "worker consumer": worker_consumer_config(s),
+        "worker producer": producer_config(s, "worker"),
+        "sink consumer": sink_consumer_config(s),
+        "SDK producer": producer_config(s),
+        "admin": s.librdkafka("admin"),
+        "a tool's client": s.librdkafka(),
+    }
+    assert len(built) == 5, built.keys()  # input, acks, changelog, its end reader, producer
+    assert {what: c.get("socket.timeout.ms") for what, c in configs.items()} == {
+        what: 10_000 for what in configs
+    }
+    mine = _settings(kafka_config={"socket.timeout.ms": 30_000})
+    assert worker_consumer_config(mine)["socket.timeout.ms"] == 30_000
+    assert producer_config(mine)["socket.timeout.ms"] == 30_000
+    assert mine.librdkafka()["socket.timeout.ms"] == 30_000
