@@ -33,6 +33,11 @@ from jobwheel.schemas.topics import (
     Topics,
 )
 
+#: What ``send_offsets_to_transaction`` gets past its own timeout before the watchdog calls it
+#: hung (``Settings.scheduler_offsets_deadline_s``): its requests to the transaction and group
+#: coordinators answer in milliseconds when they answer, and the timeout covers finding them.
+OFFSETS_DEADLINE_MARGIN_S = 5.0
+
 
 class Settings(BaseSettings):
     """Frozen settings; build one with :func:`get_settings` (or ``Settings()`` in tests)."""
@@ -108,7 +113,9 @@ class Settings(BaseSettings):
     # transaction timeout, at least 5 s) still running this long after it began is hung
     # (librdkafka issues 5456, 5511: some ignore their timeout): the scheduler logs it and
     # exits with code 75 for its supervisor to restart it (see jobwheel.watchdog). 0: three
-    # times the call's timeout (30 s with the default transaction timeout).
+    # times the call's timeout (30 s with the default transaction timeout), and for
+    # send_offsets_to_transaction, never resumed, its timeout and 5 s (15 s; see
+    # scheduler_offsets_deadline_s). Set, it is every call's deadline.
     scheduler_call_deadline_ms: int = Field(default=0, ge=0)
     # A partition whose changelog could not be measured, or was read no further while
     # restoring, for this long gets a new changelog consumer (a client's stale metadata, e.g.
@@ -308,6 +315,19 @@ class Settings(BaseSettings):
         if self.scheduler_call_deadline_ms:
             return self.scheduler_call_deadline_ms / 1000
         return 3 * self.scheduler_call_timeout_s
+
+    @property
+    def scheduler_offsets_deadline_s(self) -> float:
+        """How long ``send_offsets_to_transaction`` alone may block before the scheduler exits:
+        ``scheduler_call_deadline_ms`` when set, else the call's own timeout and
+        :data:`OFFSETS_DEADLINE_MARGIN_S`. Shorter than the other calls' deadline because it
+        is never resumed: a timeout replaces the producer, so a call still blocked past its
+        timeout is librdkafka's hang on a cached group coordinator whose broker went away
+        (issue 5511), not a slow broker, and that hang came in about a third of the cluster
+        tests' kills of a coordinator, each costing the full deadline."""
+        if self.scheduler_call_deadline_ms:
+            return self.scheduler_call_deadline_ms / 1000
+        return self.scheduler_call_timeout_s + OFFSETS_DEADLINE_MARGIN_S
 
     @property
     def scheduler_claim_stall_s(self) -> float:

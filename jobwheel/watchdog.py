@@ -75,19 +75,24 @@ class CallWatchdog:
         self._every_s = check_every_s or min(1.0, deadline_s / 10)
         self._reachable = reachable
         self._lock = threading.Lock()
-        self._calls: dict[int, tuple[str, float]] = {}
+        #: token -> (call, when it began, its deadline in seconds)
+        self._calls: dict[int, tuple[str, float, float]] = {}
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired = False
 
     @contextmanager
-    def watch(self, call: str) -> Iterator[None]:
-        """Run the body as the blocking call ``call``, under the deadline."""
+    def watch(self, call: str, deadline_s: float | None = None) -> Iterator[None]:
+        """Run the body as the blocking call ``call``, under ``deadline_s`` (the watchdog's
+        own when None): a call known to return within a shorter time when it is well can be
+        given that, so its hang costs no more than it must."""
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"{call}'s deadline must be positive, not {deadline_s}")
         self._start()
         token = next(self._ids)
         with self._lock:
-            self._calls[token] = (call, self._clock())
+            self._calls[token] = (call, self._clock(), deadline_s or self.deadline_s)
         try:
             yield
         finally:
@@ -99,24 +104,35 @@ class CallWatchdog:
         with self._lock:
             if not self._calls:
                 return None
-            call, began = min(self._calls.values(), key=lambda c: c[1])
+            call, began, _ = min(self._calls.values(), key=lambda c: c[1])
         return call, self._clock() - began
 
+    def _nearest(self) -> tuple[str, float, float] | None:
+        """The watched call that has used the largest share of its deadline: its name, its
+        seconds so far and its deadline; None when no call is in flight."""
+        now = self._clock()
+        with self._lock:
+            calls = [(call, now - began, limit) for call, began, limit in self._calls.values()]
+        return max(calls, key=lambda c: c[1] / c[2], default=None)
+
     def check(self) -> bool:
-        """One pass of the watchdog: take the exit path if a call is past the deadline."""
+        """One pass of the watchdog: take the exit path if a call is past its deadline."""
         oldest = self.oldest()
         if oldest is None or self.fired:
             return False
         if self._reachable is not None and oldest[1] >= self._every_s and not self._reachable():
             self._restart_clocks()  # waiting out an outage is not hanging (module doc)
             return False
-        if oldest[1] <= self.deadline_s:
+        nearest = self._nearest()
+        if nearest is None:
+            return False
+        call, running_s, deadline_s = nearest
+        if running_s <= deadline_s:
             return False
         self.fired = True
-        call, running_s = oldest
         log.critical(
             f"{call} has not returned for {running_s:.0f} s with Kafka reachable (deadline "
-            f"{self.deadline_s:.0f} s, "
+            f"{deadline_s:.0f} s, "
             f"{self.setting}): the {self.what} is hung inside its Kafka client and exits with "
             f"code {HUNG_CALL_EXIT_CODE} for its supervisor to restart it (nothing is lost: "
             "what was not committed is read again)",
@@ -129,20 +145,20 @@ class CallWatchdog:
     def _restart_clocks(self) -> None:
         now = self._clock()
         with self._lock:
-            self._calls = {token: (call, now) for token, (call, _) in self._calls.items()}
+            self._calls = {token: (call, now, d) for token, (call, _, d) in self._calls.items()}
 
     def check_live(self) -> tuple[bool, str]:
         """Liveness: red once a call has run for half its deadline (the exit comes at the
         deadline), so the hang shows before the process goes."""
-        oldest = self.oldest()
-        if oldest is None:
+        nearest = self._nearest()
+        if nearest is None:
             return True, f"no blocking Kafka call of the {self.what} in flight"
-        call, running_s = oldest
-        if running_s > self.deadline_s / 2:
+        call, running_s, deadline_s = nearest
+        if running_s > deadline_s / 2:
             return False, (
                 f"{call} has not returned for {running_s:.0f} s with Kafka reachable: the "
                 f"{self.what} is hung in "
-                f"its Kafka client and exits at {self.deadline_s:.0f} s ({self.setting})"
+                f"its Kafka client and exits at {deadline_s:.0f} s ({self.setting})"
             )
         return True, f"{call} in flight for {running_s:.1f} s"
 

@@ -534,6 +534,7 @@ class TransactionalProducer:
             ),
         }
         self.timeout_s = settings.scheduler_call_timeout_s
+        self._offsets_deadline_s = settings.scheduler_offsets_deadline_s
         self._producer = _client(Producer, config, "transactional producer")
         self.changelog_offsets: dict[int, int] = {}
         self.in_transaction = False
@@ -546,14 +547,21 @@ class TransactionalProducer:
             if offset > self.changelog_offsets.get(p, -1):
                 self.changelog_offsets[p] = offset
 
-    def _resume(self, call: Callable[[], Any], what: str, give_up_s: float) -> None:
+    def _resume(
+        self,
+        call: Callable[[], Any],
+        what: str,
+        give_up_s: float,
+        hung_after_s: float | None = None,
+    ) -> None:
         """Call until it succeeds; a retriable failure (a timeout) is resumed by calling the
         same method again, as librdkafka requires. Each call runs under the watchdog: one that
-        never returns ends the process (see the module doc)."""
+        never returns ends the process (see the module doc), after ``hung_after_s`` when
+        given, else the watchdog's deadline."""
         deadline = time.monotonic() + give_up_s
         while True:
             try:
-                with self.watchdog.watch(what):
+                with self.watchdog.watch(what, hung_after_s):
                     call()
                 return
             except KafkaException as exc:
@@ -641,13 +649,16 @@ class TransactionalProducer:
             # came back, was seen never to return (librdkafka issues 5456, 5511; the watchdog
             # then ends the process). test_scheduler_wedge: 3 hangs in 4 broker restarts when
             # resumed, none in 12 since. A new producer starts from nothing cached, and the
-            # reset it takes costs a restore of the changelog's tail, not a rebalance.
+            # reset it takes costs a restore of the changelog's tail, not a rebalance. So a
+            # call still blocked past its timeout is hung, and the watchdog ends it sooner
+            # than the others (Settings.scheduler_offsets_deadline_s).
             self._resume(
                 lambda: self._producer.send_offsets_to_transaction(
                     tps, group_metadata, self.timeout_s
                 ),
                 "send_offsets_to_transaction",
                 0.0,
+                self._offsets_deadline_s,
             )
         offsets_s = time.perf_counter() - began
         if self._fault_commit_delay_s:  # tests: an owner stalled with its offsets pending

@@ -131,3 +131,75 @@ def test_the_default_deadline_comes_from_the_transaction_timeout() -> None:
     assert set_.scheduler_call_deadline_s == 12.0
     with pytest.raises(ValueError, match="JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS=4000"):
         Settings(_env_file=None, scheduler_call_deadline_ms=4_000)  # type: ignore[call-arg]
+
+
+def test_a_call_given_its_own_deadline_exits_at_it_and_the_others_keep_the_watchdogs() -> None:
+    clock, exits = Clock(), []
+    dog = watchdog(clock, exits)  # 30 s
+    with dog.watch("commit_transaction"), dog.watch("send_offsets_to_transaction", 15.0):
+        clock.now += 8  # past half of 15 s: red, naming the call and its own deadline
+        ok, detail = dog.check_live()
+        assert not ok and "send_offsets_to_transaction" in detail and "exits at 15 s" in detail
+        clock.now += 6  # 14 s
+        assert not dog.check() and exits == []
+        clock.now += 2  # 16 s: past its own deadline, far from the watchdog's
+        assert dog.check() and exits == [HUNG_CALL_EXIT_CODE]
+    dog.close()
+    clock, exits = Clock(), []
+    dog = watchdog(clock, exits)
+    with dog.watch("commit_transaction"):
+        clock.now += 16
+        assert not dog.check() and exits == []
+    with pytest.raises(ValueError, match="deadline must be positive"), dog.watch("x", -1.0):
+        pass
+    dog.close()
+
+
+class _BlockingProducer:
+    """Stands in for the librdkafka handle: each transactional call takes ``seconds`` of the
+    watchdog's clock, and the watchdog looks while it is in flight (as its thread would)."""
+
+    def __init__(self, dog: CallWatchdog, clock: Clock, seconds: float) -> None:
+        self.dog, self.clock, self.seconds = dog, clock, seconds
+
+    def _block(self, *_: object) -> None:
+        self.clock.now += self.seconds
+        self.dog.check()
+
+    send_offsets_to_transaction = commit_transaction = _block
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(("seconds", "exits_at"), [(14.0, None), (16.0, "send_offsets")])
+def test_the_schedulers_send_offsets_is_hung_after_its_timeout_and_five_seconds(
+    seconds: float, exits_at: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``send_offsets_to_transaction`` is never resumed (a timeout replaces the producer), so
+    past its own timeout (10 s) it is librdkafka's hang on a gone coordinator (issue 5511):
+    the scheduler exits after 15 s of it, not the 30 s its commit may take when resumed."""
+    from jobwheel.streams.kafka import TransactionalProducer
+
+    settings = Settings(_env_file=None, bootstrap_servers="127.0.0.1:1")  # type: ignore[call-arg]
+    assert settings.scheduler_offsets_deadline_s == 15.0
+    clock, exits = Clock(), []
+    dog = watchdog(clock, exits, settings.scheduler_call_deadline_s)
+    producer = TransactionalProducer(settings, "scheduler-test-0", dog)
+    producer._producer = _BlockingProducer(dog, clock, seconds)  # type: ignore[assignment]
+    with caplog.at_level(logging.CRITICAL, logger="jobwheel.watchdog"):
+        producer.commit([("requests", 0, 1, "")], object())
+    hung = [r.call for r in caplog.records if r.name == "jobwheel.watchdog"]  # type: ignore[attr-defined]
+    if exits_at is None:
+        assert exits == [] and hung == []  # nor the commit's 14 s: 30 s is its deadline
+    else:
+        assert exits == [HUNG_CALL_EXIT_CODE] and hung == ["send_offsets_to_transaction"]
+    dog.close()
+
+
+def test_the_offsets_deadline_follows_the_transaction_timeout_and_the_setting() -> None:
+    longer = Settings(_env_file=None, scheduler_transaction_timeout_ms=20_000)  # type: ignore[call-arg]
+    assert longer.scheduler_offsets_deadline_s == 25.0
+    assert longer.scheduler_call_deadline_s == 60.0
+    set_ = Settings(_env_file=None, scheduler_call_deadline_ms=12_000)  # type: ignore[call-arg]
+    assert set_.scheduler_offsets_deadline_s == 12.0  # an operator's deadline is every call's
