@@ -51,6 +51,7 @@ from confluent_kafka import (
 )
 
 from jobwheel.errors import BrokerError, DeliveryError, FencedError, TransactionAbortedError
+from jobwheel.kafka.config import CLIENT_DEFAULTS
 from jobwheel.kafka.consumer import STATIC_ASSIGNOR, Record, ask_watermarks, records
 from jobwheel.kafka.errors import kafka_error, with_client_logging
 from jobwheel.kafka.producer import PRODUCER_DEFAULTS
@@ -533,6 +534,14 @@ class TransactionalProducer:
                 },
             ),
         }
+        if config.get("socket.timeout.ms") == CLIENT_DEFAULTS["socket.timeout.ms"]:
+            # librdkafka refuses a transactional producer whose requests may outlive its
+            # transactions (socket.timeout.ms at most transaction.timeout.ms + 100): jobwheel's
+            # default gives way to a shorter transaction timeout. A value the pass-through set
+            # is left for librdkafka to judge (its error names both).
+            config["socket.timeout.ms"] = min(
+                CLIENT_DEFAULTS["socket.timeout.ms"], int(config["transaction.timeout.ms"])
+            )
         self.timeout_s = settings.scheduler_call_timeout_s
         self._offsets_deadline_s = settings.scheduler_offsets_deadline_s
         self._producer = _client(Producer, config, "transactional producer")

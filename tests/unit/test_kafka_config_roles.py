@@ -164,3 +164,31 @@ def test_every_client_gives_up_on_a_silent_broker_after_ten_seconds_unless_told_
     assert worker_consumer_config(mine)["socket.timeout.ms"] == 30_000
     assert producer_config(mine)["socket.timeout.ms"] == 30_000
     assert mine.librdkafka()["socket.timeout.ms"] == 30_000
+
+
+def test_a_short_transaction_timeout_shortens_the_transactional_producers_socket_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka refuses a transactional producer whose ``socket.timeout.ms`` is over its
+    ``transaction.timeout.ms`` + 100 (a scheduler with a 5 s transaction timeout would not
+    start); built for real here, as the scheduler builds it."""
+    built: dict[str, dict[str, Any]] = {}
+
+    def build(factory: Any, config: dict[str, Any], what: str) -> Any:
+        built[what] = config
+        return factory(config)
+
+    monkeypatch.setattr(scheduler_kafka, "_client", build)
+    s = _settings(bootstrap_servers="127.0.0.1:1", scheduler_transaction_timeout_ms=5_000)
+    scheduler_kafka.TransactionalProducer(s, "scheduler-short-0")
+    assert built["transactional producer"]["socket.timeout.ms"] == 5_000
+    s = _settings(bootstrap_servers="127.0.0.1:1")
+    scheduler_kafka.TransactionalProducer(s, "scheduler-default-0")
+    assert built["transactional producer"]["socket.timeout.ms"] == 10_000
+    mine = _settings(
+        bootstrap_servers="127.0.0.1:1",
+        scheduler_transaction_timeout_ms=30_000,
+        scheduler_kafka_producer_config={"socket.timeout.ms": 20_000},
+    )
+    scheduler_kafka.TransactionalProducer(mine, "scheduler-mine-0")
+    assert built["transactional producer"]["socket.timeout.ms"] == 20_000
