@@ -121,14 +121,17 @@ def test_the_watchdog_thread_ends_a_call_that_blocks_past_its_deadline() -> None
     dog.close()
 
 
-def test_the_default_deadline_comes_from_the_transaction_timeout() -> None:
+def test_the_default_deadlines_come_from_the_transaction_timeout() -> None:
     settings = Settings(_env_file=None, scheduler_transaction_timeout_ms=10_000)  # type: ignore[call-arg]
     assert settings.scheduler_call_timeout_s == 10.0
     assert settings.scheduler_call_deadline_s == 30.0
+    assert settings.scheduler_offsets_deadline_s == 15.0  # send offsets: its timeout and 5 s
     short = Settings(_env_file=None, scheduler_transaction_timeout_ms=2_000)  # type: ignore[call-arg]
     assert short.scheduler_call_deadline_s == 15.0  # the call's timeout is at least 5 s
+    assert short.scheduler_offsets_deadline_s == 10.0
     set_ = Settings(_env_file=None, scheduler_call_deadline_ms=12_000)  # type: ignore[call-arg]
     assert set_.scheduler_call_deadline_s == 12.0
+    assert set_.scheduler_offsets_deadline_s == 12.0  # an operator's deadline is every call's
     with pytest.raises(ValueError, match="JOBWHEEL_SCHEDULER_CALL_DEADLINE_MS=4000"):
         Settings(_env_file=None, scheduler_call_deadline_ms=4_000)  # type: ignore[call-arg]
 
@@ -195,11 +198,3 @@ def test_the_schedulers_send_offsets_is_hung_after_its_timeout_and_five_seconds(
     else:
         assert exits == [HUNG_CALL_EXIT_CODE] and hung == ["send_offsets_to_transaction"]
     dog.close()
-
-
-def test_the_offsets_deadline_follows_the_transaction_timeout_and_the_setting() -> None:
-    longer = Settings(_env_file=None, scheduler_transaction_timeout_ms=20_000)  # type: ignore[call-arg]
-    assert longer.scheduler_offsets_deadline_s == 25.0
-    assert longer.scheduler_call_deadline_s == 60.0
-    set_ = Settings(_env_file=None, scheduler_call_deadline_ms=12_000)  # type: ignore[call-arg]
-    assert set_.scheduler_offsets_deadline_s == 12.0  # an operator's deadline is every call's
