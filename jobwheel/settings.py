@@ -323,8 +323,8 @@ class Settings(BaseSettings):
         :data:`OFFSETS_DEADLINE_MARGIN_S`. Shorter than the other calls' deadline because it
         is never resumed: a timeout replaces the producer, so a call still blocked past its
         timeout is librdkafka's hang on a cached group coordinator whose broker went away
-        (issue 5511), not a slow broker, and that hang came in about a third of the cluster
-        tests' kills of a coordinator, each costing the full deadline."""
+        (issue 5511), not a slow broker. It came in 2 of 7 of the cluster tests' kills of the
+        scheduler group's coordinator (docs/operations.md), each costing the full deadline."""
         if self.scheduler_call_deadline_ms:
             return self.scheduler_call_deadline_ms / 1000
         return self.scheduler_call_timeout_s + OFFSETS_DEADLINE_MARGIN_S

@@ -112,7 +112,7 @@ PRODUCER_KEYS = frozenset(
 #: it, closes the connection and looks up leaders and coordinators again. librdkafka's 60 s
 #: default is what a broker that went silent (cut off by the network, its host frozen: it
 #: accepts nothing and refuses nothing) costs every client holding a request on it. On a
-#: three-node cluster a broker cut off for 30 s made runs due in the fault 54 to 62 s late:
+#: three-node cluster a broker cut off for 30 s made runs due in the fault 52 to 62 s late:
 #: the worker's offset commit to its group coordinator on the cut node waited, its heartbeats
 #: queued behind it, and its session ran out. A broker that is alive answers in
 #: milliseconds, and Kafka fences a silent one after 9 s, so 10 s gives up on it about when
@@ -148,9 +148,8 @@ def layered(
 ) -> dict[str, Any]:
     """The pass-through a client of ``role`` gets, later layers winning: jobwheel's
     :data:`CLIENT_DEFAULTS`, the common config (only the keys the role understands), the
-    role's, the service's role config. Keys a
-    client sets itself (the scheduler's own ``group.instance.id`` and ``transactional.id``)
-    are applied by the caller after these."""
+    role's, the service's role config. Keys a client sets itself (the scheduler's own
+    ``group.instance.id`` and ``transactional.id``) are applied by the caller after these."""
     return {
         **for_role(CLIENT_DEFAULTS, role),
         **for_role(common, role),
