@@ -23,6 +23,7 @@ inline.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 
 class KeyValueStore(ABC):
@@ -71,3 +72,9 @@ class WheelStore(ABC):
     @abstractmethod
     def first(self, from_key: bytes = b"") -> tuple[bytes, bytes] | None:
         """The smallest pair with ``key >= from_key``, or None when there is none."""
+
+    @abstractmethod
+    def items(self, until_key: bytes, from_key: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """The pairs with ``from_key <= key < until_key``, ascending, read as they are asked
+        for: a caller that skips keys (a write buffer's) stops as soon as it has enough,
+        where :meth:`scan` must guess a limit. Not to be held across writes to the store."""

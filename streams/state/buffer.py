@@ -9,6 +9,11 @@ commits, the partition writes :attr:`pending` to its local database in one atomi
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
+from collections.abc import Iterator
+
 from jobwheel.streams.state.base import KeyValueStore, WheelStore
 
 _DELETED = None
@@ -48,16 +53,28 @@ class BufferedKeyValueStore(KeyValueStore):
 
 
 class BufferedWheelStore(WheelStore):
-    """The wheel's counterpart: scans merge the inner store with the buffered puts/deletes."""
+    """The wheel's counterpart: scans merge the inner store with the buffered puts/deletes.
+
+    A scan reads the inner store lazily and stops once it has ``limit`` keys the buffer does
+    not hide, and the buffered puts are kept sorted as they come: a transaction that fired a
+    few hundred timers used to read ``limit`` + every deletion of the transaction from the
+    database on each scan, and sort them with the puts, for every ``next_due_ms`` of every
+    loop iteration (a fifth of the scheduler's main thread at 5,000 fires a second)."""
 
     def __init__(self, inner: WheelStore) -> None:
         self.inner = inner
         self.pending: dict[bytes, bytes | None] = {}
+        #: The keys of :attr:`pending` that are puts, ascending.
+        self._puts: list[bytes] = []
 
     def put(self, key: bytes, value: bytes) -> None:
+        if self.pending.get(key) is None:  # not put in this transaction yet (or deleted)
+            bisect.insort(self._puts, key)
         self.pending[key] = value
 
     def delete(self, key: bytes) -> None:
+        if self.pending.get(key) is not None:
+            del self._puts[bisect.bisect_left(self._puts, key)]
         self.pending[key] = _DELETED
 
     def scan(
@@ -65,18 +82,34 @@ class BufferedWheelStore(WheelStore):
     ) -> list[tuple[bytes, bytes]]:
         if not self.pending:
             return self.inner.scan(until_key, limit, from_key)
-        deleted = sum(1 for v in self.pending.values() if v is None)
-        base = self.inner.scan(until_key, limit + deleted, from_key)
-        merged = {k: v for k, v in base if k not in self.pending}
-        for key, value in self.pending.items():
-            if value is not None and from_key <= key < until_key:
-                merged[key] = value
-        keys = sorted(merged)[:limit]
-        return [(k, merged[k]) for k in keys]
+        if limit <= 0 or from_key >= until_key:
+            return []
+        pending = self.pending
+        base: list[tuple[bytes, bytes]] = []
+        for key, value in self.inner.items(until_key, from_key):
+            if key not in pending:
+                base.append((key, value))
+                if len(base) == limit:
+                    break
+        lo = bisect.bisect_left(self._puts, from_key)
+        hi = bisect.bisect_left(self._puts, until_key, lo, min(len(self._puts), lo + limit))
+        puts = [(key, pending[key]) for key in self._puts[lo:hi]]
+        if not puts:
+            return base
+        return list(itertools.islice(heapq.merge(base, puts), limit))
 
     def first(self, from_key: bytes = b"") -> tuple[bytes, bytes] | None:
         found = self.scan(b"\xff" * 9, 1, from_key)
         return found[0] if found else None
+
+    def items(self, until_key: bytes, from_key: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        chunk = 256
+        while True:
+            found = self.scan(until_key, chunk, from_key)
+            yield from found
+            if len(found) < chunk:
+                return
+            from_key = found[-1][0] + b"\x00"
 
     def commit(self) -> int:
         n = len(self.pending)
@@ -87,7 +120,9 @@ class BufferedWheelStore(WheelStore):
             else:
                 self.inner.put(key, value)
         self.pending.clear()
+        self._puts.clear()
         return n
 
     def discard(self) -> None:
         self.pending.clear()
+        self._puts.clear()

@@ -7,6 +7,7 @@ the research notes warn about for faust's own memory store (standby data lands i
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 
 from jobwheel.streams.state.base import KeyValueStore, WheelStore
 
@@ -67,6 +68,12 @@ class MemoryWheelStore(WheelStore):
             return None
         key = self._keys[index]
         return key, self._values[key]
+
+    def items(self, until_key: bytes, from_key: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        start = bisect.bisect_left(self._keys, from_key)
+        stop = bisect.bisect_left(self._keys, until_key, lo=start)
+        for key in self._keys[start:stop]:
+            yield key, self._values[key]
 
     def __len__(self) -> int:
         return len(self._keys)

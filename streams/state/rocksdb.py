@@ -27,7 +27,7 @@ made.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,3 +159,8 @@ class RocksDBWheelStore(WheelStore):
         for item in self.db.items(from_key=from_key):
             return item
         return None
+
+    def items(self, until_key: bytes, from_key: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        read_opt = rocksdict.ReadOptions()
+        read_opt.set_iterate_upper_bound(until_key)
+        return self.db.items(from_key=from_key, read_opt=read_opt)  # type: ignore[no-any-return]
