@@ -507,6 +507,12 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
             return 0
         limit = self.settings.dispatch_batch_limit
         watermark = self._deadline_watermark(task, now)
+        due = task.processor.next_due_ms(watermark)
+        if due is None or due > now:  # nothing due: most partitions, most iterations
+            task.behind = False
+            if task.state.dirty:
+                touched.add(task.partition)
+            return 0
         # Each timer's output is encoded as it is made: one the codec refuses is that
         # timer's failure (the processor undoes its change and gives the job its verdict),
         # not the process's.
