@@ -4,7 +4,10 @@
 
 Figures: next-fire computations per second (cron in a DST zone, interval); schedule() rate into
 RocksDB; latency of due() for a small batch at the head of a large wheel, before and after many
-removals (tombstones); process RSS growth. Numbers, not assertions: run it on the target box.
+removals (tombstones); process RSS growth; and the CPU per fire of a transaction's scans, as the
+engine makes them: over the transaction's write buffer, due() and the entries removed, then the
+next due time asked once per partition (``--partitions``), commits every 20 iterations. Numbers,
+not assertions: run it on the target box.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from jobwheel.schemas.models import Cron, Every
 from jobwheel.streams import triggers
+from jobwheel.streams.state.buffer import BufferedWheelStore
 from jobwheel.streams.state.rocksdb import RocksDBLimits, RocksDBWheelStore
 from jobwheel.streams.wheel import TimingWheel
 
@@ -81,14 +85,52 @@ def bench_wheel(entries: int, batch: int) -> None:
         db.close()
 
 
+def bench_transaction_scans(partitions: int, per_ms: int = 5, iterations: int = 400) -> None:
+    """One partition's wheel, 50,000 entries due ``per_ms`` a millisecond; an iteration every
+    millisecond fires what is due and asks for the next due time ``partitions`` times (the
+    engine asks every partition's wheels each iteration; one wheel stands in for all)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db = RocksDBLimits().open(Path(tmp) / "wheel.db")
+        committed = TimingWheel(RocksDBWheelStore(db))
+        for i in range(50_000):
+            committed.schedule(T0 + i // per_ms, f"job-{i:08d}", "fire")
+        store = BufferedWheelStore(RocksDBWheelStore(db))
+        wheel = TimingWheel(store)
+        now = T0
+        fired = 0
+        start = time.process_time()
+        for i in range(iterations):
+            now += 1
+            for entry in wheel.due(now, 2000):
+                wheel.remove(entry)
+                fired += 1
+            for _ in range(partitions):
+                wheel.next_due_ms()
+            if i % 20 == 19:
+                store.commit()
+        spent = time.process_time() - start
+        print(
+            f"transaction scans: {spent / fired * 1e6:.1f} us of CPU per fire ({fired:,} fires, "
+            f"{per_ms} a ms, next due time asked {partitions} times an iteration, a commit "
+            "every 20 iterations)"
+        )
+        db.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--fires", type=int, default=20_000)
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument(
+        "--transaction-only", action="store_true", help="only the transaction's scans"
+    )
     args = parser.parse_args()
-    bench_triggers(args.fires)
-    bench_wheel(args.entries, args.batch)
+    if not args.transaction_only:
+        bench_triggers(args.fires)
+        bench_wheel(args.entries, args.batch)
+    bench_transaction_scans(args.partitions)
 
 
 if __name__ == "__main__":
