@@ -59,7 +59,7 @@ class BufferedWheelStore(WheelStore):
     not hide, and the buffered puts are kept sorted as they come: a transaction that fired a
     few hundred timers used to read ``limit`` + every deletion of the transaction from the
     database on each scan, and sort them with the puts, for every ``next_due_ms`` of every
-    loop iteration (a fifth of the scheduler's main thread at 5,000 fires a second)."""
+    loop iteration (a sixth of the scheduler's main thread at 3,000 fires a second)."""
 
     def __init__(self, inner: WheelStore) -> None:
         self.inner = inner

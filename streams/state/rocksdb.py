@@ -150,10 +150,7 @@ class RocksDBWheelStore(WheelStore):
     ) -> list[tuple[bytes, bytes]]:
         if limit <= 0 or from_key >= until_key:
             return []
-        read_opt = rocksdict.ReadOptions()
-        read_opt.set_iterate_upper_bound(until_key)
-        items = self.db.items(from_key=from_key, read_opt=read_opt)
-        return list(itertools.islice(items, limit))
+        return list(itertools.islice(self.items(until_key, from_key), limit))
 
     def first(self, from_key: bytes = b"") -> tuple[bytes, bytes] | None:
         for item in self.db.items(from_key=from_key):

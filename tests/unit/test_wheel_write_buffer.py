@@ -82,6 +82,8 @@ def test_timers_fired_in_an_open_transaction_are_not_read_again_by_its_later_sca
     # Each iteration read its 10 due rows (the scan's upper bound ends it there) and the one
     # next_due_ms found: 11 rows, not the transaction's fired timers again.
     assert inner.rows == 100 * 11
+    left = [key for key, _ in wheel.store.items(b"\xff" * 9)]  # read in chunks of 256
+    assert left == [encode_key(T0 + i, f"job-{i:04d}", "fire") for i in range(1000, 2000)]
     if db is not None:
         db.close()
 
@@ -172,5 +174,6 @@ def test_the_wheel_over_its_write_buffer_reads_what_was_written_whatever_the_ord
                 wheel.reset_floor()
                 live = set(committed)
         assert [k for k, _ in buffer.scan(b"\xff" * 9, 1000)] == sorted(live)
+        assert [k for k, _ in buffer.items(b"\xff" * 9)] == sorted(live)
         if db is not None:
             db.close()
