@@ -20,14 +20,16 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from jobwheel.clock import Clock
 from jobwheel.errors import SchemaDecodeError
 from jobwheel.kafka.producer import producer_config
 from jobwheel.schemas.codec import Codec, default_codec
 from jobwheel.schemas.models import Run, State, StatusEvent
 from jobwheel.schemas.partitioning import key_for, partition_for
 from jobwheel.settings import Settings
+from jobwheel.streams.engine import Phase, SchedulerEngine
 from jobwheel.watchdog import HUNG_CALL_EXIT_CODE
-from tests.support import HarnessError, Procs, Tail, kafka_call, log_tail, wait_until
+from tests.support import HarnessError, Procs, Tail, kafka_call, log_tail, scaled, wait_until
 
 T = TypeVar("T")
 CODEC = Codec()
@@ -397,6 +399,61 @@ def start_scheduler(
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@contextlib.contextmanager
+def engine_of(
+    settings: Settings, clock: Clock, *, held_to_broker: bool = False
+) -> Iterator[SchedulerEngine]:
+    """A connected engine stepped by the test (in the test's thread, on real clients of the
+    real broker); it owns every partition when this yields. Its wall clock is ``clock``. Unless
+    ``held_to_broker``, the tolerances that would hold "now" to the broker's time are set out
+    of the way, so "now" is the test's clock however far it is from the broker's."""
+    if not held_to_broker:
+        years = 10 * 365 * 24 * 3_600_000
+        settings = settings.model_copy(
+            update={
+                "scheduler_clock_tolerance_ms": years,
+                "scheduler_clock_step_tolerance_ms": years,
+            }
+        )
+    engine = SchedulerEngine(settings, clock=clock)
+    engine.directory.lock()
+    engine._instance = engine.directory.instance_id()
+    engine._connect()
+    try:
+        step_until(
+            engine,
+            lambda: (
+                len([t for t in engine.tasks.values() if t.phase is Phase.READY])
+                == settings.partitions
+            ),
+            "the engine never owned every partition",
+        )
+        step_until(engine, lambda: engine.stats.transactions > 0, "the claims never committed")
+        yield engine
+    finally:
+        engine._disconnect()
+        engine.directory.unlock()
+
+
+def step_until(
+    engine: SchedulerEngine, done: Callable[[], object], message: str, timeout_s: float = 60
+) -> None:
+    """Step the engine until ``done()`` (checked after each iteration)."""
+
+    def stepped() -> bool:
+        engine.step()
+        return bool(done())
+
+    wait_until(stepped, scaled(timeout_s), 0, message)
+
+
+def job_in(partition: int, partitions: int, prefix: str) -> str:
+    """A job id starting with ``prefix`` that the requests topic puts on ``partition``."""
+    return next(
+        j for i in range(10_000) if partition_for(j := f"{prefix}-{i}", partitions) == partition
+    )
 
 
 class SupervisedScheduler:

@@ -15,8 +15,6 @@ import secrets
 import signal
 import struct
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -35,9 +33,12 @@ from jobwheel.settings import Settings
 from jobwheel.streams.engine import Phase, SchedulerEngine
 from jobwheel.streams.state.partition import EPOCH_KEY
 from tests.integration.scheduler_support import (
+    engine_of,
+    job_in,
     log_events,
     now_ms,
     start_scheduler,
+    step_until,
     wait_owns_all,
 )
 from tests.support import HarnessError, log_tail, scaled, stop, wait_until
@@ -45,47 +46,6 @@ from tests.support import HarnessError, log_tail, scaled, stop, wait_until
 CODEC = default_codec()
 #: No run expires by time alone during a test: a second attempt is a wrong expiry.
 VISIBILITY = timedelta(minutes=10)
-
-
-@contextmanager
-def engine_of(settings: Settings, clock: ManualClock) -> Iterator[SchedulerEngine]:
-    """A connected engine stepped by the test; it owns every partition when this yields.
-    Its "now" is the test's clock, far from the broker's when the test says so (the
-    tolerance that would hold it to the broker's time is set out of the way)."""
-    years = 10 * 365 * 24 * 3_600_000
-    unbounded = {"scheduler_clock_tolerance_ms": years, "scheduler_clock_step_tolerance_ms": years}
-    engine = SchedulerEngine(settings.model_copy(update=unbounded), clock=clock)
-    engine.directory.lock()
-    engine._instance = engine.directory.instance_id()
-    engine._connect()
-    try:
-        step_until(
-            engine,
-            lambda: (
-                len([t for t in engine.tasks.values() if t.phase is Phase.READY])
-                == settings.partitions
-            ),
-            "the engine never owned every partition",
-        )
-        step_until(engine, lambda: engine.stats.transactions > 0, "the claims never committed")
-        yield engine
-    finally:
-        engine._disconnect()
-        engine.directory.unlock()
-
-
-def step_until(engine: SchedulerEngine, done, message: str, timeout_s: float = 60) -> None:
-    def stepped() -> bool:
-        engine.step()
-        return bool(done())
-
-    wait_until(stepped, scaled(timeout_s), 0, message)
-
-
-def job_in(partition: int, partitions: int, prefix: str) -> str:
-    return next(
-        j for i in range(10_000) if partition_for(j := f"{prefix}-{i}", partitions) == partition
-    )
 
 
 def schedule_echo(settings: Settings, job: str, due_ms: int) -> None:
