@@ -384,6 +384,8 @@ class Committer(EngineCore):
             if task.acks_next is not None:
                 self.acks.seek(task.partition, _start(task.acks_committed))
                 task.acks_next = None
+            # What is read again was appended before the abort: old news once more.
+            task.requests_live_from = task.acks_live_from = None
             task.acks_seen_ms = task.acks_seen_committed_ms  # the rewound acks are unread again
             task.reached_ms = task.reached_committed_ms
             task.queue_seen = dict(task.queue_seen_committed)

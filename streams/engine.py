@@ -256,6 +256,7 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
             self._on_request(record, now, out, touched)
         for record in acks:
             self._on_ack(record, now, out, touched)
+        self._note_ends_reached()
         # Start at another partition each time, so one partition's backlog cannot starve the
         # others of the transaction's record budget.
         ready = [t for t in self.tasks.values() if t.phase is Phase.READY]
@@ -287,18 +288,46 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
         self._maybe_log_status()
 
     def _observe_broker_time(self, requests: list[Record], acks: list[Record]) -> None:
-        """Tell the clock the broker's time: the append time of each partition's last record
-        read, when that is the end of the partition (a backlog's records are old news)."""
+        """Tell the clock the broker's time: the append time of a partition's last record read,
+        when that record is at the end of the partition and was appended after this ownership
+        had read the partition to its end (:meth:`_note_ends_reached`). Neither a backlog's
+        records nor the last record of a quiet partition read by a new owner (appended before
+        it started, and as old as the partition is quiet) say what time it is now."""
         assert self.input is not None and self.acks is not None
-        for consumer, batch in ((self.input, requests), (self.acks, acks)):
+        for consumer, batch, of_acks in ((self.input, requests, False), (self.acks, acks, True)):
             last: dict[int, Record] = {}
             for record in batch:
                 if record.broker_time:
                     last[record.partition] = record
             for p, record in last.items():
+                task = self._ready(record)
+                if task is None:
+                    continue
+                live = task.acks_live_from if of_acks else task.requests_live_from
+                if live is None or record.offset < live:
+                    continue
                 end = consumer.cached_end(p)
                 if end is not None and record.offset + 1 >= end:
                     self.clock.observe(record.timestamp_ms)
+
+    def _note_ends_reached(self) -> None:
+        """Note where each ready partition's inputs have been read to their end, once per
+        ownership (see :meth:`_observe_broker_time`); after the iteration's records are
+        processed, so that a partition busy in every iteration is caught up with too."""
+        assert self.input is not None and self.acks is not None
+        for task in self.tasks.values():
+            if task.phase is not Phase.READY:
+                continue
+            if task.requests_live_from is None:
+                read = task.requests_next
+                task.requests_live_from = self.input.end_reached(
+                    task.partition, read if read is not None else task.requests_committed
+                )
+            if task.acks_live_from is None:
+                read = task.acks_next
+                task.acks_live_from = self.acks.end_reached(
+                    task.partition, read if read is not None else task.acks_committed
+                )
 
     def _txn_interval_s(self) -> float:
         """How long the open transaction may keep growing (see :meth:`step`)."""

@@ -168,6 +168,22 @@ class _TopicReader:
             return None
         return high if high >= 0 else None
 
+    def end_reached(self, partition: int, position: int | None) -> int | None:
+        """The partition's end offset as of the last fetch response (no request), if
+        ``position`` (the next offset to read; None: from the start of the partition) has
+        reached it, else None (not reached, or not fetched yet)."""
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), cached=True
+            )
+        except KafkaException:
+            return None
+        if high < 0:
+            return None
+        if position is None:
+            position = low if low >= 0 else None
+        return high if position is not None and position >= high else None
+
     def position(self, partition: int) -> int | None:
         """The next offset to be returned for ``partition`` (past transaction markers), once
         known (after a fetch), or None."""

@@ -96,6 +96,11 @@ class PartitionTask:
     acks_next: int | None = None
     requests_committed: int | None = None
     acks_committed: int | None = None
+    # The end offset of each input when this ownership had read all of it: a record from
+    # there on was appended while the ownership waited for it, so one read at the end says
+    # the broker's "now" (SchedulerEngine._observe_broker_time). None: not read to its end yet.
+    requests_live_from: int | None = None
+    acks_live_from: int | None = None
     acks_seen_ms: int = 0
     acks_seen_committed_ms: int = 0
     # The latest dispatch time of a run the partition's worker reported on (acks header).
