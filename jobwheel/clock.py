@@ -40,8 +40,10 @@ class BrokerBoundClock:
     """The wall clock, kept within bounds of the broker's clock.
 
     The broker's clock is known from the broker timestamps (LogAppendTime) of the records
-    read at the end of their partition (fresh: a backlog's records say when they were written,
-    not what time it is now): the latest one seen, advanced since by the monotonic clock, which
+    read at the end of their partition, appended while the reader waited there (fresh: a
+    backlog's records, or the last record of a quiet partition that a new owner reads first,
+    say when they were written, not what time it is now; the caller passes only fresh ones):
+    the latest one seen, advanced since by the monotonic clock, which
     no step of the host's clock moves. That estimate lags the broker by the read's latency, so
     it bounds "now" from below tightly and from above loosely: ``now_ms`` is the wall clock,
     but at most ``ahead_ms`` ahead of the estimate and ``behind_ms`` behind it; before any
