@@ -170,8 +170,10 @@ class _TopicReader:
 
     def end_reached(self, partition: int, position: int | None) -> int | None:
         """The partition's end offset as of the last fetch response (no request), if
-        ``position`` (the next offset to read; None: from the start of the partition) has
-        reached it, else None (not reached, or not fetched yet)."""
+        ``position`` (the next offset to read; None: from the start of the partition) is
+        there, else None (not reached, or not fetched yet). A position past it means the
+        cached end is older than the position (the client fetched the partition in an
+        earlier assignment, and others read on since): not an end reached."""
         try:
             low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(self.topic, partition), cached=True
@@ -182,7 +184,7 @@ class _TopicReader:
             return None
         if position is None:
             position = low if low >= 0 else None
-        return high if position is not None and position >= high else None
+        return high if position == high else None
 
     def position(self, partition: int) -> int | None:
         """The next offset to be returned for ``partition`` (past transaction markers), once
