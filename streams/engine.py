@@ -312,22 +312,23 @@ class SchedulerEngine(TaskManager, Restorer, Committer):
 
     def _note_ends_reached(self) -> None:
         """Note where each ready partition's inputs have been read to their end, once per
-        ownership (see :meth:`_observe_broker_time`); after the iteration's records are
-        processed, so that a partition busy in every iteration is caught up with too."""
+        ownership (see :meth:`_observe_broker_time`). After the iteration's records are
+        processed, so that a partition busy in every iteration is caught up with too; and only
+        once this ownership has read a record of the input, so that the end compared is one
+        a fetch of this ownership brought (the client caches a partition's end across its
+        assignments, and a cached end older than the ownership's start offset could equal it:
+        the next records would pass for fresh)."""
         assert self.input is not None and self.acks is not None
         for task in self.tasks.values():
             if task.phase is not Phase.READY:
                 continue
-            if task.requests_live_from is None:
-                read = task.requests_next
-                task.requests_live_from = self.input.end_reached(
-                    task.partition, read if read is not None else task.requests_committed
-                )
-            if task.acks_live_from is None:
-                read = task.acks_next
-                task.acks_live_from = self.acks.end_reached(
-                    task.partition, read if read is not None else task.acks_committed
-                )
+            p = task.partition
+            if task.requests_live_from is None and task.requests_next is not None:
+                if self.input.cached_end(p) == task.requests_next:
+                    task.requests_live_from = task.requests_next
+            if task.acks_live_from is None and task.acks_next is not None:
+                if self.acks.cached_end(p) == task.acks_next:
+                    task.acks_live_from = task.acks_next
 
     def _txn_interval_s(self) -> float:
         """How long the open transaction may keep growing (see :meth:`step`)."""

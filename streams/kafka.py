@@ -158,35 +158,15 @@ class _TopicReader:
         except KafkaException as exc:
             raise broker_error(exc, f"seeking {self.topic}/{partition} to {start}") from exc
 
-    def _cached_watermarks(self, partition: int) -> tuple[int, int] | None:
-        """``(first offset, end offset)`` as of the last fetch response (no request), or None
-        (not fetched yet); the first is negative where the response did not say."""
+    def cached_end(self, partition: int) -> int | None:
+        """The partition's end offset as of the last fetch response (no request), or None."""
         try:
-            low, high = self._consumer.get_watermark_offsets(
+            _low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(self.topic, partition), cached=True
             )
         except KafkaException:
             return None
-        return (low, high) if high >= 0 else None
-
-    def cached_end(self, partition: int) -> int | None:
-        """The partition's end offset as of the last fetch response (no request), or None."""
-        marks = self._cached_watermarks(partition)
-        return None if marks is None else marks[1]
-
-    def end_reached(self, partition: int, position: int | None) -> int | None:
-        """The partition's end offset as of the last fetch response (no request), if
-        ``position`` (the next offset to read; None: from the start of the partition) is
-        there, else None (not reached, or not fetched yet). A position past it means the
-        cached end is older than the position (the client fetched the partition in an
-        earlier assignment, and others read on since): not an end reached."""
-        marks = self._cached_watermarks(partition)
-        if marks is None:
-            return None
-        low, high = marks
-        if position is None:
-            position = low if low >= 0 else None
-        return high if position == high else None
+        return high if high >= 0 else None
 
     def position(self, partition: int) -> int | None:
         """The next offset to be returned for ``partition`` (past transaction markers), once
