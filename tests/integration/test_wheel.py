@@ -244,13 +244,40 @@ def _subcommands(python: Path, work: Path) -> list[list[str]]:
 
 
 def test_with_all_extras_every_subcommand_answers_help(all_python: Path, work: Path) -> None:
+    # The installed console script itself, at the top and for one server command ...
     jobwheel = all_python.with_name("jobwheel")
-    commands = _subcommands(all_python, work)
-    assert ["scheduler"] in commands and ["broker", "start"] in commands
-    for argv in [[], *commands]:
+    for argv in [[], ["scheduler"]]:
         result = _run([str(jobwheel), *argv, "--help"], cwd=work, env=_env(work), timeout=60)
         assert result.returncode == 0, (argv, result.stderr)
         assert result.stdout.startswith(f"usage: jobwheel {' '.join(argv)}".rstrip()), argv
+    # ... and every subcommand through the script's entry point in one interpreter (one
+    # process per subcommand cost 40 s of the suite's CPU for the same parser).
+    commands = _subcommands(all_python, work)
+    assert ["scheduler"] in commands and ["broker", "start"] in commands
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from importlib.metadata import entry_points\n"
+        "main = entry_points(group='console_scripts')['jobwheel'].load()\n"
+        "answers = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    out, err = io.StringIO(), io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            code = main([*argv, '--help'])\n"
+        "        except SystemExit as exit:\n"
+        "            code = exit.code\n"
+        "    answers.append([argv, code, out.getvalue(), err.getvalue()])\n"
+        "print(json.dumps(answers))\n"
+    )
+    answers = json.loads(
+        _checked(
+            _run([str(all_python), "-c", script, json.dumps(commands)], cwd=work, env=_env(work))
+        ).stdout
+    )
+    assert [argv for argv, *_ in answers] == commands
+    for argv, code, out, err in answers:
+        assert code == 0, (argv, err)
+        assert out.startswith(f"usage: jobwheel {' '.join(argv)}"), argv
 
 
 def test_with_all_extras_every_module_imports_and_the_data_files_are_there(
