@@ -86,13 +86,11 @@ format: $(VENV)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Three test processes by default (TEST_PROCESSES=N for another count): each starts its own
-# broker. Most of the suite's time is waiting on brokers, timeouts and restarts: on 2 cores two
-# processes took 1,785 to 1,800 s and three 1,404 to 1,435 s (five runs), the cores 80 % busy
-# on average. The figures the fault tests measure are printed at the end ("figures measured by
-# the tests"). The 25 slowest tests are printed too, and every test's outcome and time is kept in
+# Two test processes by default (TEST_PROCESSES=1 for one): each starts its own broker; the
+# figures the fault tests measure are printed at the end ("figures measured by the tests").
+# The 25 slowest tests are printed too, and every test's outcome and time is kept in
 # $(TEST_RESULTS)/junit.xml, so a slow or growing test is on record run after run.
-TEST_PROCESSES ?= 3
+TEST_PROCESSES ?= 2
 TEST_RESULTS := build/test-results
 
 test: setup lint
