@@ -90,12 +90,14 @@ format: $(VENV)/.installed
 # figures the fault tests measure are printed at the end ("figures measured by the tests").
 # The 25 slowest tests are printed too, and every test's outcome and time is kept in
 # $(TEST_RESULTS)/junit.xml, so a slow or growing test is on record run after run.
+# A test process that dies fails the run at once (--max-worker-restart=0): a full run whose
+# worker died in the wedge test waited for good on the replacement pytest-xdist started.
 TEST_PROCESSES ?= 2
 TEST_RESULTS := build/test-results
 
 test: setup lint
 	mkdir -p $(TEST_RESULTS)
-	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --durations=25 \
+	$(BIN)/pytest -q -n $(TEST_PROCESSES) --dist loadfile --max-worker-restart=0 --durations=25 \
 	  --junitxml=$(TEST_RESULTS)/junit.xml
 
 # Logs for a person at a terminal (JSON lines stay the default for services).
