@@ -159,19 +159,30 @@ def _partitions_where(bootstrap: str, bad: Callable[[Any], bool]) -> list[str]:
 
 
 def _wait_no_partition(
-    cluster: LocalCluster, bad: Callable[[Any], bool], timeout_s: float, what: str
+    cluster: LocalCluster,
+    bad: Callable[[Any], bool],
+    timeout_s: float,
+    what: str,
+    *,
+    each_try: Callable[[], str] | None = None,
+    interval_s: float = 0.5,
 ) -> None:
-    """Wait until no partition is ``bad``; the failure names those still flagged then."""
+    """Wait until no partition is ``bad``; the failure names those still flagged then.
+    ``each_try`` runs before every look (an action that should clear them); what it last
+    returned is added to the failure."""
     last: list[str] = []
+    said = [""]
 
     def none_left() -> bool:
+        if each_try is not None:
+            said[0] = each_try()
         last[:] = _partitions_where(cluster.bootstrap, bad)
         return not last
 
     try:
-        wait_until(none_left, timeout_s, 0.5)
+        wait_until(none_left, timeout_s, interval_s)
     except AssertionError:
-        raise AssertionError(f"{what}: {last[:10]}") from None
+        raise AssertionError(f"{what}: {last[:10]}{said[0]}") from None
 
 
 def _not_preferred(p: Any) -> bool:
@@ -201,26 +212,25 @@ def _all_back(cluster: LocalCluster) -> None:
     # already did (a full run with three test processes: 60 s with 8 partitions led by
     # another node in full ISR, after the one election of its turn).
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    refused: list[str] = []
 
-    def elected() -> bool:
+    def elect() -> str:
         # (No timeout arguments: confluent-kafka 2.16 raises SystemError on operation_timeout.)
         answers = admin.elect_leaders(ElectionType.PREFERRED, None).result(scaled(30))
-        refused[:] = [
+        refused = [
             f"{tp.topic}[{tp.partition}]: {error}"
             for tp, error in answers.items()
             if error is not None and "ELECTION_NOT_NEEDED" not in str(error)
         ]
-        return not _partitions_where(cluster.bootstrap, _not_preferred)
+        return f"; the last election refused {refused[:10]}"
 
-    try:
-        wait_until(elected, scaled(60), 1.0)
-    except AssertionError:
-        raise AssertionError(
-            "not led by their preferred leader: "
-            f"{_partitions_where(cluster.bootstrap, _not_preferred)[:10]}; "
-            f"the last election refused {refused[:10]}"
-        ) from None
+    _wait_no_partition(
+        cluster,
+        _not_preferred,
+        scaled(60),
+        "not led by their preferred leader",
+        each_try=elect,
+        interval_s=1.0,
+    )
 
 
 @pytest.fixture
