@@ -505,6 +505,10 @@ class Result:
     #: CPU seconds per job of each kind of process by thread family (:func:`thread_family`):
     #: which part of a process the figure in ``cpu_s_per_job`` is spent in
     cpu_s_per_job_by_family: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: threads of each kind of process alive at the end, whose CPU the by-family figures add
+    #: up: /proc counts each thread's time in whole clock ticks, so on a short run those
+    #: figures can be off by up to a tick per thread (a process's own figure is not)
+    threads: dict[str, int] = field(default_factory=dict)
     #: the schedulers' transactions from the first due time to the end of the run
     #: (:func:`transactions_delta`): how long a due run waits in the scheduler, part by part
     transactions: dict[str, Any] | None = None
@@ -1025,8 +1029,11 @@ def _drive(
     # The brokers' JIT compiler, from the same samples (None without a broker of ours, or
     # when one is gone, as brokers_jit_cpu).
     broker_jit_s: float | None = 0.0 if broker_pids else None
+    threads: dict[str, int] = {}
     for s in services:
-        families = family_cpu_s(s.families_start, proc_family_cpu(s.pid))
+        families_end = proc_family_cpu(s.pid)
+        threads[s.role] = threads.get(s.role, 0) + len(families_end or {})
+        families = family_cpu_s(s.families_start, families_end)
         if s.role == "broker" and broker_jit_s is not None:
             broker_jit_s = None if families is None else broker_jit_s + families.get("jit", 0.0)
         for family, used_s in (families or {}).items():
@@ -1066,6 +1073,7 @@ def _drive(
             role: dict(sorted(families.items(), key=lambda kv: -kv[1]))
             for role, families in by_family.items()
         },
+        threads=threads,
     )
 
 

@@ -46,13 +46,20 @@ def test_the_generator_counts_a_lost_job_and_a_duplicate_execution(
     assert not result.passed  # a lost job fails the run whatever the lateness
     assert set(result.cpu_s_per_job) == {"scheduler", "worker", "sink"}
     # Each process's CPU by thread family: what its threads alive at the end used, so at
-    # most the process's figure (give or take a clock tick per thread: /proc counts each
-    # thread in ticks); the scheduler's own Python and its Kafka client both work.
-    ticks = 5 / os.sysconf("SC_CLK_TCK") / result.config["jobs"]
+    # most the process's figure and most of it, give or take a clock tick per thread: /proc
+    # counts each thread's time in whole ticks, the process's once for all (a CI run's
+    # worker: 9 ticks in all, 4 by family, its Kafka client's threads each under a tick).
+    # The scheduler's own Python and its Kafka client both work.
     for role, total in result.cpu_s_per_job.items():
         families = result.cpu_s_per_job_by_family[role]
-        assert total is not None
-        assert 0.5 * total <= sum(families.values()) <= total + ticks, (role, total, families)
+        ticks = result.threads[role] / os.sysconf("SC_CLK_TCK") / result.config["jobs"]
+        assert total is not None and result.threads[role] > 0
+        assert 0.5 * total - ticks <= sum(families.values()) <= total + ticks, (
+            role,
+            total,
+            families,
+            result.threads[role],
+        )
     scheduler = result.cpu_s_per_job_by_family["scheduler"]
     assert scheduler["python"] > 0 and scheduler["librdkafka"] > 0, scheduler
     # Where a due run waited in the scheduler, from its metrics from the first due time on: the
