@@ -94,6 +94,58 @@ def _service_log_handler_removed() -> Iterator[None]:
         root.setLevel(level)
 
 
+#: Where each test process (pytest-xdist worker) notes the test it runs and, through
+#: faulthandler, every thread's stack when it dies of a fatal signal or gets SIGTERM: one
+#: file per process, in a folder the controlling process makes and passes on.
+FAULTS_DIR_ENV = "PYTEST_WORKER_FAULTS_DIR"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler set-up, which this replaces
+def pytest_configure(config: pytest.Config) -> None:
+    """A test process that dies leaves xdist only "node down: Not properly terminated" (its
+    output is captured). Each process writes what it ran and, on a fatal signal, its stacks
+    to a file; the controlling process prints that file when a process is lost."""
+    import faulthandler
+    import shutil
+    import signal
+    import tempfile
+
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is None:
+        if FAULTS_DIR_ENV not in os.environ:
+            os.environ[FAULTS_DIR_ENV] = tempfile.mkdtemp(prefix="pytest-faults-")
+            config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(FAULTS_DIR_ENV), True))
+        return
+    folder = os.environ.get(FAULTS_DIR_ENV)
+    if folder is None:
+        return
+    faults = open(Path(folder) / f"{worker}.log", "a", buffering=1)  # open for life
+    _faults.append(faults)
+    faulthandler.enable(file=faults, all_threads=True)
+    faulthandler.register(signal.SIGTERM, file=faults, all_threads=True, chain=True)
+
+
+_faults: list[Any] = []  # this test process's file, once configured
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    for faults in _faults:
+        faults.write(f"{nodeid} starts (pid {os.getpid()})\n")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent under -p no:xdist
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """In the controlling process: a test process was lost; show what it left."""
+    folder = os.environ.get(FAULTS_DIR_ENV)
+    worker = node.gateway.id
+    if not error or folder is None:
+        return
+    path = Path(folder) / f"{worker}.log"
+    text = path.read_text(errors="replace") if path.exists() else "(no file)"
+    print(f"\n[{worker}] lost: {error}; its last tests and any fatal signal's stacks "
+          f"({path}):\n" + "\n".join(text.splitlines()[-80:]), flush=True)  # fmt: skip
+
+
 @pytest.fixture
 def figure(request: pytest.FixtureRequest) -> Any:
     """``figure(text)``: a measured figure of this test for the report. Printed in the summary
