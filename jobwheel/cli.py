@@ -20,6 +20,7 @@ What a user sees is decided here for every subcommand:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import os
@@ -90,6 +91,15 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
+def _report_fatal_signals() -> None:
+    """A service runs native code (librdkafka's threads, RocksDB, the embedded ClickHouse
+    engine): one that crashes it (SIGSEGV, SIGABRT from a failed assert, SIGBUS) ends the
+    process before any Python handler or log line can say where. Python's faulthandler writes
+    every thread's stack to stderr, where the service's log goes, before the process dies,
+    so the supervisor's copy of the log names the thread and the call that were running."""
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError as SettingsValidationError
     from pydantic_settings import SettingsError
@@ -105,6 +115,7 @@ def _run(args: argparse.Namespace) -> int:
     _configure_logging(args.command, service or _foreground(args), settings)
     if service:
         _tune_gc()
+        _report_fatal_signals()
     _importable_from_here()
     # A service's output is its JSON log: its last word is a log line too (a supervisor shows
     # it, a log collector keeps it); a one-shot command's is one plain line.

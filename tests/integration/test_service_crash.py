@@ -1,0 +1,44 @@
+"""A service killed by a fatal signal (a crash in native code: librdkafka, RocksDB, the
+embedded ClickHouse engine) says in its log where every thread was: real processes, a real
+signal, a real broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.scheduler_support import start_scheduler
+from tests.support import log_tail, scaled, start_worker, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("service", ["scheduler", "worker"])
+def test_a_service_that_dies_of_a_fatal_signal_leaves_every_threads_stack_in_its_log(
+    service: str, jobwheel_env: dict[str, str], procs: Any, tmp_path: Path
+) -> None:
+    if service == "scheduler":
+        proc = start_scheduler(procs, jobwheel_env, tmp_path / "s")  # waits for a partition
+    else:
+        proc = start_worker(procs, jobwheel_env, tmp_path / "worker.log")
+        wait_until(
+            lambda: proc.poll() is not None or "worker started" in log_tail(proc.log_path),
+            scaled(60),
+            0.2,
+            f"the worker did not start:\n{log_tail(proc.log_path)}",
+        )
+    assert proc.poll() is None, log_tail(proc.log_path)
+    os.kill(proc.pid, signal.SIGSEGV)  # as a crash in a native library delivers it
+    assert proc.wait(scaled(30)) == -signal.SIGSEGV
+    log = proc.log_path.read_text(errors="replace")
+    fatal = "Fatal Python error: Segmentation fault"
+    assert fatal in log, f"the {service} died without a word:\n{log_tail(proc.log_path, 10)}"
+    crash = log[log.index(fatal) :]
+    # Every thread: the main thread (the service's loop) and the others it runs.
+    assert "Current thread" in crash and "Thread 0x" in crash, crash[:2000]
+    assert "most recent call first" in crash, crash[:2000]
+    assert f'File "{REPO}{os.sep}' in crash, crash[:2000]  # the service's own code named
