@@ -96,8 +96,13 @@ def _report_fatal_signals() -> None:
     engine): one that crashes it (SIGSEGV, SIGABRT from a failed assert, SIGBUS) ends the
     process before any Python handler or log line can say where. Python's faulthandler writes
     every thread's stack to stderr, where the service's log goes, before the process dies,
-    so the supervisor's copy of the log names the thread and the call that were running."""
-    faulthandler.enable(file=sys.stderr, all_threads=True)
+    so the supervisor's copy of the log names the thread and the call that were running.
+    Without a stderr that is a file descriptor (closed, or a test's in-memory stream) there is
+    nowhere to write, and the service runs without it."""
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (OSError, RuntimeError, ValueError):  # no file descriptor / sys.stderr is None
+        logging.getLogger("jobwheel.cli").debug("fatal signals unreported: stderr has no fd")
 
 
 def _run(args: argparse.Namespace) -> int:
