@@ -97,8 +97,13 @@ _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 
 def jobwheel(*args: str) -> tuple[str, ...]:
-    """argv of a ``jobwheel`` subcommand run by this interpreter (same venv, no PATH lookup)."""
-    return (sys.executable, "-m", "jobwheel.cli", *args)
+    """argv of a ``jobwheel`` subcommand run by this interpreter (same venv, no PATH lookup).
+    ``-P``: ``python -m`` puts the working folder first on the import path, so a folder named
+    ``jobwheel`` there (the data dir's parent, a checkout's parent) took the package's name and
+    every service of ``jobwheel up`` failed to import (``jobwheel.kafka`` was the data dir's
+    ``kafka`` folder). The service itself adds the folder after the installed packages (its
+    ``--tasks`` modules), as the ``jobwheel`` command does."""
+    return (sys.executable, "-P", "-m", "jobwheel.cli", *args)
 
 
 def _default_grace(settings: Settings) -> float:

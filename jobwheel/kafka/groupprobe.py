@@ -36,7 +36,9 @@ def describe(config: dict[str, Any], group: str, timeout_s: float) -> dict[str, 
     request = json.dumps({"config": plain, "group": group, "timeout_s": timeout_s})
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "jobwheel.kafka.groupprobe"],
+            # -P: not the working folder first on the import path, where a folder named
+            # jobwheel would take the package's name (deploy.stack.jobwheel says more)
+            [sys.executable, "-P", "-m", "jobwheel.kafka.groupprobe"],
             input=request,
             capture_output=True,
             text=True,
