@@ -99,10 +99,11 @@ _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 def jobwheel(*args: str) -> tuple[str, ...]:
     """argv of a ``jobwheel`` subcommand run by this interpreter (same venv, no PATH lookup).
     ``-P``: ``python -m`` puts the working folder first on the import path, so a folder named
-    ``jobwheel`` there (the data dir's parent, a checkout's parent) took the package's name and
-    every service of ``jobwheel up`` failed to import (``jobwheel.kafka`` was the data dir's
-    ``kafka`` folder). The service itself adds the folder after the installed packages (its
-    ``--tasks`` modules), as the ``jobwheel`` command does."""
+    ``jobwheel`` there (a data dir, as in ``~/.local/share``; any folder of a user's of that
+    name) took the package's name in an editable install, and every service of ``jobwheel up``
+    failed to import (``jobwheel.kafka`` was the data dir's ``kafka`` folder). The service
+    itself adds the folder after the installed packages (its ``--tasks`` modules), as the
+    ``jobwheel`` command does."""
     return (sys.executable, "-P", "-m", "jobwheel.cli", *args)
 
 

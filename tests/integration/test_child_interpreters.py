@@ -1,8 +1,8 @@
 """The Python processes jobwheel starts itself (the services of ``jobwheel up``, the group
 probe of ``jobwheel health``) import the installed jobwheel wherever they are started from:
 ``python -m`` puts the working folder first on the import path, and a folder named
-``jobwheel`` there (the data dir's parent, ``~/.local/share``; a checkout's parent) used to
-take the package's name."""
+``jobwheel`` there (a data dir, as in ``~/.local/share``) used to take the package's name in
+an editable install (``make setup``'s)."""
 
 from __future__ import annotations
 
