@@ -31,12 +31,8 @@ def test_the_stacks_services_start_from_a_folder_that_holds_a_jobwheel_folder(
 ) -> None:
     # A command that imports jobwheel.kafka, as every service does (ImportError before:
     # "cannot import name 'config' from 'jobwheel.kafka' (unknown location)").
-    done = subprocess.run(
-        [*jobwheel("topics", "--help")],
-        capture_output=True,
-        text=True,
-        timeout=scaled(60),
-        cwd=shadowing_folder,
+    done = subprocess.run(  # in the fixture's working folder
+        jobwheel("topics", "--help"), capture_output=True, text=True, timeout=scaled(60)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "topics" in done.stdout
@@ -65,7 +61,7 @@ def test_the_group_probe_answers_from_a_folder_that_holds_a_jobwheel_folder(
         return any(m.client_id == "probe-test-member" for m in seen[0][1])
 
     try:
-        wait_until(described, scaled(60), 0.2, "the probe never saw the group's member")
+        wait_until(described, 60, 0.2, "the probe never saw the group's member")
     finally:
         member.close()
     state, _members = seen[0]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.scheduler_support import start_scheduler
-from tests.support import log_tail, scaled, start_worker, wait_until
+from tests.support import log_tail, scaled, start_worker, wait_for_log
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,12 +27,7 @@ def test_a_service_that_dies_of_a_fatal_signal_leaves_every_threads_stack_in_its
         proc = start_scheduler(procs, jobwheel_env, tmp_path / "s")  # waits for a partition
     else:
         proc = start_worker(procs, jobwheel_env, tmp_path / "worker.log")
-        wait_until(
-            lambda: proc.poll() is not None or "worker started" in log_tail(proc.log_path),
-            scaled(60),
-            0.2,
-            f"the worker did not start:\n{log_tail(proc.log_path)}",
-        )
+        wait_for_log(proc.log_path, "worker started", 60, proc=proc)
     assert proc.poll() is None, log_tail(proc.log_path)
     os.kill(proc.pid, signal.SIGSEGV)  # as a crash in a native library delivers it
     assert proc.wait(scaled(30)) == -signal.SIGSEGV
