@@ -328,12 +328,15 @@ class Tail:
 
 
 #: Answers a broker gives while a new topic's leaders or a group's coordinator are being
-#: set up: worth asking again, unlike any other error.
+#: set up: worth asking again, unlike any other error. ``_UNKNOWN_PARTITION`` is the client's
+#: own twin of UNKNOWN_TOPIC_OR_PART: its metadata does not know the partition yet (a full
+#: run saw it from a watermark ask right after the test restarted its broker).
 TRANSIENT_KAFKA_ERRORS = frozenset(
     {
         "NOT_LEADER_FOR_PARTITION",
         "LEADER_NOT_AVAILABLE",
         "UNKNOWN_TOPIC_OR_PART",
+        "_UNKNOWN_PARTITION",
         "NOT_COORDINATOR",
         "COORDINATOR_LOAD_IN_PROGRESS",
         "COORDINATOR_NOT_AVAILABLE",
