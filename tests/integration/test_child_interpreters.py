@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jobwheel.deploy.stack import jobwheel
+from jobwheel.deploy.stack import jobwheel, worker_service
 from jobwheel.kafka.admin import describe_group
-from tests.support import scaled, wait_until
+from tests.support import log_tail, scaled, wait_for_log, wait_until
 
 
 @pytest.fixture
@@ -66,3 +66,22 @@ def test_the_group_probe_answers_from_a_folder_that_holds_a_jobwheel_folder(
         member.close()
     state, _members = seen[0]
     assert state.upper() == "STABLE", state
+
+
+def test_the_stacks_worker_imports_tasks_modules_from_the_folder_it_was_started_in(
+    jobwheel_env: dict[str, str], procs: Any, shadowing_folder: Path
+) -> None:
+    """``jobwheel up --tasks my_tasks`` with ``my_tasks.py`` beside the user: ``-P`` keeps the
+    working folder off the import path, and the service puts it back itself, after the
+    installed packages (so the ``jobwheel`` folder there still shadows nothing)."""
+    (shadowing_folder / "my_tasks.py").write_text(
+        "from jobwheel.consumers.worker import task\n\n"
+        "@task('mine.hello')\n"
+        "def hello() -> str:\n"
+        "    return 'hello'\n"
+    )
+    log_path = shadowing_folder / "worker.log"
+    proc = procs.spawn(list(worker_service("my_tasks").argv), jobwheel_env, log_path)
+    started = wait_for_log(log_path, "worker started", 60, proc=proc)
+    line = next(x for x in started.splitlines() if "worker started" in x)
+    assert "mine.hello" in line, log_tail(log_path)
