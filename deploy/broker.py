@@ -701,9 +701,11 @@ class LocalBroker:
         voters: Sequence[tuple[int, int]] | None = None,
         cluster_id: str | None = None,
         secrets_dir: Path | None = None,
+        jvm_options: Sequence[str] = (),
     ) -> None:
         """``secrets_dir`` holds the admin's client config and the CA (a cluster's nodes share
-        its own dir); the broker's data dir by default."""
+        its own dir); the broker's data dir by default. ``jvm_options`` are added to the JVM's
+        own (``JOBWHEEL_BROKER_JVM_OPTIONS``)."""
         self.data_dir = Path(data_dir).resolve()
         self.secrets_dir = Path(secrets_dir).resolve() if secrets_dir else self.data_dir
         self.node_id = node_id
@@ -714,6 +716,7 @@ class LocalBroker:
         self.port = port
         self.controller_port = controller_port
         self.heap = heap
+        self.jvm_options = tuple(jvm_options)
         self.lib_dir = lib_dir
         self.host = host
         self.startup_timeout_s = startup_timeout_s
@@ -736,6 +739,7 @@ class LocalBroker:
             controller_port=controller_port or settings.broker_controller_port,
             heap=settings.broker_heap,
             secure=secure,
+            jvm_options=settings.broker_jvm_args,
         )
 
     # --- paths -------------------------------------------------------------------------------
@@ -982,6 +986,7 @@ class LocalBroker:
             "-XX:MaxGCPauseMillis=20",
             "-XX:InitiatingHeapOccupancyPercent=35",
             "-XX:+ExplicitGCInvokesConcurrent",
+            *self.jvm_options,
             "-Djava.awt.headless=true",
             f"-Dkafka.logs.dir={self.data_dir / 'logs'}",
             f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
@@ -1181,12 +1186,14 @@ class LocalCluster:
         startup_timeout_s: float = 180.0,
         ports: Sequence[tuple[int, int]] | None = None,
         secure: bool = False,
+        jvm_options: Sequence[str] = (),
     ) -> None:
         """``ports`` gives every node's ``(port, controller port)`` (tests pick free ones);
         otherwise node 1 takes ``port``/``controller_port`` and the others the next free ones.
         A cluster already recorded in ``data_dir`` keeps its own nodes and ports."""
         self.data_dir = Path(data_dir).resolve()
         self.heap = heap
+        self.jvm_options = tuple(jvm_options)
         self.lib_dir = lib_dir
         self.host = host
         self.startup_timeout_s = startup_timeout_s
@@ -1234,6 +1241,7 @@ class LocalCluster:
             port=port or settings.broker_port,
             controller_port=controller_port or settings.broker_controller_port,
             secure=secure,
+            jvm_options=settings.broker_jvm_args,
         )
 
     # --- layout -----------------------------------------------------------------------------
@@ -1291,6 +1299,7 @@ class LocalCluster:
             cluster_id=self.cluster_id,
             secure=self.secure,
             secrets_dir=self.data_dir,
+            jvm_options=self.jvm_options,
         )
 
     def _pick_ports(

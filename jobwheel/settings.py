@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +38,23 @@ from jobwheel.schemas.topics import (
 #: hung (``Settings.scheduler_offsets_deadline_s``): its requests to the transaction and group
 #: coordinators answer in milliseconds when they answer, and the timeout covers finding them.
 OFFSETS_DEADLINE_MARGIN_S = 5.0
+
+
+def jvm_options(text: str) -> tuple[str, ...]:
+    """``JOBWHEEL_BROKER_JVM_OPTIONS`` as arguments. Each must be an option (``-...``): a word
+    that is none would become the JVM's main class and the broker would not start; the class
+    path and main class are jobwheel's to give."""
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as exc:
+        raise ValueError(f"cannot be split into options ({exc}): {text!r}") from exc
+    for word in words:
+        if not word.startswith("-") or word in ("-cp", "-classpath", "--class-path", "-jar"):
+            raise ValueError(
+                f"{word!r} is not a JVM option jobwheel passes on: give options such as "
+                "-XX:TieredStopAtLevel=1 or -Xlog:gc, separated by spaces"
+            )
+    return words
 
 
 class Settings(BaseSettings):
@@ -84,6 +102,10 @@ class Settings(BaseSettings):
     broker_port: int = 9092
     broker_controller_port: int = 9093
     broker_heap: str = "512m"
+    # More options for the local broker's JVM, split as a shell would: e.g.
+    # "-XX:TieredStopAtLevel=1", the test suite's, whose brokers live for minutes (a fresh
+    # JVM's optimising compiler is half its CPU there; a long-lived broker keeps the default).
+    broker_jvm_options: str = ""
 
     # Scheduler (streams/)
     # The consumer group, the prefix of the transactional ids and of the changelog topic.
@@ -277,6 +299,12 @@ class Settings(BaseSettings):
                     raise ValueError(str(exc)) from exc
         return value
 
+    @field_validator("broker_jvm_options")
+    @classmethod
+    def _jvm_options(cls, value: str) -> str:
+        jvm_options(value)
+        return value
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -340,6 +368,11 @@ class Settings(BaseSettings):
             self.scheduler_restore_stall_ms / 1000,
             self.scheduler_transaction_timeout_ms / 1000 + 15.0,
         )
+
+    @property
+    def broker_jvm_args(self) -> tuple[str, ...]:
+        """``broker_jvm_options`` as the JVM's arguments."""
+        return jvm_options(self.broker_jvm_options)
 
     @property
     def topics(self) -> Topics:

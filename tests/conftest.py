@@ -27,6 +27,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 from tests.support import (
+    BROKER_JVM_OPTIONS,
     KAFKA_IMAGE,
     TIME_SCALE,
     Procs,
@@ -241,6 +242,7 @@ def _local_broker(data_dir: Path) -> Iterator[str]:
             port=free_port(),
             controller_port=free_port(),
             heap="384m",
+            jvm_options=BROKER_JVM_OPTIONS.split(),
         )
         try:
             broker.start(die_with_parent=True)
@@ -268,7 +270,11 @@ def own_broker(tmp_path: Path) -> Iterator[Any]:
     from jobwheel.deploy.broker import LocalBroker, free_port
 
     broker = LocalBroker(
-        tmp_path / "kafka", port=free_port(), controller_port=free_port(), heap="384m"
+        tmp_path / "kafka",
+        port=free_port(),
+        controller_port=free_port(),
+        heap="384m",
+        jvm_options=BROKER_JVM_OPTIONS.split(),
     )
     broker.start(die_with_parent=True)
     try:
@@ -315,6 +321,7 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             ports=[(free_port(), free_port()) for _ in range(3)],
             heap=CLUSTER_NODE_HEAP,
             startup_timeout_s=scaled(180),
+            jvm_options=BROKER_JVM_OPTIONS.split(),
         )
         try:
             cluster.start(die_with_parent=True)
@@ -352,6 +359,7 @@ def settings_on(bootstrap: str, tmp_path: Path, **overrides: Any) -> Any:
         "worker_group": f"{prefix}-workers",
         "status_group": f"{prefix}-status",
         "api_port": free_port(),
+        "broker_jvm_options": BROKER_JVM_OPTIONS,  # the broker of a stack a test starts
         **overrides,
     }
     s = Settings(

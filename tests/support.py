@@ -608,6 +608,11 @@ def metric(base: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{base}/metrics exposes no {name}{labels}: renamed, or never created?")
 
 
+#: The JVM options of the suite's brokers (``JOBWHEEL_BROKER_JVM_OPTIONS``): the C1 compiler
+#: only. A test broker lives for minutes, and a fresh broker's optimising (C2) compiler took
+#: half of all broker CPU in a full run, on the same two cores as the tests.
+BROKER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 #: The Kafka the suite is built for (deploy/pom.xml's kafka_2.13, the container's image).
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 REQUIRED_KAFKA = "4.1"

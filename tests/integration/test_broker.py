@@ -12,7 +12,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from jobwheel.deploy.broker import LocalBroker, free_port
-from tests.support import Procs, wait_until
+from tests.support import BROKER_JVM_OPTIONS, Procs, wait_until
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]
 
@@ -21,6 +21,7 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
     env["JOBWHEEL_LOG_FORMAT"] = "text"
     env["JOBWHEEL_BROKER_HEAP"] = "256m"
+    env["JOBWHEEL_BROKER_JVM_OPTIONS"] = BROKER_JVM_OPTIONS
     env.update(extra)
     return env
 
@@ -51,6 +52,8 @@ def test_start_status_stop_via_cli(tmp_path: Path):
         assert "java" in Path(cmdline[0]).name
         assert "kafka.Kafka" in cmdline
         assert str(data / "server.properties") in cmdline
+        # JOBWHEEL_BROKER_JVM_OPTIONS reach the JVM, before its class path and main class
+        assert cmdline.index(BROKER_JVM_OPTIONS) < cmdline.index("kafka.Kafka"), cmdline
         metadata = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10)
         assert list(metadata.brokers) == [1]
 
@@ -129,6 +132,24 @@ def test_broker_dying_during_startup_reports_its_output(tmp_path: Path):
     assert result.returncode == 1
     assert "exited during startup" in result.stderr
     assert "heap" in result.stderr.lower()  # the JVM's own complaint, from broker.out
+
+
+def test_a_jvm_option_the_jvm_does_not_know_is_reported_from_its_output(tmp_path: Path):
+    env = _env(JOBWHEEL_BROKER_JVM_OPTIONS="-XX:+NoSuchJobwheelTestFlag")
+    result = _cli(
+        "broker",
+        "start",
+        "--data-dir",
+        str(tmp_path / "k"),
+        "--port",
+        str(free_port()),
+        "--controller-port",
+        str(free_port()),
+        env=env,
+    )
+    assert result.returncode == 1
+    assert "exited during startup" in result.stderr
+    assert "NoSuchJobwheelTestFlag" in result.stderr, result.stderr  # the JVM's own complaint
 
 
 def test_missing_java_names_what_to_install(tmp_path: Path):

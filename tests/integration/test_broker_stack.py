@@ -20,7 +20,7 @@ from jobwheel.deploy.broker import LocalBroker, free_port
 from jobwheel.deploy.stack import SERVICES, Service, Stack
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests.support import Procs, jobwheel_argv, scaled, wait_until
+from tests.support import BROKER_JVM_OPTIONS, Procs, jobwheel_argv, scaled, wait_until
 
 FLAKY_SERVICE = (
     "import os, sys, time\n"
@@ -99,6 +99,7 @@ def test_jobwheel_up_runs_a_job_end_to_end_and_stops_on_sigterm(tmp_path: Path, 
         JOBWHEEL_BROKER_PORT=str(port),
         JOBWHEEL_BROKER_CONTROLLER_PORT=str(free_port()),
         JOBWHEEL_BROKER_HEAP="256m",
+        JOBWHEEL_BROKER_JVM_OPTIONS=BROKER_JVM_OPTIONS,
         JOBWHEEL_TOPIC_PREFIX="upcli",
         JOBWHEEL_PARTITIONS="4",
         JOBWHEEL_LOG_FORMAT="text",

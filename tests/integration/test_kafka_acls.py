@@ -26,7 +26,7 @@ from jobwheel.kafka.admin import describe_group
 from jobwheel.schemas.codec import default_codec
 from jobwheel.schemas.models import State
 from jobwheel.settings import Settings
-from tests.support import Procs, jobwheel_argv, scaled, wait_until
+from tests.support import BROKER_JVM_OPTIONS, Procs, jobwheel_argv, scaled, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +60,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         "JOBWHEEL_WORKER_GROUP": f"{prefix}-workers",
         "JOBWHEEL_STATUS_GROUP": f"{prefix}-status",
         "JOBWHEEL_BROKER_HEAP": "384m",
+        "JOBWHEEL_BROKER_JVM_OPTIONS": BROKER_JVM_OPTIONS,
         "JOBWHEEL_LOG_FORMAT": "text",
     }
     started = _jobwheel(
