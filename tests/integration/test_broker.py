@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from jobwheel.deploy.broker import LocalBroker, free_port
@@ -116,8 +117,16 @@ def test_taken_port_is_refused_naming_port_and_setting(tmp_path: Path):
     assert not (tmp_path / "k" / "broker.pid").exists()
 
 
-def test_broker_dying_during_startup_reports_its_output(tmp_path: Path):
-    env = _env(JOBWHEEL_BROKER_HEAP="1k")  # the JVM refuses to start with this heap
+@pytest.mark.parametrize(
+    ("variable", "value", "complaint"),
+    [
+        ("JOBWHEEL_BROKER_HEAP", "1k", "heap"),  # the JVM refuses to start with this heap
+        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-XX:+NoSuchJobwheelTestFlag", "nosuchjobwheeltestflag"),
+    ],
+)
+def test_broker_dying_during_startup_reports_its_output(
+    tmp_path: Path, variable: str, value: str, complaint: str
+):
     result = _cli(
         "broker",
         "start",
@@ -127,29 +136,11 @@ def test_broker_dying_during_startup_reports_its_output(tmp_path: Path):
         str(free_port()),
         "--controller-port",
         str(free_port()),
-        env=env,
+        env=_env(**{variable: value}),
     )
     assert result.returncode == 1
     assert "exited during startup" in result.stderr
-    assert "heap" in result.stderr.lower()  # the JVM's own complaint, from broker.out
-
-
-def test_a_jvm_option_the_jvm_does_not_know_is_reported_from_its_output(tmp_path: Path):
-    env = _env(JOBWHEEL_BROKER_JVM_OPTIONS="-XX:+NoSuchJobwheelTestFlag")
-    result = _cli(
-        "broker",
-        "start",
-        "--data-dir",
-        str(tmp_path / "k"),
-        "--port",
-        str(free_port()),
-        "--controller-port",
-        str(free_port()),
-        env=env,
-    )
-    assert result.returncode == 1
-    assert "exited during startup" in result.stderr
-    assert "NoSuchJobwheelTestFlag" in result.stderr, result.stderr  # the JVM's own complaint
+    assert complaint in result.stderr.lower(), result.stderr  # the JVM's own, from broker.out
 
 
 def test_missing_java_names_what_to_install(tmp_path: Path):
