@@ -47,12 +47,17 @@ def jvm_options(text: str) -> tuple[str, ...]:
     try:
         words = tuple(shlex.split(text))
     except ValueError as exc:
-        raise ValueError(f"cannot be split into options ({exc}): {text!r}") from exc
+        raise ValueError(f"JVM options a shell could split ({exc})") from exc
     for word in words:
-        if not word.startswith("-") or word in ("-cp", "-classpath", "--class-path", "-jar"):
+        if not word.startswith("-"):
             raise ValueError(
-                f"{word!r} is not a JVM option jobwheel passes on: give options such as "
-                "-XX:TieredStopAtLevel=1 or -Xlog:gc, separated by spaces"
+                "JVM options separated by spaces, each starting with '-' (e.g. "
+                f"-XX:TieredStopAtLevel=1 -Xlog:gc): {word!r} is not one"
+            )
+        if word in ("-cp", "-classpath", "--class-path", "-jar"):
+            raise ValueError(
+                f"JVM options other than {word} (the class path and main class are "
+                "jobwheel's to give)"
             )
     return words
 

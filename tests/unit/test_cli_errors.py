@@ -46,9 +46,9 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         ("JOBWHEEL_PARTITIONS", "x", "a whole number"),
         ("JOBWHEEL_SCHEDULER_STATIC_MEMBERSHIP", "maybe", "true or false"),
         # a word that is no option would become the JVM's main class
-        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-Xlog:gc Xmx1g", "'Xmx1g' is not a JVM option"),
-        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-cp /tmp/x", "'-cp' is not a JVM option"),
-        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-Dname='unclosed", "cannot be split into options"),
+        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-Xlog:gc Xmx1g", "starting with '-' (e.g. "),
+        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-cp /tmp/x", "JVM options other than -cp"),
+        ("JOBWHEEL_BROKER_JVM_OPTIONS", "-Dname='unclosed", "JVM options a shell could split"),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_the_variable_and_the_form(
