@@ -51,7 +51,16 @@ from tests.integration.scheduler_support import (
     now_ms,
     start_scheduler,
 )
-from tests.support import Procs, kafka_call, log_tail, scaled, start_worker, stop, wait_until
+from tests.support import (
+    BROKER_JVM_OPTIONS,
+    Procs,
+    kafka_call,
+    log_tail,
+    scaled,
+    start_worker,
+    stop,
+    wait_until,
+)
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]
 PARTITIONS = 4
@@ -60,6 +69,7 @@ PARTITIONS = 4
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWHEEL_")}
     env["JOBWHEEL_LOG_FORMAT"] = "text"
+    env["JOBWHEEL_BROKER_JVM_OPTIONS"] = BROKER_JVM_OPTIONS
     return subprocess.run(
         [*JOBWHEEL, *args], env=env, capture_output=True, text=True, timeout=scaled(300)
     )
@@ -135,6 +145,10 @@ def test_cli_starts_a_three_node_cluster_stops_and_starts_one_node(tmp_path: Pat
         restarted = _cli("broker", "start", "2", *where)
         assert restarted.returncode == 0, restarted.stderr + restarted.stdout
         assert live_brokers(cluster.client_config(), scaled(10)) == {1, 2, 3}
+        # a node started again gets JOBWHEEL_BROKER_JVM_OPTIONS as the first start did
+        for n in cluster.node_ids:
+            cmdline = Path(f"/proc/{cluster.node(n).running_pid()}/cmdline").read_bytes()
+            assert BROKER_JVM_OPTIONS.encode() in cmdline.split(b"\0"), (n, cmdline[:300])
 
         down = _cli("broker", "stop", *where)
         assert down.returncode == 0 and "nodes: 1, 2, 3" in down.stdout, down.stdout

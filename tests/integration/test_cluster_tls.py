@@ -25,7 +25,15 @@ from confluent_kafka.admin import AdminClient
 
 from jobwheel.deploy.broker import LocalCluster, free_port
 from jobwheel.settings import Settings
-from tests.support import jobwheel_argv, log_tail, scaled, spawn, stop, wait_until
+from tests.support import (
+    BROKER_JVM_OPTIONS,
+    jobwheel_argv,
+    log_tail,
+    scaled,
+    spawn,
+    stop,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +60,7 @@ def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         "JOBWHEEL_API_PORT": str(api_port),
         "JOBWHEEL_METRICS_PORT": str(free_port()),
         "JOBWHEEL_LOG_FORMAT": "text",
+        "JOBWHEEL_BROKER_JVM_OPTIONS": BROKER_JVM_OPTIONS,
     }
     log = root / "up.log"
     proc = spawn(["jobwheel", "up", "--secure", "--nodes", "3"], env, log)
