@@ -1229,19 +1229,26 @@ class LocalCluster:
         cls,
         settings: Settings,
         *,
-        nodes: int,
+        nodes: int | None = None,
         data_dir: Path | None = None,
         port: int | None = None,
         controller_port: int | None = None,
         secure: bool = False,
     ) -> LocalCluster:
+        """The cluster of ``settings`` (data in ``<data_dir>/kafka``), CLI flags winning;
+        ``nodes`` None: the cluster recorded there (:meth:`load`), with its own ports. Either
+        way the JVMs get the settings' options, a node started again as the first start."""
+        data_dir = data_dir or settings.data_dir / "kafka"
+        jvm_options = settings.broker_jvm_args
+        if nodes is None:
+            return cls.load(data_dir, secure=secure, jvm_options=jvm_options)
         return cls(
-            data_dir or settings.data_dir / "kafka",
+            data_dir,
             nodes=nodes,
             port=port or settings.broker_port,
             controller_port=controller_port or settings.broker_controller_port,
             secure=secure,
-            jvm_options=settings.broker_jvm_args,
+            jvm_options=jvm_options,
         )
 
     # --- layout -----------------------------------------------------------------------------

@@ -254,7 +254,7 @@ def _broker(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     secure = getattr(args, "secure", False)
     if is_cluster_dir(data_dir) or (nodes or 1) > 1:
         if is_cluster_dir(data_dir) and nodes is None:
-            return LocalCluster.load(data_dir, secure=secure, jvm_options=settings.broker_jvm_args)
+            return LocalCluster.from_settings(settings, data_dir=data_dir, secure=secure)
         return LocalCluster.from_settings(
             settings,
             nodes=nodes or 1,

@@ -316,7 +316,7 @@ class Stack:
         kafka_dir = self.data_dir / "kafka"
         self.broker: LocalBroker | LocalCluster
         if nodes is None and is_cluster_dir(kafka_dir):
-            self.broker = LocalCluster.load(kafka_dir, secure=secure)
+            self.broker = LocalCluster.from_settings(settings, data_dir=kafka_dir, secure=secure)
         elif (nodes or 1) > 1:
             self.broker = LocalCluster.from_settings(
                 settings,

@@ -71,6 +71,23 @@ def test_up_tasks_replace_the_workers_modules(tmp_path) -> None:
     assert [s.name for s in stack.services] == [s.name for s in SERVICES]
 
 
+def test_up_on_a_data_dir_holding_a_cluster_gives_its_nodes_the_jvm_options(tmp_path) -> None:
+    """`jobwheel up` without --nodes on a data dir where a local cluster is recorded runs that
+    cluster, its JVMs with JOBWHEEL_BROKER_JVM_OPTIONS (they were left out before)."""
+    from jobwheel.deploy.broker import LocalCluster
+    from jobwheel.deploy.stack import Stack
+    from jobwheel.settings import Settings
+
+    recorded = LocalCluster(tmp_path / "kafka", nodes=3, ports=[(1, 2), (3, 4), (5, 6)])
+    recorded._write_manifest()
+    settings = Settings(data_dir=tmp_path, broker_jvm_options="-XX:TieredStopAtLevel=1")  # type: ignore[call-arg]
+    broker = Stack(settings).broker
+    assert isinstance(broker, LocalCluster)
+    assert [broker.node(n).port for n in broker.node_ids] == [1, 3, 5]  # the recorded one
+    for n in broker.node_ids:
+        assert broker.node(n).jvm_options == ("-XX:TieredStopAtLevel=1",)
+
+
 def test_each_jobwheel_service_gets_its_own_metrics_port_and_health_finds_them(
     tmp_path, monkeypatch
 ) -> None:
