@@ -27,6 +27,7 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
 from tests.support import (
+    BROKER_JVM_ARGS,
     BROKER_JVM_OPTIONS,
     KAFKA_IMAGE,
     TIME_SCALE,
@@ -242,7 +243,7 @@ def _local_broker(data_dir: Path) -> Iterator[str]:
             port=free_port(),
             controller_port=free_port(),
             heap="384m",
-            jvm_options=BROKER_JVM_OPTIONS.split(),
+            jvm_options=BROKER_JVM_ARGS,
         )
         try:
             broker.start(die_with_parent=True)
@@ -274,7 +275,7 @@ def own_broker(tmp_path: Path) -> Iterator[Any]:
         port=free_port(),
         controller_port=free_port(),
         heap="384m",
-        jvm_options=BROKER_JVM_OPTIONS.split(),
+        jvm_options=BROKER_JVM_ARGS,
     )
     broker.start(die_with_parent=True)
     try:
@@ -321,7 +322,7 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             ports=[(free_port(), free_port()) for _ in range(3)],
             heap=CLUSTER_NODE_HEAP,
             startup_timeout_s=scaled(180),
-            jvm_options=BROKER_JVM_OPTIONS.split(),
+            jvm_options=BROKER_JVM_ARGS,
         )
         try:
             cluster.start(die_with_parent=True)

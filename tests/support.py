@@ -35,6 +35,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from jobwheel.settings import jvm_options
+
 if TYPE_CHECKING:
     from confluent_kafka import Message
 
@@ -514,6 +516,11 @@ def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout_s: floa
     return int(proc.returncode)
 
 
+def process_cmdline(pid: int) -> list[str]:
+    """The command line of process ``pid``, as /proc holds it."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
 def file_lines(path: Path) -> list[str]:
     """The lines of ``path``, none if it does not exist yet (e.g. a ``tests.tasks`` marker)."""
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
@@ -612,6 +619,8 @@ def metric(base: str, name: str, **labels: str) -> float:
 #: only. A test broker lives for minutes, and a fresh broker's optimising (C2) compiler took
 #: half of all broker CPU in a full run, on the same two cores as the tests.
 BROKER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: The same as the JVM's arguments, read as the setting is (``LocalBroker(jvm_options=...)``).
+BROKER_JVM_ARGS = jvm_options(BROKER_JVM_OPTIONS)
 
 #: The Kafka the suite is built for (deploy/pom.xml's kafka_2.13, the container's image).
 KAFKA_IMAGE = "apache/kafka:4.1.1"

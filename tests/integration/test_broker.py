@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from jobwheel.deploy.broker import LocalBroker, free_port
-from tests.support import BROKER_JVM_OPTIONS, Procs, wait_until
+from tests.support import BROKER_JVM_OPTIONS, Procs, process_cmdline, wait_until
 
 JOBWHEEL = [sys.executable, "-m", "jobwheel.cli"]
 
@@ -33,10 +33,6 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
-def _cmdline(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-
-
 def test_start_status_stop_via_cli(tmp_path: Path):
     data, port, cport = tmp_path / "kafka", free_port(), free_port()
     where = ["--data-dir", str(data)]
@@ -49,7 +45,7 @@ def test_start_status_stop_via_cli(tmp_path: Path):
 
         # The CLI returned; a detached JVM running kafka.Kafka serves the port.
         pid = int((data / "broker.pid").read_text())
-        cmdline = _cmdline(pid)
+        cmdline = process_cmdline(pid)
         assert "java" in Path(cmdline[0]).name
         assert "kafka.Kafka" in cmdline
         assert str(data / "server.properties") in cmdline
@@ -70,7 +66,7 @@ def test_start_status_stop_via_cli(tmp_path: Path):
 
         stopped = _cli("broker", "stop", *where)
         assert stopped.returncode == 0 and "broker stopped" in stopped.stdout
-        assert not Path(f"/proc/{pid}").exists() or "kafka.Kafka" not in _cmdline(pid)
+        assert not Path(f"/proc/{pid}").exists() or "kafka.Kafka" not in process_cmdline(pid)
 
         status = _cli("broker", "status", *where)
         assert status.returncode == 3 and "not running" in status.stdout
@@ -187,5 +183,5 @@ def test_foreground_broker_stops_on_sigterm(tmp_path: Path, procs: Procs):
     pid = int((data / "broker.pid").read_text())
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
-    assert not Path(f"/proc/{pid}").exists() or "kafka.Kafka" not in _cmdline(pid)
+    assert not Path(f"/proc/{pid}").exists() or "kafka.Kafka" not in process_cmdline(pid)
     assert not (data / "broker.pid").exists()

@@ -19,7 +19,7 @@ from jobwheel.kafka.admin import ensure_topics
 from jobwheel.settings import Settings
 from tests.conftest import settings_env
 from tests.integration.scheduler_support import now_ms
-from tests.support import BROKER_JVM_OPTIONS, Procs, jobwheel_argv, log_tail, wait_until
+from tests.support import BROKER_JVM_ARGS, Procs, jobwheel_argv, log_tail, wait_until
 
 
 def test_a_partition_never_committed_is_stuck_only_once_its_oldest_input_has_waited(
@@ -114,7 +114,7 @@ def test_health_never_dies_of_a_signal_while_the_broker_starts_stops_and_restart
         port=free_port(),
         controller_port=free_port(),
         heap="256m",
-        jvm_options=BROKER_JVM_OPTIONS.split(),
+        jvm_options=BROKER_JVM_ARGS,
     )
     settings = Settings(  # type: ignore[call-arg]
         _env_file=None,
